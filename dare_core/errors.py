@@ -1,0 +1,37 @@
+"""User-facing errors.
+
+Every error a user can cause (unknown name, bad config, unsupported combination, missing
+file) is a :class:`DareError`. The CLI prints its message as one line and exits with status 2;
+no traceback is shown. Internal bugs are ordinary exceptions and keep their tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class DareError(Exception):
+    """An error caused by user input; its message names the problem and the fix."""
+
+
+class UnknownNameError(DareError, KeyError):
+    """A registry was asked for a name nobody registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class DuplicateNameError(DareError):
+    """Two plugins registered the same name in one registry."""
+
+
+class ConfigError(DareError):
+    """One or more configuration problems, all listed in one message."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = "invalid configuration" if n == 1 else f"invalid configuration ({n} problems)"
+        super().__init__(f"{head}: " + "; ".join(self.problems))
+
+
+class CapabilityError(DareError):
+    """The chosen combination of model, algorithm and backend is not supported."""

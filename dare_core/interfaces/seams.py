@@ -1,0 +1,299 @@
+"""The six seams (and the task seam) as typing Protocols plus the specs plugins register.
+
+A plugin registers a *spec* (an attrs class holding a name, help text, capabilities and a
+factory); the core builds component objects from specs once per run and the hot loop calls
+those objects directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Optional, Protocol, runtime_checkable
+
+import attrs
+import torch
+
+from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
+
+DiffusionKind = Literal["masked", "block"]
+WorkflowKind = Literal["rl", "sft", "preference"]
+
+
+# --------------------------------------------------------------------------- model wrapper
+@runtime_checkable
+class ModelWrapper(Protocol):
+    """A loaded dLLM, with every family difference hidden behind these members.
+
+    ``logits`` and ``denoise_logits`` are aligned so that position ``i`` predicts token ``i``;
+    a family whose raw model is shifted (autoregressively initialised) undoes it here.
+    """
+
+    family: str
+    kind: DiffusionKind
+    capabilities: frozenset[str]
+    module: torch.nn.Module
+    tokenizer: Any
+    mask_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    stop_token_ids: tuple[int, ...]
+    block_size: Optional[int]
+
+    def logits(
+        self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Inference forward over ``[B, L]`` ids; returns aligned ``[B, L, V]`` logits."""
+
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
+        clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
+
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The chat-template text of ``messages`` ending with the assistant header."""
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the model and tokenizer in the published HF layout."""
+
+
+@attrs.frozen
+class ModelFamily:
+    """A model family as registered by a family plugin.
+
+    Attributes:
+        name: the ``--model`` name.
+        kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
+        load: ``load(path, dtype, device) -> ModelWrapper``.
+        capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
+        model_types: HF ``model_type`` values the family loads.
+        default_checkpoint: path of the bundled tiny checkpoint, or ``None``.
+        default_rollout: rollout backend used when the config names none.
+        rollouts: rollout backends this family works with (for listings).
+        block_size: default block size for block families.
+        description: one line for listings.
+        create: ``create(out_dir, texts, **sizes)`` writes a new randomly initialised checkpoint
+            of this architecture with a small tokenizer trained on ``texts`` (``dare init``).
+    """
+
+    name: str
+    kind: DiffusionKind
+    load: Callable[..., ModelWrapper]
+    capabilities: frozenset[str] = frozenset()
+    model_types: tuple[str, ...] = ()
+    default_checkpoint: Optional[str] = None
+    default_rollout: str = ""
+    rollouts: tuple[str, ...] = ()
+    block_size: Optional[int] = None
+    description: str = ""
+    create: Optional[Callable[..., None]] = None
+
+
+# --------------------------------------------------------------------------- components
+class ForwardCorruption(Protocol):
+    """``(batch, generator) -> Corrupted``; drawn once per rollout batch and shared by the old,
+    reference and new likelihood evaluations."""
+
+    def __call__(
+        self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator
+    ) -> Corrupted: ...
+
+
+class TrajectoryBuilder(Protocol):
+    """Declares what the rollout must record and turns the rollout into training input."""
+
+    records: frozenset[str]
+
+    def build(self, rollout: RolloutBatch) -> SequenceBatch: ...
+
+
+class LikelihoodEstimator(Protocol):
+    """Log-likelihood surrogate of the response.
+
+    Returns ``[M, B, R]`` per-token values (``granularity == "token"``) or ``[M, B]`` per
+    sequence. The estimator's docstring states its normaliser.
+    """
+
+    granularity: Literal["token", "sequence"]
+
+    def __call__(
+        self,
+        wrapper: ModelWrapper,
+        batch: SequenceBatch,
+        corrupted: Optional[Corrupted],
+    ) -> torch.Tensor: ...
+
+
+class PolicyLoss(Protocol):
+    """``(logp, old_logp, ref_logp, advantages, mask) -> (loss, metrics)``.
+
+    ``logp``/``old_logp``/``ref_logp`` have the estimator's shape; ``advantages`` is ``[B]``;
+    ``mask`` is ``[B, R]`` (float weights allowed). SFT objectives take
+    ``(logp, corrupted, batch)`` instead (see the SFT workflow)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class AdvantageEstimator(Protocol):
+    """``(rewards [N], group_ids [N]) -> advantages [N]``."""
+
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class RolloutBackend(Protocol):
+    """A generation engine for one wrapper kind."""
+
+    def generate(
+        self,
+        wrapper: ModelWrapper,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch: ...
+
+
+@attrs.frozen
+class ComponentSpec:
+    """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
+
+    ``factory(**kwargs)`` builds the component object; ``kinds`` lists the wrapper kinds it
+    supports (empty = all); ``requires`` lists wrapper capabilities it needs."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    kinds: frozenset[str] = frozenset()
+    requires: frozenset[str] = frozenset()
+    reference: str = ""
+
+
+@attrs.frozen
+class RolloutSpec:
+    """A registered rollout backend.
+
+    Attributes:
+        config_cls: frozen attrs class of its ``rollout:`` config section.
+        build: ``build(config) -> RolloutBackend``.
+        kinds: wrapper kinds it can drive.
+        records: what it can record (``"reveal_step"``, ...).
+        requires: wrapper capabilities it needs.
+    """
+
+    name: str
+    config_cls: type
+    build: Callable[[Any], RolloutBackend]
+    kinds: frozenset[str] = frozenset()
+    records: frozenset[str] = frozenset()
+    requires: frozenset[str] = frozenset()
+    description: str = ""
+
+
+@attrs.frozen
+class Components:
+    """The objects one algorithm run is made of; built once by ``AlgorithmSpec.build``.
+
+    ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT only) builds a training batch
+    from token-id lists; ``None`` uses the core's default (pad id, padding not attended).
+    """
+
+    estimator: Any
+    loss: Any
+    corruption: Any = None
+    trajectory: Any = None
+    advantage: Any = None
+    needs_ref: bool = False
+    collate: Any = None
+
+
+@attrs.frozen
+class AlgorithmSpec:
+    """An algorithm as registered by an algorithm plugin.
+
+    Attributes:
+        name: the ``--algo`` name.
+        workflow: which core loop runs it (``rl``, ``sft``, ``preference``).
+        config_cls: frozen attrs class of the ``algorithm:`` section (recipe defaults).
+        build: ``build(config, lookup) -> Components``; ``lookup`` builds registered
+            components by name (:class:`dare_core.components.ComponentLookup`).
+        requires: model capabilities it needs; the CLI refuses models lacking one.
+        kinds: model kinds it supports (empty = all).
+        components: the registered component names it composes, for listings.
+        paper: reference (title, arXiv id).
+        description: one line.
+        recipe: defaults for other run-config sections (``{"trainer": {"lr": 5e-7}}``), applied
+            below a checkpoint's preset, the config file and overrides.
+    """
+
+    name: str
+    workflow: WorkflowKind
+    config_cls: type
+    build: Callable[..., Components]
+    requires: frozenset[str] = frozenset()
+    kinds: frozenset[str] = frozenset()
+    components: dict[str, str] = attrs.field(factory=dict)
+    paper: str = ""
+    description: str = ""
+    recipe: dict[str, Any] = attrs.field(factory=dict)
+
+
+# --------------------------------------------------------------------------- tasks
+@attrs.define
+class Example:
+    """One dataset item in the verl schema.
+
+    Attributes:
+        prompt: chat messages ``[{"role": ..., "content": ...}]``.
+        ground_truth: ``reward_model.ground_truth``.
+        data_source: ``data_source`` (selects the reward rule).
+        extra_info: ``extra_info`` (numbers, puzzle, index, ...).
+        response: a reference answer text for supervised training, if known.
+    """
+
+    prompt: list[dict[str, str]]
+    ground_truth: str
+    data_source: str
+    extra_info: dict[str, Any] = attrs.field(factory=dict)
+    response: Optional[str] = None
+
+
+@attrs.frozen
+class Score:
+    """A reward: ``score`` (the training reward), ``acc`` (1.0 iff fully correct), ``pred``."""
+
+    score: float
+    acc: float
+    pred: str = ""
+
+
+class Task(Protocol):
+    """A dataset plus its reward rule."""
+
+    name: str
+
+    def examples(self, split: str, limit: Optional[int] = None, seed: int = 0) -> list[Example]:
+        """Items of ``split`` (``train`` or ``eval``); deterministic for a given seed."""
+
+    def score(self, example: Example, response: str) -> Score:
+        """Reward of ``response`` (decoded text, special tokens removed) for ``example``."""
+
+
+@attrs.frozen
+class TaskSpec:
+    """A registered task: ``build(task_config) -> Task``."""
+
+    name: str
+    build: Callable[..., Task]
+    description: str = ""
