@@ -1,0 +1,129 @@
+"""Generic losses and aggregation helpers.
+
+Shapes: ``B`` sequences, ``R`` response length, ``M`` Monte-Carlo corruption samples.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``sum(x * m) / (sum(m) + 1e-8)``; ``mask`` may hold fractional weights."""
+    return (x * mask).sum() / (mask.sum() + 1e-8)
+
+
+def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean") -> torch.Tensor:
+    """Reduce a ``[B, R]`` token loss to a scalar.
+
+    * ``token-mean``: mean over all valid tokens of the micro-batch;
+    * ``seq-mean-token-sum``: mean over sequences of the per-sequence sum;
+    * ``seq-mean-token-mean``: mean over sequences of the per-sequence mean;
+    * ``seq-mean-token-sum-norm``: total sum divided by ``R``.
+    """
+    mask = mask.to(loss.dtype)
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    if mode == "seq-mean-token-sum":
+        return (loss * mask).sum(-1).mean()
+    if mode == "seq-mean-token-mean":
+        return ((loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean()
+    if mode == "seq-mean-token-sum-norm":
+        return (loss * mask).sum() / mask.shape[-1]
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+class ClippedPolicyLoss:
+    r"""PPO clipped surrogate with dual clip, per token (Schulman et al. 2017; Ye et al. 2020).
+
+    For each Monte-Carlo sample ``m``, with per-token log-likelihood surrogates ``ℓ`` (new) and
+    ``ℓ_old`` and the sequence advantage ``A`` broadcast over the response:
+
+    .. math::
+        r = e^{ℓ - ℓ_{old}},\quad
+        L_{clip} = \max(-A r,\; -A\,\mathrm{clip}(r, 1-ε_{low}, 1+ε_{high})),\quad
+        L = \begin{cases} \min(-A c, L_{clip}) & A < 0 \\ L_{clip} & A \ge 0 \end{cases}
+
+    aggregated with ``agg_loss`` (token-mean by default) and averaged over the ``M`` samples.
+
+    Inputs: ``logp``/``old_logp`` ``[M, B, R]``; ``advantages`` ``[B]``; ``mask`` ``[B, R]``.
+    Metrics: ``pg_clipfrac`` (fraction of tokens where the clipped branch is active),
+    ``ppo_kl`` (k3 estimate of KL(old‖new)), ``pg_clipfrac_lower`` (dual clip active),
+    ``ratio_mean``/``ratio_max``.
+    """
+
+    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                 clip_ratio_c: float = 3.0, agg: AggMode = "token-mean"):
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+        self.eps_low = clip_ratio_low
+        self.eps_high = clip_ratio_high
+        self.c = clip_ratio_c
+        self.agg = agg
+
+    def token_losses(self, logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor):
+        neg_kl = logp - old_logp
+        ratio = torch.exp(neg_kl)
+        l1 = -adv * ratio
+        l2 = -adv * ratio.clamp(1.0 - self.eps_low, 1.0 + self.eps_high)
+        lclip = torch.maximum(l1, l2)
+        l3 = -adv * self.c
+        loss = torch.where(adv < 0, torch.minimum(l3, lclip), lclip)
+        return loss, ratio, neg_kl, l1, l2, lclip, l3
+
+    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
+                 advantages: torch.Tensor, mask: torch.Tensor):
+        if logp.dim() == 2:
+            logp, old_logp = logp.unsqueeze(0), old_logp.unsqueeze(0)
+        adv = advantages.to(logp.dtype)[None, :, None].expand_as(logp)
+        mask = mask.to(logp.dtype)
+        total = logp.new_zeros(())
+        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
+        ratio_max = 0.0
+        ratio_sum = 0.0
+        m_count = logp.shape[0]
+        for m in range(m_count):
+            loss, ratio, neg_kl, l1, l2, lclip, l3 = self.token_losses(logp[m], old_logp[m], adv[m])
+            total = total + agg_loss(loss, mask, self.agg)
+            with torch.no_grad():
+                stats["pg_clipfrac"] += masked_mean((l2 > l1).to(mask.dtype), mask).item()
+                stats["ppo_kl"] += masked_mean(torch.exp(-neg_kl) + neg_kl - 1.0, mask).item()
+                stats["pg_clipfrac_lower"] += masked_mean(
+                    ((lclip > l3) & (adv[m] < 0)).to(mask.dtype), mask).item()
+                valid = mask > 0
+                if valid.any():
+                    ratio_max = max(ratio_max, ratio[valid].max().item())
+                    ratio_sum += ratio[valid].mean().item()
+        metrics = {k: v / m_count for k, v in stats.items()}
+        metrics["ratio_mean"] = ratio_sum / m_count
+        metrics["ratio_max"] = ratio_max
+        return total / m_count, metrics
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
+               kind: str = "low_var_kl") -> torch.Tensor:
+    r"""Per-token KL penalty between policy and reference log-likelihood *surrogates*.
+
+    With ``d = ℓ - ℓ_ref`` the dLLM variant first maps ``k = log(1 + d)`` where ``A > 0`` and
+    ``k = d`` elsewhere (the DARE reference rule; NaN when ``d <= -1`` and ``A > 0``), then
+    ``k1: k``, ``abs: |k|``, ``mse``/``k2``: ``k²/2``, ``low_var_kl``/``k3``:
+    ``clamp(e^{-k} + k - 1, -10, 10)``.
+
+    ``logp``/``ref_logp``: ``[..., B, R]``; ``advantages``: broadcastable to them.
+    """
+    d = logp - ref_logp
+    adv = advantages.to(d.dtype)
+    k = torch.where(adv > 0, torch.log1p(d), d)
+    if kind in ("kl", "k1"):
+        return k
+    if kind == "abs":
+        return k.abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * k.square()
+    if kind in ("low_var_kl", "k3"):
+        return (torch.exp(-k) + k - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl penalty {kind!r}; valid: k1, abs, k2, k3 (mse, low_var_kl)")

@@ -1,0 +1,258 @@
+"""Resolve a run configuration from defaults, a checkpoint preset, a YAML file and overrides.
+
+Layers, later wins:
+
+1. the attrs defaults of :class:`RunConfig` and of the algorithm's / rollout backend's config
+   classes;
+2. the algorithm's ``recipe`` (defaults it sets for other sections, e.g. ``trainer.lr``);
+3. the checkpoint's ``dare_defaults.yaml`` (its ``common`` section, then the section named after
+   the algorithm's workflow kind), which a bundled tiny checkpoint uses to ship run settings that
+   suit it;
+4. the ``--config`` YAML file;
+5. ``key=value`` overrides (values parsed as YAML; dotted keys address nested sections).
+
+Unknown names and unsupported combinations fail before any model is loaded; all config problems
+are reported together in one :class:`~dare_core.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Iterable, Optional
+
+import attrs
+import yaml
+
+from dare_core.config.schema import RunConfig
+from dare_core.config.structure import structure, unstructure
+from dare_core.errors import CapabilityError, ConfigError, DareError
+
+PRESET_FILE = "dare_defaults.yaml"
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise DareError(f"config file {path!r} does not exist; pass an existing YAML file to --config")
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise DareError(f"config file {path!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DareError(f"config file {path!r} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """``["a.b=1", "c=x"]`` → nested dict; returns ``(dict, problems)``."""
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"override {item!r}: expected key=value (e.g. trainer.lr=1e-5)")
+            continue
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            problems.append(f"override {item!r}: empty key")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+        node[parts[-1]] = value
+    return out, problems
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _section(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: expected a mapping, got {value!r}")
+        return {}
+    return value
+
+
+def _recipe(spec: Any) -> dict[str, Any]:
+    """The algorithm's recipe defaults for other sections (e.g. ``trainer.lr``)."""
+    return copy.deepcopy(dict(getattr(spec, "recipe", None) or {}))
+
+
+def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
+    """Look up both names and check the algorithm supports the family; one-line errors."""
+    regs = dare.registries
+    algo = regs.algorithms.get(algo_name)
+    family = regs.models.get(family_name)
+    if algo.kinds and family.kind not in algo.kinds:
+        raise CapabilityError(
+            f"algorithm {algo.name!r} does not support {family.kind}-diffusion models such as "
+            f"{family.name!r} (it supports: {', '.join(sorted(algo.kinds))}); "
+            f"see `dare list --matrix` for supported combinations"
+        )
+    missing = sorted(set(algo.requires) - set(family.capabilities))
+    if missing:
+        raise CapabilityError(
+            f"algorithm {algo.name!r} needs model capability {', '.join(missing)} which "
+            f"{family.name!r} lacks; see `dare list --matrix` for supported combinations"
+        )
+    return algo, family
+
+
+def resolve(
+    dare: Any,
+    *,
+    algo: Optional[str] = None,
+    model: Optional[str] = None,
+    config_file: Optional[str] = None,
+    overrides: Iterable[str] = (),
+    workflow: Optional[str] = None,
+    need_algo: bool = True,
+) -> RunConfig:
+    """Build the frozen :class:`RunConfig` of a run (see the module docstring for layers).
+
+    :param workflow: if given, the algorithm must run in this workflow (e.g. ``rl``).
+    :param need_algo: ``False`` for commands that use only the model (generate, eval).
+    """
+    raw = load_yaml(config_file) if config_file else {}
+    over, problems = parse_overrides(overrides)
+    raw = deep_merge(raw, over)
+    if algo:
+        raw["algo"] = algo
+    if model:
+        model_sec = raw.get("model")
+        raw["model"] = dict(model_sec) if isinstance(model_sec, dict) else {}
+        raw["model"]["family"] = model
+    algo_name = raw.get("algo") or ""
+    model_sec = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    family_name = model_sec.get("family") or ""
+    if not algo_name and need_algo:
+        raise DareError("no algorithm given; pass --algo NAME (see `dare list algorithms`)")
+    if not family_name:
+        raise DareError("no model family given; pass --model NAME (see `dare list models`)")
+    if algo_name:
+        spec, family = check_support(dare, str(algo_name), str(family_name))
+    else:
+        spec, family = None, dare.registries.models.get(str(family_name))
+    if spec is not None and workflow and spec.workflow != workflow:
+        raise DareError(f"algorithm {spec.name!r} runs the {spec.workflow} workflow, not {workflow}")
+
+    path = model_sec.get("path") or family.default_checkpoint
+    if not path:
+        raise DareError(
+            f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR"
+        )
+    raw["model"] = dict(model_sec, path=path)
+    preset_path = os.path.join(str(path), PRESET_FILE)
+    preset: dict[str, Any] = {}
+    if os.path.isfile(preset_path):
+        data = load_yaml(preset_path)
+        preset = deep_merge(data.get("common") or {},
+                            (data.get(spec.workflow) or {}) if spec is not None else {})
+
+    rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
+    backend_name = rollout_raw.get("backend") or family.default_rollout
+    rollout_spec = dare.registries.rollouts.get(str(backend_name))
+    if rollout_spec.kinds and family.kind not in rollout_spec.kinds:
+        raise CapabilityError(
+            f"rollout backend {rollout_spec.name!r} cannot drive {family.kind}-diffusion model "
+            f"{family.name!r}; use one of: {', '.join(family.rollouts) or family.default_rollout}"
+        )
+    missing = sorted(set(rollout_spec.requires) - set(family.capabilities))
+    if missing:
+        raise CapabilityError(
+            f"rollout backend {rollout_spec.name!r} needs model capability {', '.join(missing)} "
+            f"which {family.name!r} lacks"
+        )
+    # the preset's rollout keys apply only where the chosen backend has them
+    if isinstance(preset.get("rollout"), dict):
+        names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
+        preset = dict(preset, rollout={k: v for k, v in preset["rollout"].items() if k in names})
+    preset.pop("algorithm", None)  # algorithm options are the algorithm's, never a checkpoint's
+    raw = deep_merge(deep_merge(_recipe(spec) if spec is not None else {}, preset), raw)
+
+    rollout_raw = dict(_section(raw, "rollout", problems))
+    rollout_raw.pop("backend", None)
+    algorithm_raw = _section(raw, "algorithm", problems)
+    top_raw = {k: v for k, v in raw.items() if k not in ("algorithm", "rollout", "rollout_backend")}
+    top, top_problems = structure(RunConfig, top_raw)
+    problems += top_problems
+    algo_cfg: Any = {}
+    if spec is not None:
+        algo_cfg, algo_problems = structure(spec.config_cls, algorithm_raw, "algorithm")
+        problems += algo_problems
+    elif algorithm_raw:
+        problems.append("algorithm: options given but no algorithm selected")
+    roll_cfg, roll_problems = structure(rollout_spec.config_cls, rollout_raw, "rollout")
+    problems += roll_problems
+    if top is not None and top.task.name not in dare.registries.tasks:
+        problems.append("task.name: " + dare.registries.tasks.unknown_message(top.task.name))
+    if problems:
+        raise ConfigError(problems)
+    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name)
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    """Plain data of a resolved config (``rollout.backend`` folded back in)."""
+    data = unstructure(config)
+    data["rollout"] = dict(backend=config.rollout_backend, **(data.get("rollout") or {}))
+    data.pop("rollout_backend", None)
+    return data
+
+
+def render_with_help(config: RunConfig) -> str:
+    """YAML of a resolved config with each field's help text as a comment."""
+    lines: list[str] = []
+
+    def emit(obj: Any, indent: int, extra: Optional[dict[str, Any]] = None) -> None:
+        pad = "  " * indent
+        if extra:
+            for k, (v, h) in extra.items():
+                lines.append(f"{pad}{k}: {_scalar(v)}  # {h}")
+        for f in attrs.fields(type(obj)):
+            if f.name == "rollout_backend":
+                continue
+            value = getattr(obj, f.name)
+            help_text = f.metadata.get("help", "")
+            if attrs.has(type(value)):
+                lines.append(f"{pad}{f.name}:  # {help_text}" if help_text else f"{pad}{f.name}:")
+                sub_extra = None
+                if f.name == "rollout" and isinstance(obj, RunConfig):
+                    sub_extra = {"backend": (obj.rollout_backend, "Rollout backend.")}
+                emit(value, indent + 1, sub_extra)
+            else:
+                comment = f"  # {help_text}" if help_text else ""
+                lines.append(f"{pad}{f.name}: {_scalar(value)}{comment}")
+
+    emit(config, 0)
+    return "\n".join(lines) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(unstructure(value), default_flow_style=True, width=10_000).strip()
+    if text.endswith("\n..."):
+        text = text[: -len("\n...")]
+    return text.replace("\n...", "")

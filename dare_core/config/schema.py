@@ -1,0 +1,109 @@
+"""The run configuration: frozen attrs classes with help text on every field.
+
+The ``algorithm:`` and ``rollout:`` sections are structured with the config classes of the chosen
+algorithm and rollout backend (see :mod:`dare_core.config.loader`); all other sections are
+defined here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import attrs
+
+from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.tasks.config import TaskConfig
+
+
+def option(default: Any, help: str, validator: Any = None, **kw: Any) -> Any:
+    """An attrs field with help text (``metadata["help"]``)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use option_factory for mutable defaults")
+    return attrs.field(default=default, validator=validator, metadata={"help": help}, **kw)
+
+
+def section(cls: type, help: str) -> Any:
+    return attrs.field(factory=cls, metadata={"help": help})
+
+
+@attrs.frozen
+class ModelConfig:
+    family: str = option("", "Model family (a registered model plugin, e.g. the one given by --model).")
+    path: Optional[str] = option(
+        None, "Checkpoint directory in HF layout; null = the family's bundled tiny checkpoint."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "Parameter dtype used for training and rollout."
+    )
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "Device; auto = cuda when available, else cpu."
+    )
+    attn_implementation: Optional[str] = option(
+        None, "Attention implementation passed to the model (eager, sdpa); null = model default."
+    )
+    gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+
+
+@attrs.frozen
+class TrainerConfig:
+    steps: int = option(20, "Number of training steps (RL: rollout batches; SFT: optimizer steps).", positive)
+    lr: float = option(5e-7, "AdamW learning rate.", positive)
+    weight_decay: float = option(0.01, "AdamW weight decay.", non_negative)
+    beta1: float = option(0.9, "AdamW beta1.", in_range(0.0, 1.0, high_open=True))
+    beta2: float = option(0.999, "AdamW beta2.", in_range(0.0, 1.0, high_open=True))
+    adam_eps: float = option(1e-8, "AdamW epsilon.", positive)
+    lr_schedule: Literal["constant", "cosine"] = option("constant", "Learning-rate schedule after warmup.")
+    warmup_ratio: float = option(0.0, "Fraction of the steps used for linear warmup.", in_range(0.0, 1.0))
+    grad_clip: float = option(1.0, "Global L2 gradient-norm clip; 0 disables. Non-finite norms skip the step.", non_negative)
+    batch_size: int = option(16, "RL: prompts per step; SFT: sequences per optimizer step.", positive)
+    group_size: int = option(8, "RL: rollouts per prompt (the advantage group).", positive)
+    ppo_epochs: int = option(1, "RL: passes over each rollout batch.", positive)
+    mini_batch_size: int = option(
+        0, "RL: sequences per optimizer step within an epoch; 0 = the whole rollout batch.", non_negative
+    )
+    micro_batch_size: int = option(8, "Sequences per forward/backward pass (gradient accumulation).", positive)
+    max_prompt_length: int = option(512, "Prompts longer than this (in tokens) are an error.", positive)
+    max_response_length: int = option(512, "SFT: responses are truncated to this many tokens.", positive)
+    log_every: int = option(1, "Print a metrics line every N steps.", positive)
+    save_every: int = option(0, "Save a checkpoint every N steps; 0 = only the final one.", non_negative)
+    save_final: bool = option(True, "Save the final model in HF layout under <run>/final.")
+
+
+@attrs.frozen
+class EvalConfig:
+    before: bool = option(True, "Evaluate held-out accuracy before training.")
+    after: bool = option(True, "Evaluate held-out accuracy after training.")
+    every: int = option(0, "Also evaluate every N steps; 0 = never.", non_negative)
+    temperature: float = option(0.0, "Sampling temperature for evaluation (0 = greedy).", non_negative)
+    steps: Optional[int] = option(
+        None, "Denoising steps for evaluation; null = one token per step (steps = gen_length)."
+    )
+    batch_size: int = option(64, "Prompts per evaluation generate call.", positive)
+    save_samples: int = option(20, "Write this many decoded eval samples to the run directory.", non_negative)
+
+
+@attrs.frozen
+class EngineConfig:
+    name: str = option("single", "How a step runs: single (one process).", one_of(("single",)))
+
+
+@attrs.frozen
+class RunConfig:
+    algo: str = option("", "Algorithm (a registered algorithm plugin, e.g. given by --algo).")
+    seed: int = option(0, "Seed of every random stream of the run.")
+    output_dir: str = option("runs", "Parent directory of run directories.")
+    run_name: Optional[str] = option(None, "Run directory name; null = <algo>-<model>-<timestamp>.")
+    progress: bool = option(True, "Show a progress bar on the console.")
+    model: ModelConfig = section(ModelConfig, "The model to train.")
+    trainer: TrainerConfig = section(TrainerConfig, "Optimisation and batching.")
+    task: TaskConfig = section(TaskConfig, "Dataset and reward.")
+    eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    engine: EngineConfig = section(EngineConfig, "Execution engine.")
+    algorithm: Any = attrs.field(
+        factory=dict, metadata={"help": "Algorithm options (the algorithm plugin's config class)."}
+    )
+    rollout: Any = attrs.field(
+        factory=dict,
+        metadata={"help": "Rollout backend options; `backend` picks the backend (null = the model's default)."},
+    )
+    rollout_backend: str = option("", "Resolved rollout backend name (set from rollout.backend).")

@@ -1,0 +1,58 @@
+"""Registers the core's generic components through the same hooks plugins use."""
+
+from __future__ import annotations
+
+from dare_core.components import (
+    ClippedPolicyLoss,
+    FinalSequence,
+    GroupNormAdvantage,
+    MaskedTokenLogProb,
+    RandomRatioMasking,
+    ResponseTokenLogProb,
+    RLOOAdvantage,
+)
+from dare_core.interfaces import ComponentSpec
+from dare_core.plugins import hookimpl
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "random_ratio", RandomRatioMasking,
+        "per-sequence t ~ U(eps, 1); response tokens masked i.i.d. with probability t",
+    ))
+
+
+@hookimpl
+def dare_register_trajectory_builders(register):
+    register(ComponentSpec("final_sequence", FinalSequence, "train on the final sequence only"))
+
+
+@hookimpl
+def dare_register_likelihood_estimators(register):
+    register(ComponentSpec(
+        "response_token_logprob", ResponseTokenLogProb,
+        "log p(y_j | corrupted x) at every response position, one forward per MC row",
+    ))
+    register(ComponentSpec(
+        "masked_token_logprob", MaskedTokenLogProb,
+        "log p(x_i | corrupted x) at corrupted positions (ELBO building block)",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "clipped_pg", ClippedPolicyLoss,
+        "PPO clipped surrogate with dual clip, token-mean", reference="arXiv:1707.06347",
+    ))
+
+
+@hookimpl
+def dare_register_advantage_estimators(register):
+    register(ComponentSpec(
+        "group_norm", GroupNormAdvantage, "(r - group mean) / (unbiased group std + eps)",
+        reference="arXiv:2402.03300",
+    ))
+    register(ComponentSpec("rloo", RLOOAdvantage, "leave-one-out baseline",
+                           reference="arXiv:2402.14740"))

@@ -1,0 +1,134 @@
+"""A base class for wrappers around Hugging Face style dLLM modules.
+
+A family plugin subclasses :class:`HFDiffusionWrapper` and overrides only what differs for its
+family (``_raw_logits`` for the forward call, ``align`` for a logit shift, ``denoise_logits`` for a
+block-diffusion training layout). Everything else — log-probabilities in float32, prompt
+rendering, saving — is shared.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """``log softmax(logits)[target]`` in float32 without a full-vocabulary float32 copy at once.
+
+    ``logits`` ``[..., V]``, ``targets`` ``[...]`` → ``[...]``. Rows are processed in chunks so
+    the float32 up-cast of bf16 logits stays bounded.
+    """
+    shape = targets.shape
+    flat = logits.reshape(-1, logits.shape[-1])
+    tgt = targets.reshape(-1)
+    out = []
+    for start in range(0, flat.shape[0], chunk):
+        block = flat[start : start + chunk].float()
+        t = tgt[start : start + chunk]
+        picked = block.gather(-1, t[:, None]).squeeze(-1)
+        out.append(picked - torch.logsumexp(block, dim=-1))
+    if not out:
+        return logits.new_zeros(shape, dtype=torch.float32)
+    return torch.cat(out).reshape(shape)
+
+
+class HFDiffusionWrapper:
+    """Common implementation of :class:`dare_core.interfaces.ModelWrapper`.
+
+    :param family: registered family name.
+    :param module: the HF module; ``module(input_ids=..., attention_mask=...)`` returns ``.logits``.
+    :param tokenizer: the checkpoint's tokenizer (provides the chat template).
+    :param kind: ``masked`` or ``block``.
+    Token ids must come from the checkpoint's config/tokenizer, never literals.
+    """
+
+    def __init__(
+        self,
+        *,
+        family: str,
+        module: torch.nn.Module,
+        tokenizer: Any,
+        kind: str,
+        mask_token_id: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        stop_token_ids: tuple[int, ...] = (),
+        capabilities: frozenset[str] = frozenset(),
+        block_size: Optional[int] = None,
+    ):
+        self.family = family
+        self.module = module
+        self.tokenizer = tokenizer
+        self.kind = kind
+        self.mask_token_id = int(mask_token_id)
+        self.eos_token_id = int(eos_token_id)
+        self.pad_token_id = int(pad_token_id)
+        self.stop_token_ids = tuple(int(t) for t in (stop_token_ids or (eos_token_id,)))
+        self.capabilities = frozenset(capabilities)
+        self.block_size = block_size
+
+    # -- forward ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @staticmethod
+    def _padding_mask(attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A 2-D key-padding mask, or ``None`` when nothing is padded."""
+        if attention_mask is None:
+            return None
+        if attention_mask.dim() == 2 and bool(attention_mask.bool().all()):
+            return None
+        return attention_mask
+
+    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return self.module(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Make position ``i`` predict token ``i`` (identity unless the family is shifted)."""
+        return logits
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.align(self._raw_logits(input_ids, self._padding_mask(attention_mask)))
+
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if self.kind != "masked":
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement denoise_logits for {self.kind} diffusion"
+            )
+        return self.logits(noisy_ids, attention_mask)
+
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)
+        return gather_logprobs(logits, targets)
+
+    # -- text ---------------------------------------------------------------------------------
+    def render_prompt(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- persistence --------------------------------------------------------------------------
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.module.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)

@@ -1,0 +1,87 @@
+"""Oracles of the generic losses and advantage estimators (design spec §18.1-18.2)."""
+
+import math
+
+import pytest
+import torch
+
+from dare_core.components import ClippedPolicyLoss, GroupNormAdvantage, RLOOAdvantage, agg_loss, masked_mean
+from dare_core.components.losses import kl_penalty
+
+A = torch.tensor([0.5, -1.0])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+OLD = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
+
+
+def test_group_norm_oracle():
+    adv = GroupNormAdvantage()(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([7, 7, 7, 7]))
+    torch.testing.assert_close(adv, torch.tensor([0.866025, -0.866025, -0.866025, 0.866025]), atol=2e-6, rtol=0)
+
+
+def test_group_norm_all_equal_singleton_and_order_free():
+    gn = GroupNormAdvantage()
+    assert torch.equal(gn(torch.tensor([2.0, 2.0, 2.0]), torch.tensor([0, 0, 0])), torch.zeros(3))
+    torch.testing.assert_close(gn(torch.tensor([3.0]), torch.tensor([5])), torch.tensor([3.0 / (1 + 1e-6)]))
+    shuffled = gn(torch.tensor([1.0, 5.0, 0.0, 3.0]), torch.tensor([0, 1, 0, 1]))
+    torch.testing.assert_close(shuffled[[0, 2]], gn(torch.tensor([1.0, 0.0]), torch.tensor([0, 0])))
+    no_std = GroupNormAdvantage(norm_by_std=False)(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    torch.testing.assert_close(no_std, torch.tensor([0.5, -0.5]))
+
+
+def test_rloo_oracle():
+    adv = RLOOAdvantage()(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0]))
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+
+
+def test_agg_loss_oracles():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert agg_loss(loss, MASK, "token-mean").item() == pytest.approx(3.6)
+    assert agg_loss(loss, MASK, "seq-mean-token-sum").item() == pytest.approx(9.0)
+    assert agg_loss(loss, MASK, "seq-mean-token-mean").item() == pytest.approx(3.25)
+    assert agg_loss(loss, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(6.0)
+    with pytest.raises(ValueError):
+        agg_loss(loss, MASK, "bogus")
+    assert masked_mean(torch.ones(2), torch.zeros(2)).item() == 0.0
+
+
+def test_clipped_loss_ratio_one_is_minus_mean_advantage():
+    loss, m = ClippedPolicyLoss()(OLD[None], OLD[None], None, A, MASK)
+    assert loss.item() == pytest.approx(0.4, abs=1e-7)
+    assert m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_clipped_loss_oracle_with_dual_clip():
+    new = OLD + torch.tensor([[0.3, -0.3, 0.0], [0.3, -0.3, 2.0]])
+    loss, m = ClippedPolicyLoss(0.2, 0.2, 3.0)(new[None], OLD[None], None, A, MASK)
+    assert loss.item() == pytest.approx(0.8358899, abs=1e-6)
+    assert m["pg_clipfrac"] == pytest.approx(0.4)
+    assert m["ppo_kl"] == pytest.approx(0.2633379, abs=1e-6)
+    assert m["pg_clipfrac_lower"] == pytest.approx(0.2)
+
+
+def test_clipped_loss_gradient_at_ratio_one():
+    new = OLD.clone().requires_grad_(True)
+    loss, _ = ClippedPolicyLoss()(new[None], OLD[None], None, A, MASK)
+    loss.backward()
+    expected = -(A[:, None] * MASK) / MASK.sum()
+    torch.testing.assert_close(new.grad, expected)
+
+
+def test_clipped_loss_averages_over_mc_samples():
+    new = torch.stack([OLD, OLD + 0.1])
+    loss, _ = ClippedPolicyLoss()(new, torch.stack([OLD, OLD]), None, A, MASK)
+    one, _ = ClippedPolicyLoss()(new[:1], OLD[None], None, A, MASK)
+    two, _ = ClippedPolicyLoss()(new[1:], OLD[None], None, A, MASK)
+    assert loss.item() == pytest.approx((one.item() + two.item()) / 2)
+    with pytest.raises(ValueError):
+        ClippedPolicyLoss(clip_ratio_c=1.0)
+
+
+def test_kl_penalty_oracles():
+    l, ref, adv = torch.tensor([-1.0, -1.0]), torch.tensor([-1.5, -0.5]), torch.tensor([1.0, -1.0])
+    torch.testing.assert_close(kl_penalty(l, ref, adv, "k1"), torch.tensor([0.405465, -0.5]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kl_penalty(l, ref, adv, "k2"), torch.tensor([0.082201, 0.125]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kl_penalty(l, ref, adv, "k3"), torch.tensor([0.072132, 0.148721]), atol=1e-6, rtol=0)
+    assert math.isnan(kl_penalty(torch.tensor([0.0]), torch.tensor([1.5]), torch.tensor([1.0]), "k1").item())
+    with pytest.raises(ValueError):
+        kl_penalty(l, ref, adv, "nope")
