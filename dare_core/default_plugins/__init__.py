@@ -1,0 +1,1 @@
+"""The core's own default plugins: generic components, rollout backends and tasks."""

@@ -1,0 +1,514 @@
+"""Reference rollout backend: semi-autoregressive low-confidence remasking.
+
+The sampler drives any bidirectional masked-diffusion wrapper (``wrapper.kind == "masked"``):
+
+1. ``x = [prompt | MASK * gen_length]``; prompts are left padded and the padding is never attended
+   (the attention mask is passed to ``wrapper.logits`` whenever some prompt position is padding).
+2. The response is split into ``gen_length // block_length`` blocks denoised left to right; each
+   block gets ``steps // num_blocks`` steps and, per row, the quota schedule of
+   :func:`num_transfer_tokens` over the masks the block holds when it starts.
+3. Every step runs one full forward (no cache; two with classifier-free guidance), draws a
+   candidate token for every position of the current block (Gumbel-max sample of
+   ``softmax(logits / T)``, plain argmax at ``T = 0``), scores it (untempered probability of the
+   candidate, or a uniform draw for ``remasking="random"``) and commits, per row, the
+   ``quota[row, step]`` most confident still-masked positions of the block.
+4. MASKs left after the last block become EOS.
+
+Random stream (``generator``): per executed step, first the ``[B, block_length, V]`` float64
+uniforms of the Gumbel-max sample (only when ``temperature > 0``), then the ``[B, block_length]``
+float64 uniforms of random remasking (only when ``remasking == "random"``). Steps in which no row
+has anything to commit are skipped (no forward, no draws). Generating in micro-batches
+(``micro_batch_size > 0``) therefore consumes the stream in a different order than one batch does,
+so sampled outputs depend on the chunking; greedy low-confidence decoding does not.
+
+Deliberate differences from the reference procedure (none changes greedy decoding of a model that
+never predicts its own MASK token):
+
+* the MASK token is never a candidate (its logit is set to ``-inf``), so a committed position
+  always holds a real token;
+* only the current block's logits are sampled and scored, since no other position can be
+  committed (saves memory and random draws);
+* the Gumbel-max ratio is computed on ``logits - max(logits)`` (the same argmax, no overflow);
+* a confidence of ``-inf`` (``stop_confidence="never"``) means "ranked last": such a candidate is
+  committed only if its row's quota cannot be met otherwise, and positions that are not masked or
+  lie outside the current block are never committed, whatever the quota.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from dare_core.interfaces import RolloutBatch, RolloutSpec
+from dare_core.plugins import hookimpl
+
+__all__ = [
+    "LowConfidenceConfig",
+    "LowConfidenceSampler",
+    "SUPPORTED_RECORDS",
+    "num_transfer_tokens",
+]
+
+#: Records :meth:`LowConfidenceSampler.generate` understands.
+SUPPORTED_RECORDS = frozenset({"reveal_step"})
+
+_REMASKING = ("low_confidence", "random")
+_STOP_CONFIDENCE = ("keep", "zero", "never")
+
+
+# --------------------------------------------------------------------------- config validators
+def _positive_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"rollout.{attribute.name} must be a positive integer, got {value!r}; "
+            f"set it to 1 or more"
+        )
+
+
+def _non_negative_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"rollout.{attribute.name} must be an integer >= 0, got {value!r}; "
+            f"use 0 to generate the whole batch at once"
+        )
+
+
+def _non_negative_float(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"rollout.{attribute.name} must be a finite number >= 0, got {value!r}; "
+            f"use 0 to disable it"
+        )
+
+
+def _one_of(choices: tuple[str, ...]):
+    def check(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(
+                f"rollout.{attribute.name} must be one of {', '.join(map(repr, choices))}, "
+                f"got {value!r}"
+            )
+
+    return check
+
+
+def _boolean(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"rollout.{attribute.name} must be true or false, got {value!r}")
+
+
+@attrs.frozen
+class LowConfidenceConfig:
+    """Config of the ``low_confidence`` rollout backend (the ``rollout:`` section)."""
+
+    gen_length: int = attrs.field(
+        default=256,
+        validator=_positive_int,
+        metadata={"help": "Response length R: number of MASK tokens appended to each prompt."},
+    )
+    block_length: int = attrs.field(
+        default=32,
+        validator=_positive_int,
+        metadata={
+            "help": "Length of the blocks denoised left to right (semi-autoregressive); "
+            "must divide gen_length. block_length = gen_length denoises the whole response "
+            "at once."
+        },
+    )
+    steps: int = attrs.field(
+        default=128,
+        validator=_positive_int,
+        metadata={
+            "help": "Total number of denoising steps, split equally over the blocks; must be a "
+            "multiple of gen_length // block_length."
+        },
+    )
+    temperature: float = attrs.field(
+        default=0.6,
+        validator=_non_negative_float,
+        metadata={
+            "help": "Sampling temperature of the candidate tokens (Gumbel-max sample of "
+            "softmax(logits / T)); 0 = greedy argmax."
+        },
+    )
+    remasking: str = attrs.field(
+        default="low_confidence",
+        validator=_one_of(_REMASKING),
+        metadata={
+            "help": "Which masked positions are committed each step: 'low_confidence' = the "
+            "candidates with the highest (untempered) probability; 'random' = uniformly random "
+            "ones."
+        },
+    )
+    cfg_scale: float = attrs.field(
+        default=0.0,
+        validator=_non_negative_float,
+        metadata={
+            "help": "Classifier-free guidance scale s: logits = un + (s + 1) * (cond - un), "
+            "with the unconditional pass seeing the prompt replaced by MASK; 0 = off (one "
+            "forward per step instead of two)."
+        },
+    )
+    suppress_eos: bool = attrs.field(
+        default=False,
+        validator=_boolean,
+        metadata={
+            "help": "Set the EOS logit to -inf so EOS is never a candidate (the response is "
+            "then only EOS-filled where MASKs are left at the end)."
+        },
+    )
+    stop_confidence: str = attrs.field(
+        default="keep",
+        validator=_one_of(_STOP_CONFIDENCE),
+        metadata={
+            "help": "Confidence of candidates equal to a stop token: 'keep' = unchanged; "
+            "'zero' = 0 (stop tokens committed late); 'never' = -inf (ranked last: committed "
+            "only when a row's quota cannot be met otherwise)."
+        },
+    )
+    truncate_at_eos: bool = attrs.field(
+        default=False,
+        validator=_boolean,
+        metadata={
+            "help": "Response mask rule: false = every generated position counts; true = "
+            "positions up to and including the first EOS count."
+        },
+    )
+    micro_batch_size: int = attrs.field(
+        default=0,
+        validator=_non_negative_int,
+        metadata={
+            "help": "Generate in chunks of this many rows to bound memory; 0 = the whole batch "
+            "at once. Chunking changes how the random stream is consumed (sampled outputs "
+            "differ; greedy ones do not)."
+        },
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.gen_length % self.block_length != 0:
+            lower = (self.gen_length // self.block_length) * self.block_length
+            upper = lower + self.block_length
+            hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
+            raise ValueError(
+                f"rollout.gen_length ({self.gen_length}) must be a multiple of "
+                f"rollout.block_length ({self.block_length}); set block_length to a divisor of "
+                f"gen_length or gen_length to a multiple of block_length (e.g. {hint})"
+            )
+        num_blocks = self.gen_length // self.block_length
+        if self.steps % num_blocks != 0:
+            lower = (self.steps // num_blocks) * num_blocks
+            upper = lower + num_blocks
+            hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
+            raise ValueError(
+                f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
+                f"rollout.gen_length // rollout.block_length = {self.gen_length} // "
+                f"{self.block_length} = {num_blocks}, so that every block gets the same number "
+                f"of steps; set steps to a multiple of {num_blocks} (e.g. {hint}) or change "
+                f"block_length"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+
+# --------------------------------------------------------------------------- schedule
+def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """Per-step commit quota: ``n`` masks over ``steps`` steps.
+
+    Every step gets ``n // steps`` tokens and the first ``n % steps`` steps one more, so the row
+    sums to ``n``. E.g. ``(32, 5) -> [7, 7, 6, 6, 6]``, ``(3, 5) -> [1, 1, 1, 0, 0]``.
+
+    :param mask_count: ``[B]`` integer number of masks per row.
+    :param steps: number of steps (> 0).
+    :returns: ``[B, steps]`` long.
+    """
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    n = torch.as_tensor(mask_count).long().reshape(-1)
+    base = torch.div(n, steps, rounding_mode="floor")
+    rem = n - base * steps
+    idx = torch.arange(steps, device=n.device)
+    return base[:, None] + (idx[None, :] < rem[:, None]).long()
+
+
+def _commit_mask(conf: torch.Tensor, eligible: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
+    """Per row, the ``quota`` eligible positions of highest confidence.
+
+    ``-inf`` confidences still rank above ineligible positions; a quota larger than the number of
+    eligible positions commits all of them. Ties are broken by position (earlier first).
+
+    :param conf: ``[B, W]`` float confidences.
+    :param eligible: ``[B, W]`` bool, positions that may be committed.
+    :param quota: ``[B]`` long.
+    :returns: ``[B, W]`` bool.
+    """
+    b, w = conf.shape
+    key = conf.masked_fill(~eligible, -math.inf)
+    order = torch.argsort(key, dim=1, descending=True, stable=True)
+    # eligible positions (even at -inf) before ineligible ones, keeping the confidence order
+    elig_sorted = eligible.gather(1, order).to(torch.int8)
+    order = order.gather(1, torch.argsort(elig_sorted, dim=1, descending=True, stable=True))
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(w, device=conf.device).expand(b, w).contiguous())
+    return (rank < quota[:, None]) & eligible
+
+
+# --------------------------------------------------------------------------- sampler
+class LowConfidenceSampler:
+    """Semi-autoregressive low-confidence remasking sampler (see the module docstring).
+
+    :param config: :class:`LowConfidenceConfig`.
+    """
+
+    def __init__(self, config: LowConfidenceConfig):
+        if not isinstance(config, LowConfidenceConfig):
+            raise TypeError(
+                f"LowConfidenceSampler needs a LowConfidenceConfig, got {type(config).__name__}"
+            )
+        self.config = config
+
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
+        """Generate ``gen_length`` tokens after every (left-padded) prompt.
+
+        :param wrapper: a masked-diffusion :class:`~dare_core.interfaces.ModelWrapper`.
+        :param prompt_ids: ``[B, P]`` long, left padded.
+        :param prompt_mask: ``[B, P]``, 0 on padding.
+        :param record: subset of :data:`SUPPORTED_RECORDS`; ``"reveal_step"`` fills
+            ``RolloutBatch.reveal_step`` with the global 0-based step (block ``b``, local step
+            ``s`` -> ``b * steps_per_block + s``) at which each response token was committed,
+            -1 where the position was EOS-filled after the last block.
+        :param generator: random stream for sampling and random remasking (the global one if
+            ``None``).
+        :returns: a :class:`~dare_core.interfaces.RolloutBatch`; ``nfe`` counts model forward
+            calls summed over micro-batches (a guided step counts 2), ``num_steps = steps``.
+        """
+        cfg = self.config
+        record = frozenset(record)
+        unknown = record - SUPPORTED_RECORDS
+        if unknown:
+            raise ValueError(
+                f"the low_confidence rollout cannot record {', '.join(sorted(unknown))}; "
+                f"supported records: {', '.join(sorted(SUPPORTED_RECORDS))}"
+            )
+        kind = getattr(wrapper, "kind", None)
+        if kind != "masked":
+            raise ValueError(
+                f"the low_confidence rollout drives bidirectional masked-diffusion models "
+                f"(wrapper.kind 'masked'), got kind {kind!r}; choose a rollout backend that "
+                f"supports {kind!r} models"
+            )
+        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+            raise ValueError(
+                f"prompt_ids and prompt_mask must both be [B, P], got "
+                f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+            )
+
+        want_reveal = "reveal_step" in record
+        batch = prompt_ids.shape[0]
+        chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
+
+        module = wrapper.module
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
+        try:
+            with torch.no_grad():
+                parts = [
+                    self._generate_chunk(
+                        wrapper, prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], generator
+                    )
+                    for i in range(0, batch, chunk)
+                ]
+        finally:
+            for m, training in modes:
+                m.training = training
+
+        device = prompt_ids.device
+        if parts:
+            response_ids = torch.cat([p[0] for p in parts], dim=0)
+            reveal = torch.cat([p[1] for p in parts], dim=0)
+            nfe = sum(p[2] for p in parts)
+        else:
+            response_ids = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
+            reveal = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
+            nfe = 0
+
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=self._response_mask(response_ids, wrapper.eos_token_id),
+            reveal_step=reveal if want_reveal else None,
+            num_steps=cfg.steps,
+            nfe=nfe,
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+        b, r = response_ids.shape
+        if not self.config.truncate_at_eos:
+            return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
+        is_eos = response_ids == eos_id
+        last = torch.where(
+            is_eos.any(dim=1),
+            is_eos.long().argmax(dim=1),
+            torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
+        )
+        pos = torch.arange(r, device=response_ids.device)
+        return (pos[None, :] <= last[:, None]).long()
+
+    def _generate_chunk(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generator: Optional[torch.Generator],
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        cfg = self.config
+        device = prompt_ids.device
+        b, p = prompt_ids.shape
+        r, width, spb = cfg.gen_length, cfg.block_length, cfg.steps_per_block
+        mask_id, eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
+
+        x = torch.cat(
+            [prompt_ids.long(), torch.full((b, r), mask_id, dtype=torch.long, device=device)],
+            dim=1,
+        )
+        prompt_valid = prompt_mask.bool()
+        attn = None
+        if not bool(prompt_valid.all()):
+            attn = torch.cat(
+                [prompt_valid.long(), torch.ones(b, r, dtype=torch.long, device=device)], dim=1
+            )
+        stop_ids = torch.tensor(
+            sorted({int(t) for t in wrapper.stop_token_ids} | {eos_id}),
+            dtype=torch.long,
+            device=device,
+        )
+
+        pending = torch.ones(b, r, dtype=torch.bool, device=device)
+        reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
+        nfe = 0
+        for blk in range(cfg.num_blocks):
+            lo, hi = blk * width, (blk + 1) * width
+            quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), spb)
+            for step in range(spb):
+                k = quota[:, step]
+                if not bool((k > 0).any()):
+                    continue  # nobody commits: the forward would change nothing
+                logits, calls = self._block_logits(
+                    wrapper, x, attn, prompt_valid, p + lo, p + hi, mask_id
+                )
+                nfe += calls
+                logits = self._ban(logits, mask_id, eos_id)
+                x0 = self._candidates(logits, generator)
+                conf = self._confidence(logits, x0, generator, stop_ids)
+                commit = _commit_mask(conf, pending[:, lo:hi], k)
+                x[:, p + lo : p + hi] = torch.where(commit, x0, x[:, p + lo : p + hi])
+                pending[:, lo:hi] &= ~commit
+                reveal[:, lo:hi] = torch.where(
+                    commit, torch.full_like(k, blk * spb + step)[:, None], reveal[:, lo:hi]
+                )
+        response = x[:, p:].masked_fill(pending, eos_id)
+        return response, reveal, nfe
+
+    def _block_logits(
+        self,
+        wrapper: Any,
+        x: torch.Tensor,
+        attn: Optional[torch.Tensor],
+        prompt_valid: torch.Tensor,
+        lo: int,
+        hi: int,
+        mask_id: int,
+    ) -> tuple[torch.Tensor, int]:
+        """Float32 logits of columns ``[lo, hi)`` and the number of forward calls it cost."""
+        scale = self.config.cfg_scale
+        if scale <= 0:
+            return wrapper.logits(x, attn)[:, lo:hi].float(), 1
+        p = prompt_valid.shape[1]
+        uncond = x.clone()
+        uncond[:, :p] = uncond[:, :p].masked_fill(prompt_valid, mask_id)
+        both_attn = None if attn is None else torch.cat([attn, attn], dim=0)
+        out = wrapper.logits(torch.cat([x, uncond], dim=0), both_attn)[:, lo:hi].float()
+        cond, un = out[: x.shape[0]], out[x.shape[0] :]
+        return un + (scale + 1.0) * (cond - un), 2
+
+    def _ban(self, logits: torch.Tensor, mask_id: int, eos_id: int) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        ban = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+        if 0 <= mask_id < vocab:
+            ban[mask_id] = True
+        if self.config.suppress_eos and 0 <= eos_id < vocab:
+            ban[eos_id] = True
+        return logits.masked_fill(ban, -math.inf)
+
+    def _candidates(
+        self, logits: torch.Tensor, generator: Optional[torch.Generator]
+    ) -> torch.Tensor:
+        temp = float(self.config.temperature)
+        if temp == 0.0:
+            return logits.argmax(dim=-1)
+        u = torch.rand(logits.shape, generator=generator, dtype=torch.float64,
+                       device=logits.device)
+        z = logits.double()
+        z = (z - z.amax(dim=-1, keepdim=True)).exp()
+        return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
+
+    def _confidence(
+        self,
+        logits: torch.Tensor,
+        x0: torch.Tensor,
+        generator: Optional[torch.Generator],
+        stop_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.config
+        if cfg.remasking == "low_confidence":
+            probs = torch.softmax(logits.float(), dim=-1)
+            conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
+        else:
+            conf = torch.rand(x0.shape, generator=generator, dtype=torch.float64,
+                              device=x0.device)
+        if cfg.stop_confidence != "keep":
+            is_stop = torch.isin(x0, stop_ids)
+            value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
+            conf = conf.masked_fill(is_stop, value)
+        return conf
+
+
+# --------------------------------------------------------------------------- registration
+@hookimpl
+def dare_register_rollout_backends(register) -> None:
+    register(
+        RolloutSpec(
+            name="low_confidence",
+            config_cls=LowConfidenceConfig,
+            build=LowConfidenceSampler,
+            kinds=frozenset({"masked"}),
+            records=SUPPORTED_RECORDS,
+            description=(
+                "semi-autoregressive low-confidence remasking for bidirectional masked "
+                "diffusion models (blocks, quota schedule, optional guidance; no cache)"
+            ),
+        )
+    )
