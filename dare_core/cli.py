@@ -1,0 +1,274 @@
+"""The ``dare`` command line.
+
+User errors (:class:`~dare_core.errors.DareError`) are printed as one ``error:`` line and exit
+with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Optional
+
+import attrs
+import click
+
+from dare_core import __version__
+from dare_core.errors import DareError
+
+
+def _dare():
+    from dare_core.plugins import get_dare
+
+    return get_dare()
+
+
+class DareGroup(click.Group):
+    """A click group that turns user errors into one line and loads plugin commands."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DareError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+    def _load_plugin_commands(self) -> None:
+        if getattr(self, "_plugins_loaded", False):
+            return
+        self._plugins_loaded = True
+        try:
+            self._add_plugin_commands(_dare())
+        except DareError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+    def _add_plugin_commands(self, dare: Any) -> None:
+        """Call each plugin's ``dare_register_commands`` in turn (registration order) and
+        refuse a command name that a built-in or an earlier plugin already uses."""
+        owners = {name: "dare-core" for name in self.commands}
+        for impl in dare.pm.hook.dare_register_commands.get_hookimpls():
+            before = dict(self.commands)
+            impl.function(cli=self)
+            for name, cmd in list(self.commands.items()):
+                if name not in before:
+                    owners[name] = impl.plugin_name
+                elif before[name] is not cmd:
+                    self.commands[name] = before[name]
+                    raise DareError(
+                        f"plugin {impl.plugin_name!r} adds the command {name!r}, which "
+                        f"{owners.get(name, 'another plugin')!r} already provides; disable one of "
+                        f"them (DARE_DISABLE_PLUGINS={impl.plugin_name})"
+                    )
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name not in _BUILTINS:
+            self._load_plugin_commands()
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx: click.Context):
+        self._load_plugin_commands()
+        return super().list_commands(ctx)
+
+
+@click.group(cls=DareGroup)
+@click.version_option(__version__, prog_name="dare")
+def cli() -> None:
+    """DARE: post-training and evaluation of diffusion LLMs, with plugins."""
+
+
+OVERRIDES = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+
+
+@cli.command()
+@click.option("--algo", required=True, help="Algorithm name (see `dare list algorithms`).")
+@click.option("--model", required=True, help="Model family (see `dare list models`).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="YAML run config; KEY=VALUE overrides win over it.")
+@OVERRIDES
+def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[str, ...]) -> None:
+    """Train MODEL with ALGO and write a run directory.
+
+    Example: dare train --algo d1 --model llada trainer.steps=10
+    """
+    from dare_core.config import resolve
+    from dare_core.train import train as run_train
+
+    dare = _dare()
+    config = resolve(dare, algo=algo, model=model, config_file=config_file, overrides=overrides)
+    summary = run_train(dare, config)
+    ev = summary.get("eval", {})
+    parts = [f"{k}={v['accuracy']:.3f}" for k, v in ev.items() if isinstance(v, dict) and "accuracy" in v]
+    click.echo(f"done: {summary['run_dir']}/summary.json" + (f" (accuracy {' '.join(parts)})" if parts else ""))
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model family.")
+@click.option("--prompt", "prompts", multiple=True, required=True, help="User message (repeatable).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@OVERRIDES
+def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], overrides: tuple[str, ...]) -> None:
+    """Generate a response to each --prompt with the model's rollout backend (greedy unless
+    rollout.temperature is set)."""
+    import torch
+
+    from dare_core.config import resolve
+    from dare_core.workflows.common import build_rollout, decode_responses, left_pad, load_model
+
+    dare = _dare()
+    overrides = ("rollout.temperature=0",) + tuple(overrides)
+    config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    wrapper = load_model(dare, config)
+    backend = build_rollout(dare, config)
+    ids = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": p}])) for p in prompts]
+    pid, pmask = left_pad(ids, wrapper.pad_token_id)
+    out = backend.generate(wrapper, pid.to(wrapper.device), pmask.to(wrapper.device),
+                           generator=torch.Generator().manual_seed(config.seed))
+    for text in decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu()):
+        click.echo(text)
+        click.echo("---")
+
+
+@cli.command("eval")
+@click.option("--model", required=True, help="Model family.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@OVERRIDES
+def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
+    from dare_core.components import ComponentLookup  # noqa: F401  (import check)
+    from dare_core.config import resolve
+    from dare_core.engines import build_engine
+    from dare_core.workflows.common import (
+        Context, build_rollout, eval_rollout_config, evaluate, load_model, resolve_device,
+        seed_everything,
+    )
+
+    dare = _dare()
+    config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    gen = seed_everything(config.seed)
+    wrapper = load_model(dare, config)
+    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    ctx = Context(dare, config, None, dare.registries.models.get(model), wrapper,
+                  None, build_rollout(dare, config, eval_rollout_config(config)), task, None,
+                  build_engine(config.engine.name, resolve_device(config.model.device)), None, gen)
+    examples = task.examples("eval", limit=config.task.num_eval, seed=config.seed)
+    result = evaluate(ctx, examples, "eval")
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"{config.task.name}: accuracy={result['accuracy']:.4f} reward={result['reward']:.4f} "
+                   f"n={result['n']} ({result['seconds']} s)")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List loaded plugins: name, distribution, version and implemented hooks."""
+    infos = _dare().plugin_infos()
+    if as_json:
+        click.echo(json.dumps([i.as_dict() for i in infos], indent=2))
+        return
+    rows = [(i.name, i.distribution, i.version, ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
+    _table(("plugin", "distribution", "version", "hooks"), rows)
+
+
+LIST_KINDS = ("models", "algorithms", "rollouts", "corruptions", "trajectories", "estimators",
+              "losses", "advantages", "tasks")
+
+
+@cli.command("list")
+@click.argument("kind", required=False, type=click.Choice(LIST_KINDS))
+@click.option("--matrix", is_flag=True, help="Algorithm × model-family support matrix.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(kind: Optional[str], matrix: bool, as_json: bool) -> None:
+    """List registered components of KIND (or the support matrix)."""
+    from dare_core.listing import list_rows, support_matrix
+
+    dare = _dare()
+    if matrix or kind is None:
+        header, rows = support_matrix(dare)
+    else:
+        header, rows = list_rows(dare, kind)
+    if as_json:
+        click.echo(json.dumps([dict(zip(header, r)) for r in rows], indent=2))
+    else:
+        _table(header, rows)
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect run configurations."""
+
+
+@config_group.command("show")
+@click.option("--algo", required=True)
+@click.option("--model", required=True)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@OVERRIDES
+def config_show(algo: str, model: str, config_file: Optional[str], overrides: tuple[str, ...]) -> None:
+    """Print the resolved run config with the help text of every field."""
+    from dare_core.config import render_with_help, resolve
+
+    config = resolve(_dare(), algo=algo, model=model, config_file=config_file, overrides=overrides)
+    click.echo(render_with_help(config), nl=False)
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model family whose architecture to instantiate.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="New checkpoint directory.")
+@click.option("--task", "tasks", multiple=True, default=("sudoku",), show_default=True,
+              help="Task(s) whose texts train the tokenizer (repeatable).")
+@click.option("--seed", default=0, show_default=True)
+@OVERRIDES
+def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tuple[str, ...]) -> None:
+    """Create a randomly initialised tiny checkpoint (tokenizer trained on task texts).
+
+    Size overrides are architecture fields, e.g. d_model=128 n_layers=4.
+    """
+    import torch
+
+    from dare_core.config.loader import parse_overrides
+    from dare_core.tasks.config import TaskConfig
+
+    dare = _dare()
+    family = dare.registries.models.get(model)
+    if family.create is None:
+        raise DareError(f"model family {model!r} cannot create new checkpoints")
+    sizes, problems = parse_overrides(overrides)
+    if problems:
+        raise DareError("; ".join(problems))
+    if os.path.exists(out) and os.listdir(out):
+        raise DareError(f"{out!r} exists and is not empty; choose a new --out directory")
+    texts: list[str] = []
+    for name in tasks:
+        task = dare.registries.tasks.get(name).build(TaskConfig(name=name, seed=seed))
+        for ex in task.examples("train", limit=4000, seed=seed):
+            texts.extend(m["content"] for m in ex.prompt)
+            if ex.response:
+                texts.append(ex.response)
+    torch.manual_seed(seed)
+    family.create(out, texts, **sizes)
+    click.echo(f"created {out}")
+
+
+def _table(header, rows) -> None:
+    rows = [tuple(str(c) for c in r) for r in rows]
+    widths = [max([len(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    line = "  ".join(str(h).ljust(w) for h, w in zip(header, widths))
+    click.echo(line.rstrip())
+    click.echo("  ".join("-" * w for w in widths))
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init"}
+
+
+def main() -> None:  # console script
+    cli(prog_name="dare")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

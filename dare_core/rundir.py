@@ -1,0 +1,101 @@
+"""The run directory: resolved config, metrics, plugin versions, checkpoints, summary.
+
+Layout::
+
+    <output_dir>/<run_name>/
+        config.yaml        resolved config (reload with --config)
+        plugins.json       plugins in use: name, distribution, version, hooks
+        metrics.jsonl      one JSON object per step / evaluation
+        eval_samples/      decoded evaluation samples
+        checkpoints/step-N/  HF-layout checkpoints (atomic: written to a temp dir, then renamed)
+        final/             the final model in HF layout
+        summary.json       algo, model, task, eval.before / eval.after, timings
+
+Every file is written atomically (temp file + ``os.replace``), so an interrupted run never
+leaves a half-written checkpoint or summary behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, Optional
+
+import yaml
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_dir(path: str, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_dir)`` and move the result to ``path`` (replacing an older one)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(path):
+        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=parent)
+        os.rmdir(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class RunDir:
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self._metrics = os.path.join(root, "metrics.jsonl")
+
+    @classmethod
+    def create(cls, output_dir: str, run_name: Optional[str], default_name: str) -> "RunDir":
+        name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        root = os.path.join(output_dir, name)
+        if os.path.exists(os.path.join(root, "summary.json")) and run_name:
+            # never overwrite a finished run's results
+            suffix = 1
+            while os.path.exists(f"{root}-{suffix}"):
+                suffix += 1
+            root = f"{root}-{suffix}"
+        return cls(root)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def write_config(self, data: dict[str, Any]) -> None:
+        atomic_write_text(self.path("config.yaml"), yaml.safe_dump(data, sort_keys=False))
+
+    def write_json(self, name: str, data: Any) -> None:
+        atomic_write_text(self.path(name), json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        with open(self._metrics, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+
+    def save_model(self, wrapper: Any, name: str) -> str:
+        target = self.path(name)
+        atomic_write_dir(target, wrapper.save_pretrained)
+        return target

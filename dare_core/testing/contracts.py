@@ -1,0 +1,213 @@
+"""Contract test suites that family and algorithm plugins run on themselves.
+
+Usage in a plugin's tests::
+
+    import dare_plugin_x
+    from dare_core.testing.contracts import ModelFamilyContract
+
+    class TestContract(ModelFamilyContract):
+        family = "x"
+        plugins = (dare_plugin_x,)
+
+Every test builds registries from the core's default plugins plus ``plugins`` only, so the result
+does not depend on what else is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import attrs
+import pytest
+import torch
+
+from dare_core.components import ComponentLookup
+from dare_core.config.structure import structure
+from dare_core.plugins import build
+from dare_core.testing.toy import fake_rollout, make_toy_wrapper
+
+
+def _dare(plugins: Sequence[Any]):
+    return build(load_entrypoints=False, extra_plugins=list(plugins))
+
+
+class ModelFamilyContract:
+    """What every model family must do. Subclasses set ``family`` and ``plugins`` and may
+    override the ``checkpoint`` fixture (default: the family's ``create`` on a small corpus,
+    else its bundled checkpoint)."""
+
+    family: ClassVar[str] = ""
+    plugins: ClassVar[Sequence[Any]] = ()
+    #: keyword arguments for ``ModelFamily.create`` (architecture sizes of a tiny model)
+    create_kwargs: ClassVar[dict[str, Any]] = {}
+
+    @pytest.fixture(scope="class")
+    def dare(self):
+        return _dare(self.plugins)
+
+    @pytest.fixture(scope="class")
+    def spec(self, dare):
+        return dare.registries.models.get(self.family)
+
+    @pytest.fixture(scope="class")
+    def checkpoint(self, spec, tmp_path_factory):
+        if spec.create is not None:
+            out = str(tmp_path_factory.mktemp("ckpt") / "tiny")
+            texts = ["Solve 1 + 2 = 3.", "<answer>\n3142\n</answer>", "hello world"] * 20
+            spec.create(out, texts, **dict(self.create_kwargs))
+            return out
+        if spec.default_checkpoint:
+            return spec.default_checkpoint
+        pytest.skip("family has neither create() nor a bundled checkpoint")
+
+    @pytest.fixture(scope="class")
+    def wrapper(self, spec, checkpoint):
+        return spec.load(checkpoint, dtype=torch.float32, device="cpu")
+
+    def _ids(self, wrapper, text: str = "Solve the puzzle: 3102") -> list[int]:
+        return wrapper.encode(wrapper.render_prompt([{"role": "user", "content": text}]))
+
+    def test_spec(self, dare, spec):
+        assert spec.kind in ("masked", "block")
+        assert callable(spec.load)
+        assert spec.default_rollout in dare.registries.rollouts, "default rollout not registered"
+
+    def test_token_ids_come_from_checkpoint(self, wrapper):
+        vocab = wrapper.module.get_input_embeddings().num_embeddings
+        for tid in (wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids):
+            assert 0 <= tid < vocab
+        assert wrapper.mask_token_id != wrapper.eos_token_id
+        assert wrapper.tokenizer.convert_ids_to_tokens(wrapper.mask_token_id) is not None
+
+    def test_logits_shape_and_alignment(self, wrapper):
+        ids = torch.tensor([self._ids(wrapper)])
+        logits = wrapper.logits(ids)
+        assert logits.shape[:2] == ids.shape
+        assert torch.isfinite(logits).all()
+        lp = wrapper.token_logprobs(ids, ids)
+        ref = torch.log_softmax(wrapper.denoise_logits(ids).float(), -1).gather(-1, ids[..., None])[..., 0]
+        torch.testing.assert_close(lp, ref, rtol=1e-5, atol=1e-5)
+        assert (lp <= 1e-6).all()
+
+    def test_bidirectional_when_declared(self, wrapper):
+        if "bidirectional" not in wrapper.capabilities:
+            pytest.skip("not bidirectional")
+        ids = torch.tensor([self._ids(wrapper)])
+        other = ids.clone()
+        other[0, -1] = wrapper.mask_token_id
+        a, b = wrapper.logits(ids), wrapper.logits(other)
+        assert not torch.allclose(a[0, 0], b[0, 0])
+
+    def test_left_padding_is_invisible(self, wrapper):
+        if wrapper.kind != "masked":
+            pytest.skip("padding contract below is for masked diffusion")
+        ids = torch.tensor([self._ids(wrapper)])
+        pad = 3
+        padded = torch.cat([torch.full((1, pad), wrapper.pad_token_id), ids], 1)
+        mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones_like(ids)], 1)
+        a = wrapper.logits(ids)
+        b = wrapper.logits(padded, mask)[:, pad:]
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+    def test_save_load_round_trip(self, spec, wrapper, tmp_path):
+        wrapper.save_pretrained(str(tmp_path / "copy"))
+        again = spec.load(str(tmp_path / "copy"), dtype=torch.float32, device="cpu")
+        ids = torch.tensor([self._ids(wrapper)])
+        torch.testing.assert_close(wrapper.logits(ids), again.logits(ids), rtol=0, atol=0)
+        assert again.mask_token_id == wrapper.mask_token_id
+
+    def test_default_rollout_generates(self, dare, spec, wrapper):
+        rspec = dare.registries.rollouts.get(spec.default_rollout)
+        names = {f.name for f in attrs.fields(rspec.config_cls)}
+        small = {k: v for k, v in dict(gen_length=8, block_length=8, steps=4, temperature=0.0).items()
+                 if k in names}
+        cfg, problems = structure(rspec.config_cls, small)
+        assert not problems, problems
+        backend = rspec.build(cfg)
+        ids = [self._ids(wrapper, "a"), self._ids(wrapper, "a longer prompt")]
+        from dare_core.workflows.common import left_pad
+
+        pid, pmask = left_pad(ids, wrapper.pad_token_id)
+        out = backend.generate(wrapper, pid, pmask, generator=torch.Generator().manual_seed(0))
+        assert out.response_ids.shape[0] == 2
+        assert not (out.response_ids == wrapper.mask_token_id).any()
+
+
+class AlgorithmContract:
+    """What every algorithm must do, checked on the family-free toy model."""
+
+    algorithm: ClassVar[str] = ""
+    plugins: ClassVar[Sequence[Any]] = ()
+
+    @pytest.fixture(scope="class")
+    def dare(self):
+        return _dare(self.plugins)
+
+    @pytest.fixture(scope="class")
+    def spec(self, dare):
+        return dare.registries.algorithms.get(self.algorithm)
+
+    @pytest.fixture(scope="class")
+    def config(self, spec):
+        cfg, problems = structure(spec.config_cls, {})
+        assert not problems, problems
+        return cfg
+
+    @pytest.fixture(scope="class")
+    def components(self, dare, spec, config):
+        return spec.build(config, ComponentLookup(dare.registries))
+
+    def test_config_is_documented_and_frozen(self, spec, config):
+        assert attrs.has(spec.config_cls)
+        for f in attrs.fields(spec.config_cls):
+            assert f.metadata.get("help"), f"{spec.name}.{f.name} has no help text"
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(config, attrs.fields(spec.config_cls)[0].name, None)
+
+    def test_components_registered(self, dare, spec):
+        regs = dare.registries
+        where = {"corruption": regs.corruptions, "estimator": regs.estimators, "loss": regs.losses,
+                 "advantage": regs.advantages, "trajectory": regs.trajectories}
+        for role, name in spec.components.items():
+            assert name in where[role], f"{role} {name!r} is not registered"
+
+    def test_unknown_option_rejected(self, spec):
+        _, problems = structure(spec.config_cls, {"definitely_not_an_option": 1}, "algorithm")
+        assert problems and "unknown key" in problems[0]
+
+    def _batch(self, components, wrapper):
+        roll = fake_rollout(wrapper)
+        if components.trajectory is not None:
+            return roll, components.trajectory.build(roll)
+        return roll, roll.sequences()
+
+    def test_one_update_is_finite_and_moves_parameters(self, spec, components):
+        wrapper = make_toy_wrapper()
+        roll, batch = self._batch(components, wrapper)
+        gen = torch.Generator().manual_seed(0)
+        corrupted = components.corruption(wrapper, batch, gen) if components.corruption else None
+        logp = components.estimator(wrapper, batch, corrupted)
+        if spec.workflow == "rl":
+            with torch.no_grad():
+                old = components.estimator(wrapper, batch, corrupted)
+            rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
+            adv = components.advantage(rewards, torch.tensor([0, 0, 1, 1]))
+            loss, metrics = components.loss(logp, old, old, adv, batch.response_mask.float())
+        else:
+            loss, metrics = components.loss(logp, corrupted, batch)
+        assert torch.isfinite(loss)
+        assert all(isinstance(v, float) for v in metrics.values())
+        loss.backward()
+        grads = [p.grad for p in wrapper.module.parameters() if p.grad is not None]
+        assert grads and any(g.abs().sum() > 0 for g in grads)
+
+    def test_corruption_is_drawn_once_and_reused(self, spec, components):
+        if components.corruption is None:
+            pytest.skip("no corruption")
+        wrapper = make_toy_wrapper()
+        _, batch = self._batch(components, wrapper)
+        corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            a = components.estimator(wrapper, batch, corrupted)
+            b = components.estimator(wrapper, batch, corrupted)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

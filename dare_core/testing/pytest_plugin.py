@@ -1,0 +1,36 @@
+"""pytest fixtures for DARE plugin authors (auto-loaded via the ``pytest11`` entry point)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dare_core.plugins import build
+from dare_core.testing.toy import fake_rollout, make_toy_wrapper
+
+
+@pytest.fixture
+def dare_build():
+    """``dare_build(*plugins)`` → registries from the core's defaults plus ``plugins`` only."""
+
+    def make(*plugins, entrypoints: bool = False):
+        return build(load_entrypoints=entrypoints, extra_plugins=list(plugins))
+
+    return make
+
+
+@pytest.fixture
+def toy_wrapper():
+    """A fresh family-free tiny masked-diffusion wrapper (character tokenizer)."""
+    return make_toy_wrapper()
+
+
+@pytest.fixture
+def toy_rollout(toy_wrapper):
+    """A random :class:`~dare_core.interfaces.RolloutBatch` for ``toy_wrapper``."""
+    return fake_rollout(toy_wrapper)
+
+
+@pytest.fixture
+def torch_generator():
+    return torch.Generator().manual_seed(0)

@@ -1,0 +1,130 @@
+"""A tiny, family-free masked-diffusion model for tests.
+
+``ToyDiffusionLM`` is one bidirectional attention layer over token + position embeddings; the
+tokenizer is character level (printable ASCII plus the special tokens), built in memory. Register
+:mod:`dare_core.testing.toy` as a plugin to get a ``toy`` model family.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+import types
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from dare_core.interfaces import ModelFamily, RolloutBatch
+from dare_core.models import HFDiffusionWrapper
+from dare_core.plugins import hookimpl
+
+SPECIALS = ["<pad>", "<eos>", "<mask>", "<bos>"]
+
+
+def make_char_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` with a trivial chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", mask_token="<mask>",
+        bos_token="<bos>",
+    )
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
+    )
+    return fast
+
+
+class ToyDiffusionLM(nn.Module):
+    """Embeddings → one bidirectional attention block → LM head. Not shifted."""
+
+    def __init__(self, vocab_size: int, dim: int = 32, max_len: int = 512, heads: int = 2):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.dim = dim
+        self.max_len = max_len
+        self.heads = heads
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None):
+        L = input_ids.shape[1]
+        pos = torch.arange(L, device=input_ids.device)
+        h = self.embed(input_ids) + self.pos(pos)[None]
+        pad = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError("the toy model takes a 2-D key-padding mask")
+            pad = attention_mask == 0
+        a, _ = self.attn(h, h, h, key_padding_mask=pad, need_weights=False)
+        h = self.norm(h + a)
+        h = h + self.mlp(h)
+        return types.SimpleNamespace(logits=self.head(h))
+
+
+class ToyWrapper(HFDiffusionWrapper):
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        torch.save(self.module.state_dict(), os.path.join(path, "toy.pt"))
+        with open(os.path.join(path, "config.json"), "w") as fh:
+            json.dump({"model_type": "toy", "vocab_size": self.module.vocab_size,
+                       "dim": self.module.dim, "max_len": self.module.max_len,
+                       "heads": self.module.heads}, fh)
+
+
+def make_toy_wrapper(seed: int = 0, dim: int = 32) -> ToyWrapper:
+    tok = make_char_tokenizer()
+    torch.manual_seed(seed)
+    module = ToyDiffusionLM(len(tok), dim=dim)
+    return ToyWrapper(
+        family="toy", module=module, tokenizer=tok, kind="masked",
+        mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, capabilities=frozenset({"bidirectional"}),
+    )
+
+
+def load(path: Optional[str], dtype: torch.dtype = torch.float32, device: str = "cpu",
+         attn_implementation: Optional[str] = None) -> ToyWrapper:
+    wrapper = make_toy_wrapper()
+    weights = os.path.join(path or "", "toy.pt")
+    if path and os.path.isfile(weights):
+        wrapper.module.load_state_dict(torch.load(weights))
+    wrapper.module.to(device=device, dtype=dtype)
+    return wrapper
+
+
+def fake_rollout(wrapper: Any, batch: int = 4, prompt_len: int = 6, response_len: int = 8,
+                 seed: int = 0, left_pad: int = 2) -> RolloutBatch:
+    """Random prompt/response ids (no model call), the first rows left padded by ``left_pad``."""
+    g = torch.Generator().manual_seed(seed)
+    low = 4  # skip special ids of the toy tokenizer
+    high = min(60, wrapper.module.get_input_embeddings().num_embeddings
+               if hasattr(wrapper.module, "get_input_embeddings") else 60)
+    prompt = torch.randint(low, high, (batch, prompt_len), generator=g)
+    pmask = torch.ones(batch, prompt_len, dtype=torch.long)
+    for b in range(0, batch, 2):
+        prompt[b, :left_pad] = wrapper.pad_token_id
+        pmask[b, :left_pad] = 0
+    resp = torch.randint(low, high, (batch, response_len), generator=g)
+    return RolloutBatch(prompt, pmask, resp, torch.ones(batch, response_len, dtype=torch.long))
+
+
+@hookimpl
+def dare_register_model_wrappers(register):
+    register(ModelFamily(
+        name="toy", kind="masked", load=load, capabilities=frozenset({"bidirectional"}),
+        default_checkpoint=None, default_rollout="low_confidence", rollouts=("low_confidence",),
+        description="tiny family-free masked-diffusion model for tests",
+    ))

@@ -1,0 +1,51 @@
+"""Run one training job: resolve → set up → the algorithm's workflow → summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from dare_core.config import RunConfig
+from dare_core.errors import DareError
+from dare_core.rundir import RunDir
+from dare_core.workflows.common import setup
+from dare_core.workflows.rl import run_rl
+from dare_core.workflows.sft import run_sft
+
+WORKFLOWS = {"rl": run_rl, "sft": run_sft}
+
+
+def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> dict[str, Any]:
+    """Train with ``config``; returns the summary (also written to ``summary.json``)."""
+    spec = dare.registries.algorithms.get(config.algo)
+    workflow = WORKFLOWS.get(spec.workflow)
+    if workflow is None:
+        raise DareError(
+            f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow, which this dare-core "
+            f"version does not provide (available: {', '.join(sorted(WORKFLOWS))})"
+        )
+    if rundir is None:
+        rundir = RunDir.create(config.output_dir, config.run_name,
+                               f"{config.algo}-{config.model.family}")
+    start = time.time()
+    dare.pm.hook.dare_configure.call_historic(kwargs={"config": config})
+    try:
+        ctx = setup(dare, config, rundir=rundir)
+        ctx.log(f"run directory: {rundir.root}")
+        result = workflow(ctx)
+    finally:
+        dare.pm.hook.dare_unconfigure(config=config)
+    summary = {
+        "algo": config.algo,
+        "model": config.model.family,
+        "checkpoint": config.model.path,
+        "task": config.task.name,
+        "seed": config.seed,
+        "eval": result.get("eval", {}),
+        "train": result.get("train", {}),
+        "final_checkpoint": result.get("final_checkpoint"),
+        "seconds": round(time.time() - start, 1),
+        "run_dir": rundir.root,
+    }
+    rundir.write_json("summary.json", summary)
+    return summary

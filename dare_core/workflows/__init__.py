@@ -1,0 +1,1 @@
+"""The training loops: one per workflow kind (rl, sft, preference)."""

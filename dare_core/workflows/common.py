@@ -1,0 +1,254 @@
+"""Set-up shared by every workflow: model, rollout backend, task, components, optimizer, eval."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+import attrs
+import torch
+
+from dare_core import __version__
+from dare_core.components import ComponentLookup
+from dare_core.config import RunConfig, to_dict
+from dare_core.engines import build_engine
+from dare_core.errors import DareError
+from dare_core.interfaces import Example, SequenceBatch
+from dare_core.rundir import RunDir
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DareError("model.device=cuda but no CUDA device is available; use model.device=cpu")
+    return name
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:  # pragma: no cover
+        pass
+    return torch.Generator().manual_seed(seed)
+
+
+def load_model(dare: Any, config: RunConfig):
+    family = dare.registries.models.get(config.model.family)
+    device = resolve_device(config.model.device)
+    wrapper = family.load(
+        config.model.path,
+        dtype=DTYPES[config.model.dtype],
+        device=device,
+        attn_implementation=config.model.attn_implementation,
+    )
+    if config.model.gradient_checkpointing:
+        wrapper.module.gradient_checkpointing_enable()
+    return wrapper
+
+
+def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None):
+    spec = dare.registries.rollouts.get(config.rollout_backend)
+    return spec.build(rollout_cfg if rollout_cfg is not None else config.rollout)
+
+
+def eval_rollout_config(config: RunConfig) -> Any:
+    """The rollout config used for evaluation: the training one with eval's temperature and
+    steps (``steps = gen_length`` when ``eval.steps`` is null), where the backend has them."""
+    rc = config.rollout
+    names = {f.name for f in attrs.fields(type(rc))}
+    changes: dict[str, Any] = {}
+    if "temperature" in names:
+        changes["temperature"] = config.eval.temperature
+    if "steps" in names:
+        steps = config.eval.steps
+        if steps is None and "gen_length" in names:
+            steps = rc.gen_length
+        if steps is not None:
+            changes["steps"] = steps
+    return attrs.evolve(rc, **changes)
+
+
+def encode_prompts(wrapper: Any, examples: Sequence[Example], max_len: int) -> list[list[int]]:
+    out = []
+    for ex in examples:
+        ids = wrapper.encode(wrapper.render_prompt(ex.prompt))
+        if len(ids) > max_len:
+            raise DareError(
+                f"a prompt has {len(ids)} tokens, more than trainer.max_prompt_length={max_len}; "
+                f"raise trainer.max_prompt_length"
+            )
+        out.append(ids)
+    return out
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def cycle_batches(items: Sequence[Any], batch_size: int, generator: torch.Generator) -> Iterator[list[Any]]:
+    """Endless batches drawn without replacement from a fresh permutation per epoch."""
+    if not items:
+        raise DareError("the task produced no training examples")
+    order: list[int] = []
+    while True:
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = torch.randperm(len(items), generator=generator).tolist()
+            batch.append(items[order.pop()])
+        yield batch
+
+
+def decode_responses(wrapper: Any, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    texts = []
+    for ids, mask in zip(response_ids.tolist(), response_mask.tolist()):
+        valid = [t for t, m in zip(ids, mask) if m]
+        texts.append(wrapper.decode(valid).strip())
+    return texts
+
+
+def make_optimizer(params, config: RunConfig) -> tuple[torch.optim.Optimizer, Any]:
+    tr = config.trainer
+    trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        raise DareError("the model has no trainable parameters")
+    opt = torch.optim.AdamW(
+        trainable, lr=tr.lr, betas=(tr.beta1, tr.beta2), eps=tr.adam_eps, weight_decay=tr.weight_decay
+    )
+    warmup = int(round(tr.warmup_ratio * tr.steps))
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if tr.lr_schedule == "cosine":
+            progress = (step - warmup) / max(1, tr.steps - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def clip_and_step(params, optimizer, max_norm: float) -> tuple[float, bool]:
+    """Clip the global grad norm; skip the step (and zero grads) when the norm is not finite."""
+    trainable = [p for p in params if p.requires_grad and p.grad is not None]
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm)
+    else:
+        norm = torch.linalg.vector_norm(
+            torch.stack([p.grad.detach().float().norm() for p in trainable])
+        ) if trainable else torch.zeros(())
+    finite = bool(torch.isfinite(norm))
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm), finite
+
+
+@attrs.define
+class Context:
+    """Everything one run is made of, built once by :func:`setup`."""
+
+    dare: Any
+    config: RunConfig
+    spec: Any
+    family: Any
+    wrapper: Any
+    rollout: Any
+    eval_rollout: Any
+    task: Any
+    components: Any
+    engine: Any
+    rundir: Optional[RunDir]
+    generator: torch.Generator
+    console: Any = None
+
+    def log(self, message: str) -> None:
+        if self.engine.is_main:
+            try:
+                from tqdm import tqdm
+
+                tqdm.write(message, file=sys.stderr)
+            except ImportError:  # pragma: no cover
+                print(message, file=sys.stderr, flush=True)
+
+
+def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> Context:
+    generator = seed_everything(config.seed)
+    spec = dare.registries.algorithms.get(config.algo)
+    family = dare.registries.models.get(config.model.family)
+    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    components = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    wrapper = load_model(dare, config)
+    wrapper.module = engine.wrap(wrapper.module)
+    rollout = build_rollout(dare, config)
+    eval_rollout = build_rollout(dare, config, eval_rollout_config(config))
+    if rundir is not None and engine.is_main:
+        rundir.write_config(to_dict(config))
+        rundir.write_json("plugins.json", {
+            "dare_core": __version__,
+            "plugins": [i.as_dict() for i in dare.plugin_infos()],
+        })
+    return Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
+                   engine, rundir, generator)
+
+
+def evaluate(ctx: Context, examples: Sequence[Example], label: str) -> dict[str, Any]:
+    """Generate for ``examples`` with the eval sampling config and score them.
+
+    Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples.
+    """
+    cfg = ctx.config
+    wrapper = ctx.wrapper
+    shard = ctx.engine.shard(list(examples))
+    prompts = encode_prompts(wrapper, shard, cfg.trainer.max_prompt_length)
+    gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    accs: list[float] = []
+    scores: list[float] = []
+    samples: list[dict[str, Any]] = []
+    nfe = 0
+    start = time.perf_counter()
+    device = wrapper.device
+    for sl in chunks(len(shard), cfg.eval.batch_size):
+        ids, mask = left_pad(prompts[sl], wrapper.pad_token_id)
+        roll = ctx.eval_rollout.generate(wrapper, ids.to(device), mask.to(device), generator=gen)
+        nfe += roll.nfe
+        texts = decode_responses(wrapper, roll.response_ids.cpu(), roll.response_mask.cpu())
+        for ex, text in zip(shard[sl], texts):
+            s = ctx.task.score(ex, text)
+            accs.append(float(s.acc))
+            scores.append(float(s.score))
+            if len(samples) < cfg.eval.save_samples:
+                samples.append({"prompt": ex.prompt[-1]["content"][-200:], "response": text,
+                                "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
+    seconds = time.perf_counter() - start
+    n = len(accs)
+    result = ctx.engine.reduce_mean({
+        "accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n),
+    })
+    result.update({"n": n * ctx.engine.world_size, "nfe": nfe, "seconds": round(seconds, 2)})
+    if ctx.rundir is not None and ctx.engine.is_main:
+        ctx.rundir.write_json(f"eval_samples/{label}.json", samples)
+    return result

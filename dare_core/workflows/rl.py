@@ -1,0 +1,216 @@
+"""The one RL loop every RL algorithm runs.
+
+Per step: sample prompts (sharded by rank, before group expansion so groups stay whole) → ``n``
+rollouts per prompt → reward → advantage (the algorithm's estimator, group-normalised by default)
+→ training input from the trajectory builder → corruption drawn **once** for the batch → old (and
+optional reference) log-likelihoods under that same corruption → for each PPO epoch and
+mini-batch: estimator → policy loss → backward over micro-batches → clip → optimizer step.
+The loop calls component objects directly; pluggy is only used for the step-end observers.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Optional
+
+import torch
+
+from dare_core.workflows.common import (
+    Context,
+    chunks,
+    clip_and_step,
+    cycle_batches,
+    decode_responses,
+    encode_prompts,
+    evaluate,
+    left_pad,
+    make_optimizer,
+)
+
+
+def _estimate(ctx: Context, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
+    """Estimator over the whole batch in micro-batches, without gradients; dim 1 is the batch."""
+    est = ctx.components.estimator
+    outs = []
+    was_training = wrapper.module.training
+    wrapper.module.eval()
+    try:
+        with torch.no_grad():
+            for sl in chunks(batch.batch_size, micro):
+                idx = torch.arange(sl.start, sl.stop)
+                outs.append(est(wrapper, batch.select(idx),
+                                corrupted.select(idx) if corrupted is not None else None))
+    finally:
+        wrapper.module.train(was_training)
+    return torch.cat(outs, dim=1)
+
+
+class _RefWrapper:
+    """A frozen copy of the policy used for reference log-likelihoods."""
+
+    def __init__(self, wrapper: Any):
+        self._w = copy.copy(wrapper)
+        self._w.module = copy.deepcopy(wrapper.module).eval()
+        for p in self._w.module.parameters():
+            p.requires_grad_(False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._w, name)
+
+
+def run_rl(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.config
+    tr = cfg.trainer
+    comps = ctx.components
+    wrapper = ctx.wrapper
+    device = wrapper.device
+    gen = ctx.generator
+
+    train_examples = ctx.engine.shard(ctx.task.examples("train", seed=cfg.seed))
+    eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
+    batches = cycle_batches(train_examples, tr.batch_size, gen)
+    trajectory = comps.trajectory
+    records = frozenset(getattr(trajectory, "records", frozenset()))
+    ref = _RefWrapper(wrapper) if comps.needs_ref else None
+    params = list(wrapper.module.parameters())
+    optimizer, scheduler = make_optimizer(params, cfg)
+
+    summary: dict[str, Any] = {"eval": {}}
+    if cfg.eval.before:
+        ctx.log(f"evaluating on {len(eval_examples)} held-out prompts before training ...")
+        summary["eval"]["before"] = evaluate(ctx, eval_examples, "before")
+        ctx.log(f"eval before: accuracy={summary['eval']['before']['accuracy']:.3f} "
+                f"reward={summary['eval']['before']['reward']:.3f}")
+        _log(ctx, {"step": 0, "eval": summary["eval"]["before"]})
+
+    bar = _progress(ctx, tr.steps)
+    history = []
+    for step in range(1, tr.steps + 1):
+        t0 = time.perf_counter()
+        examples = next(batches)
+        prompts = encode_prompts(wrapper, examples, tr.max_prompt_length)
+        prompt_ids, prompt_mask = left_pad(prompts, wrapper.pad_token_id)
+        n = tr.group_size
+        prompt_ids = prompt_ids.repeat_interleave(n, 0).to(device)
+        prompt_mask = prompt_mask.repeat_interleave(n, 0).to(device)
+        group_ids = torch.arange(len(examples)).repeat_interleave(n)
+        expanded = [ex for ex in examples for _ in range(n)]
+
+        rollout = ctx.rollout.generate(wrapper, prompt_ids, prompt_mask, record=records, generator=gen)
+        t_roll = time.perf_counter()
+        texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
+        scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
+        rewards = torch.tensor([s.score for s in scored], dtype=torch.float32)
+        accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
+        advantages = comps.advantage(rewards, group_ids).to(device)
+
+        batch = trajectory.build(rollout)
+        corrupted = comps.corruption(wrapper, batch, gen) if comps.corruption is not None else None
+        old = _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
+        ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
+        t_old = time.perf_counter()
+
+        wrapper.module.train()
+        total = batch.batch_size
+        mini = tr.mini_batch_size or total
+        loss_sum, n_micro = 0.0, 0
+        agg: dict[str, float] = {}
+        norms, skipped = [], 0
+        for _epoch in range(tr.ppo_epochs):
+            perm = torch.randperm(total, generator=gen)
+            for msl in chunks(total, mini):
+                mb = perm[msl]
+                for usl in chunks(len(mb), tr.micro_batch_size):
+                    idx = mb[usl]
+                    logp = comps.estimator(
+                        wrapper, batch.select(idx), corrupted.select(idx) if corrupted is not None else None
+                    )
+                    old_i = old.index_select(1, idx.to(old.device))
+                    ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
+                    mask = batch.response_mask.index_select(0, idx.to(device)).float()
+                    loss, metrics = comps.loss(logp, old_i, ref_i, advantages[idx.to(device)], mask)
+                    (loss * (len(idx) / len(mb))).backward()
+                    loss_sum += float(loss.detach())
+                    n_micro += 1
+                    for k, v in metrics.items():
+                        agg[k] = agg.get(k, 0.0) + float(v)
+                norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
+                norms.append(norm)
+                skipped += 0 if ok else 1
+        scheduler.step()
+        t_end = time.perf_counter()
+
+        resp_len = rollout.response_mask.float().sum(1).mean().item()
+        record = {
+            "step": step,
+            "reward": rewards.mean().item(),
+            "accuracy": accs.mean().item(),
+            "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "loss": loss_sum / max(1, n_micro),
+            "grad_norm": sum(norms) / max(1, len(norms)),
+            "skipped_steps": skipped,
+            "lr": scheduler.get_last_lr()[0],
+            "response_length": resp_len,
+            "rollout_nfe": rollout.nfe,
+            "time_rollout": round(t_roll - t0, 3),
+            "time_logprob": round(t_old - t_roll, 3),
+            "time_update": round(t_end - t_old, 3),
+            "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, t_roll - t0),
+        }
+        record.update({k: v / max(1, n_micro) for k, v in agg.items()})
+        record = ctx.engine.reduce_mean(record)
+        history.append(record)
+        _log(ctx, record)
+        ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
+        if step % tr.log_every == 0:
+            ctx.log(_fmt(record))
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
+            res = evaluate(ctx, eval_examples, f"step-{step}")
+            _log(ctx, {"step": step, "eval": res})
+            ctx.log(f"eval step {step}: accuracy={res['accuracy']:.3f}")
+        if tr.save_every and step % tr.save_every == 0 and ctx.rundir is not None and ctx.engine.is_main:
+            ctx.rundir.save_model(wrapper, f"checkpoints/step-{step}")
+    if bar is not None:
+        bar.close()
+
+    if cfg.eval.after:
+        ctx.log(f"evaluating on {len(eval_examples)} held-out prompts after training ...")
+        summary["eval"]["after"] = evaluate(ctx, eval_examples, "after")
+        ctx.log(f"eval after: accuracy={summary['eval']['after']['accuracy']:.3f} "
+                f"reward={summary['eval']['after']['reward']:.3f}")
+        _log(ctx, {"step": tr.steps, "eval": summary["eval"]["after"]})
+    if tr.save_final and ctx.rundir is not None and ctx.engine.is_main:
+        summary["final_checkpoint"] = ctx.rundir.save_model(wrapper, "final")
+    summary["train"] = {
+        "steps": tr.steps,
+        "final_reward_mean_last5": sum(r["reward"] for r in history[-5:]) / max(1, len(history[-5:])),
+    }
+    return summary
+
+
+def _log(ctx: Context, record: dict[str, Any]) -> None:
+    if ctx.rundir is not None and ctx.engine.is_main:
+        ctx.rundir.log_metrics(record)
+
+
+def _fmt(record: dict[str, Any]) -> str:
+    keys = ("reward", "accuracy", "loss", "grad_norm", "pg_clipfrac", "ppo_kl", "time_rollout", "time_update")
+    parts = [f"step {record['step']}"]
+    for k in keys:
+        if k in record:
+            parts.append(f"{k}={record[k]:.4g}")
+    return " ".join(parts)
+
+
+def _progress(ctx: Context, total: int) -> Optional[Any]:
+    if not ctx.config.progress or not ctx.engine.is_main:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc=f"{ctx.config.algo}", unit="step", dynamic_ncols=True)

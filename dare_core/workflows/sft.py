@@ -1,0 +1,129 @@
+"""The supervised loop (SFT and any objective over reference responses).
+
+Per optimizer step: ``batch_size`` (prompt, response) pairs → the algorithm's collate → for each
+micro-batch: corruption → estimator → objective → backward (weighted by the micro-batch's share
+of the step, so the gradient is the batch mean) → clip → step. Held-out accuracy is measured by
+generation before and after, as in the RL loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+
+from dare_core.errors import DareError
+from dare_core.interfaces import SequenceBatch
+from dare_core.workflows.common import (
+    Context,
+    chunks,
+    clip_and_step,
+    cycle_batches,
+    encode_prompts,
+    evaluate,
+    left_pad,
+    make_optimizer,
+)
+from dare_core.workflows.rl import _fmt, _log, _progress
+
+
+def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                    wrapper: Any, response_length: int = 0) -> SequenceBatch:
+    """Left-padded prompts and right-padded responses; padding is not attended and not trained."""
+    p_ids, p_mask = left_pad(prompts, wrapper.pad_token_id)
+    width = response_length or max(len(r) for r in responses)
+    r_ids = torch.full((len(responses), width), wrapper.pad_token_id, dtype=torch.long)
+    r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    for i, r in enumerate(responses):
+        r = list(r)[:width]
+        r_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        r_mask[i, : len(r)] = 1
+    return SequenceBatch(torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1), p_ids.shape[1])
+
+
+def run_sft(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.config
+    tr = cfg.trainer
+    comps = ctx.components
+    wrapper = ctx.wrapper
+    device = wrapper.device
+    gen = ctx.generator
+
+    examples = ctx.engine.shard(ctx.task.examples("train", seed=cfg.seed))
+    missing = sum(1 for ex in examples if ex.response is None)
+    if missing:
+        raise DareError(
+            f"task {cfg.task.name!r} gives {missing} training examples without a reference "
+            f"response; supervised training needs task.train_path with answers"
+        )
+    eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
+    collate = comps.collate or default_collate
+    batches = cycle_batches(examples, tr.batch_size, gen)
+    params = list(wrapper.module.parameters())
+    optimizer, scheduler = make_optimizer(params, cfg)
+    eos = wrapper.eos_token_id
+
+    summary: dict[str, Any] = {"eval": {}}
+    if cfg.eval.before:
+        summary["eval"]["before"] = evaluate(ctx, eval_examples, "before")
+        ctx.log(f"eval before: accuracy={summary['eval']['before']['accuracy']:.3f}")
+        _log(ctx, {"step": 0, "eval": summary["eval"]["before"]})
+
+    bar = _progress(ctx, tr.steps)
+    wrapper.module.train()
+    last_losses: list[float] = []
+    for step in range(1, tr.steps + 1):
+        t0 = time.perf_counter()
+        items = next(batches)
+        prompts = encode_prompts(wrapper, items, tr.max_prompt_length)
+        responses = [(wrapper.encode(ex.response) + [eos])[: tr.max_response_length] for ex in items]
+        batch = collate(prompts, responses, wrapper).to(device)
+        total = batch.batch_size
+        loss_sum = 0.0
+        agg: dict[str, float] = {}
+        n_micro = 0
+        for sl in chunks(total, tr.micro_batch_size):
+            idx = torch.arange(sl.start, sl.stop)
+            micro = batch.select(idx)
+            corrupted = comps.corruption(wrapper, micro, gen) if comps.corruption is not None else None
+            logp = comps.estimator(wrapper, micro, corrupted)
+            loss, metrics = comps.loss(logp, corrupted, micro)
+            (loss * (len(idx) / total)).backward()
+            loss_sum += float(loss.detach()) * len(idx) / total
+            n_micro += 1
+            for k, v in metrics.items():
+                agg[k] = agg.get(k, 0.0) + float(v)
+        norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
+        scheduler.step()
+        record = {
+            "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
+            "lr": scheduler.get_last_lr()[0], "time_step": round(time.perf_counter() - t0, 3),
+        }
+        record.update({k: v / max(1, n_micro) for k, v in agg.items()})
+        record = ctx.engine.reduce_mean(record)
+        last_losses = (last_losses + [record["loss"]])[-20:]
+        _log(ctx, record)
+        ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+        if step % tr.log_every == 0:
+            ctx.log(_fmt(record))
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
+            res = evaluate(ctx, eval_examples, f"step-{step}")
+            wrapper.module.train()
+            _log(ctx, {"step": step, "eval": res})
+            ctx.log(f"eval step {step}: accuracy={res['accuracy']:.3f} reward={res['reward']:.3f}")
+        if tr.save_every and step % tr.save_every == 0 and ctx.rundir is not None and ctx.engine.is_main:
+            ctx.rundir.save_model(wrapper, f"checkpoints/step-{step}")
+    if bar is not None:
+        bar.close()
+    if cfg.eval.after:
+        summary["eval"]["after"] = evaluate(ctx, eval_examples, "after")
+        ctx.log(f"eval after: accuracy={summary['eval']['after']['accuracy']:.3f}")
+        _log(ctx, {"step": tr.steps, "eval": summary["eval"]["after"]})
+    if tr.save_final and ctx.rundir is not None and ctx.engine.is_main:
+        summary["final_checkpoint"] = ctx.rundir.save_model(wrapper, "final")
+    summary["train"] = {"steps": tr.steps, "final_loss_mean_last20": sum(last_losses) / max(1, len(last_losses))}
+    return summary
