@@ -1,0 +1,33 @@
+"""dare-plugin-d1: d1 / diffu-GRPO (arXiv:2504.12216)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_d1.algorithm import RECIPE, D1Config, D1Masking, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "d1_masking", D1Masking,
+        "valid prompt tokens masked with probability p, the whole response masked",
+        kinds=frozenset({"masked"}), reference="arXiv:2504.12216",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="d1",
+        workflow="rl",
+        config_cls=D1Config,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"corruption": "d1_masking", "estimator": "response_token_logprob",
+                    "loss": "clipped_pg", "advantage": "group_norm"},
+        paper="arXiv:2504.12216",
+        description="diffu-GRPO: GRPO with a one-step mean-field log-prob estimate",
+        recipe=RECIPE,
+    ))

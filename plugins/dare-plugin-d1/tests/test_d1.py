@@ -1,0 +1,102 @@
+"""d1: corruption oracle (spec §18.4), hand-computed loss values, estimator, contract."""
+
+import math
+
+import pytest
+import torch
+
+import dare_plugin_d1
+from dare_core.components import ComponentLookup
+from dare_core.interfaces import SequenceBatch
+from dare_core.plugins import build
+from dare_core.testing import make_toy_wrapper
+from dare_core.testing.contracts import AlgorithmContract
+from dare_plugin_d1.algorithm import D1Config, D1Masking, build as build_d1
+
+
+class TestD1Contract(AlgorithmContract):
+    algorithm = "d1"
+    plugins = (dare_plugin_d1,)
+
+
+def _components(**cfg):
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_d1])
+    return build_d1(D1Config(**cfg), ComponentLookup(dare.registries))
+
+
+def test_masking_oracle_prompt_rate_response_all_padding_none():
+    w = make_toy_wrapper()
+    B, P, R = 4000, 8, 4
+    ids = torch.randint(10, 40, (B, P + R))
+    att = torch.ones(B, P + R, dtype=torch.long)
+    att[:, :3] = 0
+    ids[:, :3] = w.pad_token_id
+    batch = SequenceBatch(ids, att, P)
+    c = D1Masking(0.15, 1)(w, batch, torch.Generator().manual_seed(0))
+    assert not c.masked[0, :, :3].any()
+    assert c.masked[0, :, P:].all()
+    rate = c.masked[0, :, 3:P].float().mean().item()
+    assert abs(rate - 0.15) < 0.01
+    assert (c.p_mask[0, :, :3] == 0).all()
+    assert torch.allclose(c.p_mask[0, :, 3:P], torch.tensor(0.15))
+    assert (c.p_mask[0, :, P:] == 1).all()
+    assert (c.noisy_ids[c.masked] == w.mask_token_id).all()
+
+
+def test_loss_hand_computed_clip_and_dual_clip():
+    comps = _components()
+    mask = torch.ones(1, 1)
+    old = torch.tensor([[[-1.2]]])
+    new = torch.tensor([[[-1.0]]])
+    # A > 0: r = e^0.2 = 1.2214 > 1.2 -> clipped: -A * 1.2
+    loss, m = comps.loss(new, old, None, torch.tensor([1.0]), mask)
+    assert loss.item() == pytest.approx(-1.2, abs=1e-6)
+    assert m["pg_clipfrac"] == 1.0
+    # A < 0: max(1.2214, 1.2) = 1.2214 < 3 -> unclipped
+    loss, m = comps.loss(new, old, None, torch.tensor([-1.0]), mask)
+    assert loss.item() == pytest.approx(math.exp(0.2), abs=1e-6)
+    # A < 0 with a huge ratio: dual clip caps at -A * c = 3
+    loss, m = comps.loss(torch.tensor([[[1.0]]]), old, None, torch.tensor([-1.0]), mask)
+    assert loss.item() == pytest.approx(3.0, abs=1e-6)
+    assert m["pg_clipfrac_lower"] == 1.0
+
+
+def test_kl_term_needs_reference_and_adds_penalty():
+    comps = _components(kl_coef=0.5, kl_type="k1")
+    assert comps.needs_ref
+    lp = torch.tensor([[[-1.0, -1.0]]])
+    loss0, _ = _components().loss(lp, lp, None, torch.tensor([-1.0]), torch.ones(1, 2))
+    ref = torch.tensor([[[-1.5, -0.5]]])
+    loss, m = comps.loss(lp, lp, ref, torch.tensor([-1.0]), torch.ones(1, 2))
+    # A < 0 -> k = d = [0.5, -0.5], token-mean 0
+    assert loss.item() == pytest.approx(loss0.item() + 0.5 * 0.0, abs=1e-6)
+    loss, m = comps.loss(lp, lp, ref, torch.tensor([1.0]), torch.ones(1, 2))
+    k = (math.log(1.5) + math.log(0.5)) / 2
+    assert m["kl_loss"] == pytest.approx(k, abs=1e-6)
+    with pytest.raises(ValueError):
+        comps.loss(lp, lp, None, torch.tensor([1.0]), torch.ones(1, 2))
+
+
+def test_estimator_is_one_step_mean_field_and_ratio_one_first_update():
+    comps = _components()
+    w = make_toy_wrapper()
+    ids = torch.randint(10, 40, (3, 9))
+    batch = SequenceBatch(ids, torch.ones_like(ids), 5)
+    c = comps.corruption(w, batch, torch.Generator().manual_seed(0))
+    assert (c.noisy_ids[0, :, 5:] == w.mask_token_id).all()
+    logp = comps.estimator(w, batch, c)
+    ref = torch.log_softmax(w.logits(c.noisy_ids[0]).float(), -1).gather(-1, ids[..., None])[..., 0][:, 5:]
+    torch.testing.assert_close(logp[0], ref)
+    with torch.no_grad():
+        old = comps.estimator(w, batch, c)
+    adv = torch.tensor([1.0, -0.5, 0.25])
+    loss, m = comps.loss(logp, old, None, adv, torch.ones(3, 4))
+    assert loss.item() == pytest.approx(-adv.mean().item(), abs=1e-6)
+    assert m["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_config_invariants_are_validators():
+    from dare_core.config.structure import structure
+
+    _, problems = structure(D1Config, {"p_mask_prompt": 1.5, "clip_ratio_c": 0.5, "mc_num": 0}, "algorithm")
+    assert len(problems) == 3
