@@ -90,7 +90,7 @@ OVERRIDES = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[str, ...]) -> None:
     """Train MODEL with ALGO and write a run directory.
 
-    Example: dare train --algo d1 --model llada trainer.steps=10
+    Example: dare train --algo ALGO --model FAMILY trainer.steps=10
     """
     from dare_core.config import resolve
     from dare_core.train import train as run_train

@@ -6,7 +6,7 @@ is called and how the results of several plugins combine. Plugins implement them
 holds those functions.
 
 pluggy is used for registration and lifecycle only. The registration hooks run once per process
-(from :func:`dare_core.plugins.get_plugin_manager`); the training loop afterwards calls the
+(from :func:`dare_core.plugins.build`, which :func:`dare_core.plugins.get_dare` calls once); the training loop afterwards calls the
 registered component objects directly, never ``pm.hook`` per micro-batch.
 """
 

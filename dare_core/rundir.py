@@ -27,6 +27,20 @@ from typing import Any, Callable, Optional
 import yaml
 
 
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -36,6 +50,7 @@ def atomic_write_text(path: str, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -44,11 +59,15 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def atomic_write_dir(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_dir)`` and move the result to ``path`` (replacing an older one)."""
+    """Call ``write(tmp_dir)`` and move the result to ``path`` (replacing an older one).
+
+    If ``write`` fails, the temp directory is removed and an existing ``path`` is untouched.
+    """
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; match a plain mkdir
         write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -58,7 +77,13 @@ def atomic_write_dir(path: str, write: Callable[[str], None]) -> None:
         old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=parent)
         os.rmdir(old)
         os.replace(path, old)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.replace(old, path)  # put the previous version back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -73,8 +98,8 @@ class RunDir:
     def create(cls, output_dir: str, run_name: Optional[str], default_name: str) -> "RunDir":
         name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
         root = os.path.join(output_dir, name)
-        if os.path.exists(os.path.join(root, "summary.json")) and run_name:
-            # never overwrite a finished run's results
+        if os.path.exists(os.path.join(root, "summary.json")):
+            # never overwrite a finished run's results (named or timestamped)
             suffix = 1
             while os.path.exists(f"{root}-{suffix}"):
                 suffix += 1

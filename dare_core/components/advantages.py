@@ -11,7 +11,7 @@ def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 class GroupNormAdvantage:
-    r"""Group-normalised advantage (Shao et al. 2024, "DeepSeekMath", GRPO).
+    r"""Group-normalised advantage (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300).
 
     .. math:: A_i = (r_i - \bar r_g) / (\sigma_g + ε)
 

@@ -119,6 +119,24 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
             f"algorithm {algo.name!r} needs model capability {', '.join(missing)} which "
             f"{family.name!r} lacks; see `dare list --matrix` for supported combinations"
         )
+    roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories,
+             "estimator": regs.estimators, "loss": regs.losses, "advantage": regs.advantages}
+    for role, name in algo.components.items():
+        registry = roles.get(role)
+        if registry is None or name not in registry:
+            continue
+        comp = registry.get(name)
+        if comp.kinds and family.kind not in comp.kinds:
+            raise CapabilityError(
+                f"algorithm {algo.name!r} uses {role} {name!r}, which does not support "
+                f"{family.kind}-diffusion models such as {family.name!r}"
+            )
+        missing = sorted(set(comp.requires) - set(family.capabilities))
+        if missing:
+            raise CapabilityError(
+                f"algorithm {algo.name!r} uses {role} {name!r}, which needs model capability "
+                f"{', '.join(missing)} that {family.name!r} lacks"
+            )
     return algo, family
 
 
@@ -191,7 +209,12 @@ def resolve(
     if isinstance(preset.get("rollout"), dict):
         names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
         preset = dict(preset, rollout={k: v for k, v in preset["rollout"].items() if k in names})
-    preset.pop("algorithm", None)  # algorithm options are the algorithm's, never a checkpoint's
+    # likewise the preset's algorithm keys apply only where the chosen algorithm has them
+    if isinstance(preset.get("algorithm"), dict) and spec is not None:
+        names = {f.name for f in attrs.fields(spec.config_cls)}
+        preset = dict(preset, algorithm={k: v for k, v in preset["algorithm"].items() if k in names})
+    else:
+        preset.pop("algorithm", None)
     raw = deep_merge(deep_merge(_recipe(spec) if spec is not None else {}, preset), raw)
 
     rollout_raw = dict(_section(raw, "rollout", problems))

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.workflows.common import (
     Context,
     chunks,
@@ -70,7 +71,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     train_examples = ctx.engine.shard(ctx.task.examples("train", seed=cfg.seed))
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     batches = cycle_batches(train_examples, tr.batch_size, gen)
-    trajectory = comps.trajectory
+    trajectory = comps.trajectory or FinalSequence()
+    advantage = comps.advantage or GroupNormAdvantage()
     records = frozenset(getattr(trajectory, "records", frozenset()))
     ref = _RefWrapper(wrapper) if comps.needs_ref else None
     params = list(wrapper.module.parameters())
@@ -103,7 +105,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
         rewards = torch.tensor([s.score for s in scored], dtype=torch.float32)
         accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
-        advantages = comps.advantage(rewards, group_ids).to(device)
+        advantages = advantage(rewards, group_ids).to(device)
 
         batch = trajectory.build(rollout)
         corrupted = comps.corruption(wrapper, batch, gen) if comps.corruption is not None else None

@@ -1,0 +1,208 @@
+"""Plugin manager: default plugins, extras, owners, listing, entry-point load control."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+import dare_core.plugins as dare_plugins
+from dare_core.errors import DareError
+from dare_core.interfaces import ComponentSpec
+from dare_core.plugins import DEFAULT_PLUGINS, REGISTRATION_HOOKS, build
+
+
+# ----------------------------------------------------------------------------- build()
+def test_build_registers_default_plugins_and_extras_with_owners(dare):
+    regs = dare.registries
+    assert regs.corruptions.owner("random_ratio") == "dare_core.default_plugins.components"
+    assert regs.losses.owner("clipped_pg") == "dare_core.default_plugins.components"
+    assert regs.advantages.owner("group_norm") == "dare_core.default_plugins.components"
+    assert regs.estimators.owner("response_token_logprob") == "dare_core.default_plugins.components"
+    assert regs.rollouts.owner("low_confidence") == "dare_core.default_plugins.rollout"
+    assert regs.tasks.owner("sudoku") == "dare_core.tasks.plugin"
+    assert regs.models.owner("toy") == "dare_core.testing.toy"
+    assert regs.models.owner("toy_cached") == "test_families"
+    assert regs.algorithms.owner("algo_a") == "test_algorithms"
+    assert regs.rollouts.owner("mini") == "test_rollouts"
+    assert regs.tasks.owner("echo_task") == "test_tasks"
+    for attr, name in [("corruptions", "test_corruption"), ("trajectories", "test_trajectory"),
+                       ("estimators", "test_estimator"), ("losses", "test_loss"),
+                       ("advantages", "test_advantage")]:
+        assert regs[attr].owner(name) == "test_components"
+
+
+def test_every_registration_hook_fills_its_registry():
+    assert set(REGISTRATION_HOOKS.values()) == set(dare_plugins.Registries.KINDS)
+    for hook in REGISTRATION_HOOKS:
+        assert hasattr(dare_plugins.hookspecs, hook)
+
+
+def test_build_without_default_plugins_has_only_the_extras(make_dare):
+    d = make_dare(default_plugins=False)
+    assert "random_ratio" not in d.registries.corruptions
+    assert d.registries.tasks.names() == ["echo_task"]
+    assert not any(i.builtin for i in d.plugin_infos())
+
+
+def test_plugin_infos_list_plugins_and_hooks(dare):
+    infos = {i.name: i for i in dare.plugin_infos()}
+    for mod in DEFAULT_PLUGINS:
+        assert infos[mod].builtin and infos[mod].distribution == "dare-core"
+    assert infos["dare_core.default_plugins.rollout"].hooks == ("dare_register_rollout_backends",)
+    comp = infos["test_components"]
+    assert not comp.builtin and comp.distribution == "-"
+    assert comp.hooks == tuple(sorted(comp.hooks))
+    assert {"dare_register_corruptions", "dare_register_policy_losses",
+            "dare_register_advantage_estimators"} <= set(comp.hooks)
+    assert infos["test_commands"].hooks == ("dare_register_commands",)
+    data = json.loads(json.dumps([i.as_dict() for i in dare.plugin_infos()]))
+    assert {"name", "distribution", "version", "module", "hooks", "builtin"} <= set(data[0])
+    assert dare.plugin_infos() is not dare.infos  # a copy
+
+
+def test_a_plugin_object_without_name_gets_a_generated_one():
+    class Obj:
+        @dare_plugins.hookimpl
+        def dare_register_tasks(self, register):
+            register(types.SimpleNamespace(name="obj_task"))
+
+    d = build(load_entrypoints=False, default_plugins=False, extra_plugins=[Obj()])
+    assert d.registries.tasks.owner("obj_task") == "extra-0"
+
+
+def test_get_dare_is_cached_and_reset(monkeypatch, dare):
+    monkeypatch.setattr(dare_plugins, "_DARE", dare)
+    assert dare_plugins.get_dare() is dare
+    dare_plugins.reset()
+    assert dare_plugins._DARE is None
+
+
+# ----------------------------------------------------------------------------- entry points
+class FakeDist:
+    def __init__(self, name: str, version: str):
+        self.name, self.version = name, version
+
+
+class FakeEntryPoint:
+    """What ``importlib.metadata.entry_points(group="dare")`` yields: name, value, dist, load()."""
+
+    group = "dare"
+
+    def __init__(self, name: str, module: str, dist: FakeDist | None = None):
+        self.name, self.value, self.dist = name, module, dist
+
+    def load(self):
+        __import__(self.value)
+        return sys.modules[self.value]
+
+
+@pytest.fixture
+def fake_entry_points(monkeypatch):
+    """Three importable entry-point plugins ep_a, ep_b, ep_c (each registers a task named after
+    it) and one, ep_bad, that fails to import; ``install(*names)`` exposes them."""
+
+    def task_plugin(name):
+        mod = types.ModuleType(f"dare_fake_{name}")
+
+        @dare_plugins.hookimpl
+        def dare_register_tasks(register):
+            register(types.SimpleNamespace(name=f"task_{name}", description=""))
+
+        mod.dare_register_tasks = dare_register_tasks
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        return FakeEntryPoint(name, mod.__name__, FakeDist(f"dare-plugin-{name}", "1.2.3"))
+
+    eps = {n: task_plugin(n) for n in ("ep_a", "ep_b", "ep_c")}
+    eps["ep_bad"] = FakeEntryPoint("ep_bad", "dare_fake_missing_module_xyz")
+    monkeypatch.delenv("DARE_PLUGINS", raising=False)
+    monkeypatch.delenv("DARE_DISABLE_PLUGINS", raising=False)
+
+    def install(*names):
+        chosen = [eps[n] for n in names]
+
+        def entry_points(*, group=None, **kw):
+            assert group == dare_plugins.ENTRY_POINT_GROUP
+            return list(reversed(chosen))  # unsorted on purpose
+
+        monkeypatch.setattr(dare_plugins.md, "entry_points", entry_points)
+
+    return install
+
+
+def _loaded(d):
+    return sorted(i.name for i in d.plugin_infos() if not i.builtin)
+
+
+def test_all_entry_points_load_when_unfiltered(fake_entry_points):
+    fake_entry_points("ep_a", "ep_b", "ep_c")
+    d = build(default_plugins=False)
+    assert _loaded(d) == ["ep_a", "ep_b", "ep_c"]
+    assert d.registries.tasks.owner("task_ep_b") == "ep_b"
+    info = {i.name: i for i in d.plugin_infos()}["ep_a"]
+    assert (info.distribution, info.version, info.module) == ("dare-plugin-ep_a", "1.2.3", "dare_fake_ep_a")
+    assert info.hooks == ("dare_register_tasks",)
+
+
+@pytest.mark.parametrize("allow,deny,expected", [
+    ("ep_a,ep_c", None, ["ep_a", "ep_c"]),
+    (" ep_b , ", None, ["ep_b"]),
+    ("none", None, []),
+    (None, "ep_b", ["ep_a", "ep_c"]),
+    (None, "ep_a,ep_c", ["ep_b"]),
+    ("ep_a,ep_b", "ep_b", ["ep_a"]),  # the deny list applies after the allow list
+])
+def test_env_filtering(fake_entry_points, monkeypatch, allow, deny, expected):
+    fake_entry_points("ep_a", "ep_b", "ep_c")
+    if allow is not None:
+        monkeypatch.setenv("DARE_PLUGINS", allow)
+    if deny is not None:
+        monkeypatch.setenv("DARE_DISABLE_PLUGINS", deny)
+    assert _loaded(build(default_plugins=False)) == expected
+
+
+def test_load_entrypoints_false_ignores_entry_points(fake_entry_points):
+    fake_entry_points("ep_a", "ep_bad")
+    assert _loaded(build(load_entrypoints=False, default_plugins=False)) == []
+
+
+def test_a_plugin_that_fails_to_import_is_one_line_naming_it(fake_entry_points, monkeypatch):
+    fake_entry_points("ep_a", "ep_bad")
+    with pytest.raises(DareError) as info:
+        build(default_plugins=False)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "plugin 'ep_bad'" in msg and "dare_fake_missing_module_xyz" in msg
+    assert "ModuleNotFoundError" in msg
+    assert "DARE_DISABLE_PLUGINS=ep_bad" in msg
+    monkeypatch.setenv("DARE_DISABLE_PLUGINS", "ep_bad")  # the advice works
+    assert _loaded(build(default_plugins=False)) == ["ep_a"]
+
+
+def test_a_multi_line_import_error_is_still_one_line(fake_entry_points, monkeypatch):
+    class Broken(FakeEntryPoint):
+        def load(self):
+            raise ImportError("first line\n\nsecond line of advice")
+
+    monkeypatch.setattr(dare_plugins.md, "entry_points",
+                        lambda *, group=None: [Broken("ep_broken", "dare_fake_broken")])
+    with pytest.raises(DareError) as info:
+        build(default_plugins=False)
+    assert "\n" not in str(info.value)
+    assert "first line second line of advice" in str(info.value)
+
+
+def test_entry_point_and_extra_plugins_combine(fake_entry_points):
+    fake_entry_points("ep_c")
+
+    def reg(register):
+        register(ComponentSpec("extra_loss", object, ""))
+
+    mod = types.ModuleType("extra_mod")
+    mod.dare_register_policy_losses = dare_plugins.hookimpl(reg)
+    d = build(extra_plugins=[mod])
+    assert d.registries.losses.owner("extra_loss") == "extra_mod"
+    assert d.registries.tasks.owner("task_ep_c") == "ep_c"
+    assert d.registries.losses.owner("clipped_pg") == "dare_core.default_plugins.components"
