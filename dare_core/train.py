@@ -24,12 +24,12 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> d
             f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow, which this dare-core "
             f"version does not provide (available: {', '.join(sorted(WORKFLOWS))})"
         )
-    if rundir is None:
-        rundir = RunDir.create(config.output_dir, config.run_name,
-                               f"{config.algo}-{config.model.family}")
     start = time.time()
     dare.pm.hook.dare_configure.call_historic(kwargs={"config": config})
     try:
+        if rundir is None:  # after dare_configure, so a refused run leaves no directory
+            rundir = RunDir.create(config.output_dir, config.run_name,
+                                   f"{config.algo}-{config.model.family}")
         ctx = setup(dare, config, rundir=rundir)
         ctx.log(f"run directory: {rundir.root}")
         result = workflow(ctx)

@@ -1,0 +1,9 @@
+"""Make ``src/`` importable when the plugin is not pip-installed (e.g. the repository's own
+``pytest contrib`` run). With ``pip install -e .`` this does nothing."""
+
+import importlib.util
+import os
+import sys
+
+if importlib.util.find_spec("dare_plugin_reinforce_rloo") is None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))

@@ -1,0 +1,146 @@
+r"""myalgo: REINFORCE with a group-mean baseline on the one-step response log-likelihood.
+
+(Template: replace this docstring with your method, written like the paper's method section.)
+
+Setting. For a prompt ``x`` the rollout samples a group of ``n`` responses ``y_1 … y_n``
+(``trainer.group_size``) with rewards ``r_1 … r_n``.
+
+1. **Advantage** (core ``group_norm`` with ``norm_by_std=False``): the group mean is the baseline,
+
+   .. math:: A_i = r_i - \frac1n \sum_{k=1}^{n} r_k .
+
+2. **Corruption** (this plugin's ``myalgo_mask_response``): every valid response token is
+   replaced by the mask token, the prompt is kept: ``x̃_i = [x | MASK … MASK]``.
+
+3. **Likelihood** (core ``response_token_logprob``): one forward of ``x̃_i`` gives, for every
+   response position ``j``, the one-step mean-field log-probability
+
+   .. math:: \ell_{i,j} = \log p_θ(y_{i,j} \mid x̃_i).
+
+4. **Loss** (this plugin's ``myalgo_pg``), aggregated over the valid response tokens
+   (``m_{i,j} = 1``) with ``loss_agg_mode`` (token-mean by default):
+
+   .. math:: \mathcal L = -\frac{\sum_{i,j} m_{i,j} A_i \ell_{i,j}}{\sum_{i,j} m_{i,j}} .
+
+   Its gradient is the REINFORCE estimator with baseline, ``-Σ A_i ∇ log π(y_i|x)`` up to the
+   normaliser, where ``log π(y|x)`` is replaced by the mean-field sum ``Σ_j ℓ_{i,j}``. There is
+   no importance ratio and no clipping, so the update is only unbiased on-policy: keep
+   ``trainer.ppo_epochs = 1`` and ``trainer.mini_batch_size = 0`` (the recipe's values).
+
+References: R. J. Williams, "Simple statistical gradient-following algorithms for connectionist
+reinforcement learning", Machine Learning 8 (1992) 229–256 (REINFORCE); the one-step mean-field
+estimate of a masked-diffusion model's log-likelihood follows Zhao et al. 2025, "d1: Scaling
+Reasoning in Diffusion Large Language Models via Reinforcement Learning", arXiv:2504.12216.
+
+Shapes: ``B`` sequences, ``P`` padded prompt length, ``R`` response length, ``S = P + R``,
+``M`` corruption rows (1 here).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from dare_core.components.losses import agg_loss, masked_mean
+from dare_core.config import option
+from dare_core.config.validators import one_of, positive
+from dare_core.interfaces import Components, Corrupted, SequenceBatch
+
+# Every name this plugin registers, in one place (rename them together with the package).
+ALGORITHM = "myalgo"
+CORRUPTION = "myalgo_mask_response"
+LOSS = "myalgo_pg"
+PAPER = "Williams 1992 (REINFORCE); arXiv:2504.12216 (one-step estimate)"
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@attrs.frozen
+class MyAlgoConfig:
+    """Options of the ``algorithm:`` section when ``--algo myalgo`` is chosen.
+
+    Every field carries help text (shown by ``dare config show``) and a validator that states
+    its invariant; the config loader reports every violated one at once.
+    """
+
+    norm_adv_by_std: bool = option(
+        False, "Divide the group-centred rewards by the group std (GRPO style); "
+               "false = plain group-mean baseline, as REINFORCE.")
+    adv_eps: float = option(
+        1e-6, "Added to the group std before dividing (only used when norm_adv_by_std is true).",
+        positive)
+    loss_agg_mode: str = option(
+        "token-mean", "How token losses become a scalar: " + ", ".join(AGG_MODES) + ".",
+        one_of(AGG_MODES))
+
+
+class MaskWholeResponse:
+    """Corruption ``myalgo_mask_response``: mask every valid response token, keep the prompt.
+
+    ``noisy_ids[0, b, i]`` is the mask token where ``i ≥ P`` and the response token is valid,
+    else the clean id; ``masked`` marks those positions; ``p_mask`` is 1 there and 0 elsewhere.
+    Deterministic (the generator is not used), so one row (``M = 1``) is enough. Shapes
+    ``[1, B, S]``. Drawn once per rollout batch by the RL loop and shared by the old and new
+    likelihood evaluations.
+    """
+
+    def __call__(self, wrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted:
+        ids = batch.input_ids
+        masked = torch.zeros_like(ids, dtype=torch.bool)
+        masked[:, batch.prompt_len :] = batch.response_mask.bool()
+        noisy = torch.where(masked, torch.full_like(ids, wrapper.mask_token_id), ids)
+        return Corrupted(noisy[None], masked[None], masked[None].to(torch.float32))
+
+
+class ReinforceLoss:
+    r"""Loss ``myalgo_pg``: REINFORCE with the advantage as a fixed weight, per token.
+
+    .. math:: \mathcal L = \frac1M \sum_m \mathrm{agg}\big(-A_b\,\ell_{m,b,j};\ m_{b,j}\big)
+
+    Inputs: ``logp``/``old_logp`` ``[M, B, R]`` (or ``[B, R]``), ``advantages`` ``[B]``,
+    ``mask`` ``[B, R]``. ``old_logp`` only feeds the ``ratio_mean`` diagnostic (1.0 on-policy);
+    ``ref_logp`` is ignored. Metrics: ``logp_mean`` (token-mean of ``ℓ``), ``ratio_mean``.
+    """
+
+    def __init__(self, agg: str = "token-mean"):
+        if agg not in AGG_MODES:
+            raise ValueError(f"agg must be one of {', '.join(AGG_MODES)}, got {agg!r}")
+        self.agg = agg
+
+    def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
+                 ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
+                 mask: torch.Tensor):
+        if logp.dim() == 2:
+            logp = logp.unsqueeze(0)
+            old_logp = old_logp.unsqueeze(0) if old_logp is not None else None
+        adv = advantages.to(logp.dtype)[:, None]  # [B, 1], broadcast over the response
+        mask = mask.to(logp.dtype)
+        rows = [agg_loss(-adv * logp[m], mask, self.agg) for m in range(logp.shape[0])]
+        loss = torch.stack(rows).mean()
+        with torch.no_grad():
+            metrics = {"logp_mean": float(masked_mean(logp.mean(0), mask))}
+            if old_logp is not None:
+                metrics["ratio_mean"] = float(masked_mean(torch.exp(logp - old_logp).mean(0), mask))
+        return loss, metrics
+
+
+def build(cfg: MyAlgoConfig, lookup) -> Components:
+    """Compose the run's components by registered name (``lookup`` is a ComponentLookup):
+    two of this plugin's, three of the core's. Nothing here imports another plugin."""
+    return Components(
+        corruption=lookup.corruption(CORRUPTION),
+        trajectory=lookup.trajectory("final_sequence"),
+        estimator=lookup.estimator("response_token_logprob"),
+        loss=lookup.loss(LOSS, agg=cfg.loss_agg_mode),
+        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std, eps=cfg.adv_eps),
+        needs_ref=False,  # no KL term: the RL loop skips the reference model
+    )
+
+
+# Defaults for other run-config sections, applied below a checkpoint's dare_defaults.yaml, the
+# --config file and key=value overrides. On-policy REINFORCE: one optimizer step per rollout batch.
+RECIPE = {
+    "trainer": {"group_size": 8, "ppo_epochs": 1, "mini_batch_size": 0},
+}
