@@ -166,7 +166,10 @@ def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str],
         try:
             field.validator(view, field, getattr(view, name))
         except (ValueError, TypeError) as exc:
-            problems.append(f"{_join(path, name)}: {exc}")
+            msg = str(exc)
+            if msg.startswith(name + " "):  # validators name their field for direct callers
+                msg = msg[len(name) + 1 :]
+            problems.append(f"{_join(path, name)}: {msg}")
         except AttributeError:
             if not broken:
                 raise

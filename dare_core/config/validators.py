@@ -1,7 +1,12 @@
-"""Small attrs validators with messages meant for users (the config loader prefixes the key)."""
+"""Small attrs validators with messages meant for users.
+
+Messages start with the field name (``"lr must be > 0, got -1"``) so a config class constructed
+directly explains itself; the config structurer replaces the name with the full dotted key.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 
@@ -10,16 +15,20 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def positive(_inst: Any, _attr: Any, value: Any) -> None:
-    _check(value is not None and value > 0, f"must be > 0, got {value!r}")
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def non_negative(_inst: Any, _attr: Any, value: Any) -> None:
-    _check(value is not None and value >= 0, f"must be >= 0, got {value!r}")
+def positive(_inst: Any, attr: Any, value: Any) -> None:
+    _check(_real(value) and value > 0, f"{attr.name} must be > 0, got {value!r}")
 
 
-def probability(_inst: Any, _attr: Any, value: Any) -> None:
-    _check(value is not None and 0.0 <= value <= 1.0, f"must be in [0, 1], got {value!r}")
+def non_negative(_inst: Any, attr: Any, value: Any) -> None:
+    _check(_real(value) and value >= 0, f"{attr.name} must be >= 0, got {value!r}")
+
+
+def probability(_inst: Any, attr: Any, value: Any) -> None:
+    _check(_real(value) and 0.0 <= value <= 1.0, f"{attr.name} must be in [0, 1], got {value!r}")
 
 
 def optional(validator):
@@ -33,19 +42,21 @@ def optional(validator):
 def one_of(choices: Iterable[Any]):
     allowed = tuple(choices)
 
-    def check(_inst: Any, _attr: Any, value: Any) -> None:
-        _check(value in allowed, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    def check(_inst: Any, attr: Any, value: Any) -> None:
+        _check(value in allowed, f"{attr.name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
     return check
 
 
 def in_range(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
-    def check(_inst: Any, _attr: Any, value: Any) -> None:
+    def check(_inst: Any, attr: Any, value: Any) -> None:
+        if not _real(value):
+            raise ValueError(f"{attr.name} must be a finite number, got {value!r}")
         ok = (value > low if low_open else value >= low) and (
             value < high if high_open else value <= high
         )
         lb = "(" if low_open else "["
         hb = ")" if high_open else "]"
-        _check(ok, f"must be in {lb}{low}, {high}{hb}, got {value!r}")
+        _check(ok, f"{attr.name} must be in {lb}{low}, {high}{hb}, got {value!r}")
 
     return check

@@ -42,6 +42,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
+from dare_core.config.validators import non_negative, one_of, positive
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.plugins import hookimpl
 
@@ -59,64 +60,18 @@ _REMASKING = ("low_confidence", "random")
 _STOP_CONFIDENCE = ("keep", "zero", "never")
 
 
-# --------------------------------------------------------------------------- config validators
-def _positive_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"rollout.{attribute.name} must be a positive integer, got {value!r}; "
-            f"set it to 1 or more"
-        )
-
-
-def _non_negative_int(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"rollout.{attribute.name} must be an integer >= 0, got {value!r}; "
-            f"use 0 to generate the whole batch at once"
-        )
-
-
-def _non_negative_float(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(
-            f"rollout.{attribute.name} must be a finite number >= 0, got {value!r}; "
-            f"use 0 to disable it"
-        )
-
-
-def _one_of(choices: tuple[str, ...]):
-    def check(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in choices:
-            raise ValueError(
-                f"rollout.{attribute.name} must be one of {', '.join(map(repr, choices))}, "
-                f"got {value!r}"
-            )
-
-    return check
-
-
-def _boolean(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"rollout.{attribute.name} must be true or false, got {value!r}")
-
-
 @attrs.frozen
 class LowConfidenceConfig:
     """Config of the ``low_confidence`` rollout backend (the ``rollout:`` section)."""
 
     gen_length: int = attrs.field(
         default=256,
-        validator=_positive_int,
+        validator=positive,
         metadata={"help": "Response length R: number of MASK tokens appended to each prompt."},
     )
     block_length: int = attrs.field(
         default=32,
-        validator=_positive_int,
+        validator=positive,
         metadata={
             "help": "Length of the blocks denoised left to right (semi-autoregressive); "
             "must divide gen_length. block_length = gen_length denoises the whole response "
@@ -125,7 +80,7 @@ class LowConfidenceConfig:
     )
     steps: int = attrs.field(
         default=128,
-        validator=_positive_int,
+        validator=positive,
         metadata={
             "help": "Total number of denoising steps, split equally over the blocks; must be a "
             "multiple of gen_length // block_length."
@@ -133,7 +88,7 @@ class LowConfidenceConfig:
     )
     temperature: float = attrs.field(
         default=0.6,
-        validator=_non_negative_float,
+        validator=non_negative,
         metadata={
             "help": "Sampling temperature of the candidate tokens (Gumbel-max sample of "
             "softmax(logits / T)); 0 = greedy argmax."
@@ -141,7 +96,7 @@ class LowConfidenceConfig:
     )
     remasking: str = attrs.field(
         default="low_confidence",
-        validator=_one_of(_REMASKING),
+        validator=one_of(_REMASKING),
         metadata={
             "help": "Which masked positions are committed each step: 'low_confidence' = the "
             "candidates with the highest (untempered) probability; 'random' = uniformly random "
@@ -150,7 +105,7 @@ class LowConfidenceConfig:
     )
     cfg_scale: float = attrs.field(
         default=0.0,
-        validator=_non_negative_float,
+        validator=non_negative,
         metadata={
             "help": "Classifier-free guidance scale s: logits = un + (s + 1) * (cond - un), "
             "with the unconditional pass seeing the prompt replaced by MASK; 0 = off (one "
@@ -159,7 +114,6 @@ class LowConfidenceConfig:
     )
     suppress_eos: bool = attrs.field(
         default=False,
-        validator=_boolean,
         metadata={
             "help": "Set the EOS logit to -inf so EOS is never a candidate (the response is "
             "then only EOS-filled where MASKs are left at the end)."
@@ -167,7 +121,7 @@ class LowConfidenceConfig:
     )
     stop_confidence: str = attrs.field(
         default="keep",
-        validator=_one_of(_STOP_CONFIDENCE),
+        validator=one_of(_STOP_CONFIDENCE),
         metadata={
             "help": "Confidence of candidates equal to a stop token: 'keep' = unchanged; "
             "'zero' = 0 (stop tokens committed late); 'never' = -inf (ranked last: committed "
@@ -176,7 +130,6 @@ class LowConfidenceConfig:
     )
     truncate_at_eos: bool = attrs.field(
         default=False,
-        validator=_boolean,
         metadata={
             "help": "Response mask rule: false = every generated position counts; true = "
             "positions up to and including the first EOS count."
@@ -184,7 +137,7 @@ class LowConfidenceConfig:
     )
     micro_batch_size: int = attrs.field(
         default=0,
-        validator=_non_negative_int,
+        validator=non_negative,
         metadata={
             "help": "Generate in chunks of this many rows to bound memory; 0 = the whole batch "
             "at once. Chunking changes how the random stream is consumed (sampled outputs "

@@ -160,6 +160,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
             "time_update": round(t_end - t_old, 3),
             "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, t_roll - t0),
         }
+        record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record = ctx.engine.reduce_mean(record)
         history.append(record)
@@ -192,6 +193,18 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         "final_reward_mean_last5": sum(r["reward"] for r in history[-5:]) / max(1, len(history[-5:])),
     }
     return summary
+
+
+def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:
+    """Fractions of groups whose rewards are all maximal / all equal (no learning signal)."""
+    groups = group_ids.unique()
+    top = rewards.max()
+    solved = flat = 0
+    for g in groups:
+        r = rewards[group_ids == g]
+        flat += int(bool((r == r[0]).all()))
+        solved += int(bool((r == top).all()))
+    return solved / len(groups), flat / len(groups)
 
 
 def _log(ctx: Context, record: dict[str, Any]) -> None:

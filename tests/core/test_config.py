@@ -205,7 +205,7 @@ def test_problems_of_every_section_are_reported_together(dare, ckpt, tmp_path):
     assert "seed: expected int, got 'abc'" in problems
     assert "algorithm.clip_ratio_lo: unknown key (did you mean 'clip_ratio_low'?)" in problems
     assert any(p.startswith("algorithm.agg: expected one of 'token-mean'") for p in problems)
-    assert any(p.startswith("rollout.gen_length: rollout.gen_length must be a positive") for p in problems)
+    assert any(p.startswith("rollout.gen_length: must be > 0") for p in problems)
     assert "rollout.temprature: unknown key (did you mean 'temperature'?)" in problems
     assert len(problems) == 5
 
