@@ -11,7 +11,6 @@ import os
 import sys
 from typing import Any, Optional
 
-import attrs
 import click
 
 from dare_core import __version__
@@ -137,7 +136,6 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 @OVERRIDES
 def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
     """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
-    from dare_core.components import ComponentLookup  # noqa: F401  (import check)
     from dare_core.config import resolve
     from dare_core.engines import build_engine
     from dare_core.workflows.common import (

@@ -102,41 +102,36 @@ def _recipe(spec: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(getattr(spec, "recipe", None) or {}))
 
 
+def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
+    """Raise a one-line CapabilityError when ``spec`` (with ``kinds``/``requires``) cannot serve
+    ``family``."""
+    if spec.kinds and family.kind not in spec.kinds:
+        raise CapabilityError(
+            f"{subject} does not support {family.kind}-diffusion models such as {family.name!r} "
+            f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}"
+        )
+    missing = sorted(set(spec.requires) - set(family.capabilities))
+    if missing:
+        raise CapabilityError(
+            f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
+        )
+
+
 def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
-    """Look up both names and check the algorithm supports the family; one-line errors."""
+    """Look up both names and check the algorithm (and every component it lists) supports the
+    family; one-line errors."""
     regs = dare.registries
     algo = regs.algorithms.get(algo_name)
     family = regs.models.get(family_name)
-    if algo.kinds and family.kind not in algo.kinds:
-        raise CapabilityError(
-            f"algorithm {algo.name!r} does not support {family.kind}-diffusion models such as "
-            f"{family.name!r} (it supports: {', '.join(sorted(algo.kinds))}); "
-            f"see `dare list --matrix` for supported combinations"
-        )
-    missing = sorted(set(algo.requires) - set(family.capabilities))
-    if missing:
-        raise CapabilityError(
-            f"algorithm {algo.name!r} needs model capability {', '.join(missing)} which "
-            f"{family.name!r} lacks; see `dare list --matrix` for supported combinations"
-        )
+    hint = "see `dare list --matrix` for supported combinations"
+    _check_fits(f"algorithm {algo.name!r}", algo, family, hint)
     roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories,
              "estimator": regs.estimators, "loss": regs.losses, "advantage": regs.advantages}
     for role, name in algo.components.items():
         registry = roles.get(role)
-        if registry is None or name not in registry:
-            continue
-        comp = registry.get(name)
-        if comp.kinds and family.kind not in comp.kinds:
-            raise CapabilityError(
-                f"algorithm {algo.name!r} uses {role} {name!r}, which does not support "
-                f"{family.kind}-diffusion models such as {family.name!r}"
-            )
-        missing = sorted(set(comp.requires) - set(family.capabilities))
-        if missing:
-            raise CapabilityError(
-                f"algorithm {algo.name!r} uses {role} {name!r}, which needs model capability "
-                f"{', '.join(missing)} that {family.name!r} lacks"
-            )
+        if registry is not None and name in registry:
+            _check_fits(f"algorithm {algo.name!r} uses {role} {name!r}, which", registry.get(name),
+                        family, hint)
     return algo, family
 
 
@@ -194,17 +189,8 @@ def resolve(
     rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
     backend_name = rollout_raw.get("backend") or family.default_rollout
     rollout_spec = dare.registries.rollouts.get(str(backend_name))
-    if rollout_spec.kinds and family.kind not in rollout_spec.kinds:
-        raise CapabilityError(
-            f"rollout backend {rollout_spec.name!r} cannot drive {family.kind}-diffusion model "
-            f"{family.name!r}; use one of: {', '.join(family.rollouts) or family.default_rollout}"
-        )
-    missing = sorted(set(rollout_spec.requires) - set(family.capabilities))
-    if missing:
-        raise CapabilityError(
-            f"rollout backend {rollout_spec.name!r} needs model capability {', '.join(missing)} "
-            f"which {family.name!r} lacks"
-        )
+    _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family,
+                f"use one of: {', '.join(family.rollouts) or family.default_rollout}")
     # the preset's rollout keys apply only where the chosen backend has them
     if isinstance(preset.get("rollout"), dict):
         names = {f.name for f in attrs.fields(rollout_spec.config_cls)}

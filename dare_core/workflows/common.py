@@ -16,7 +16,7 @@ from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
 from dare_core.errors import DareError
-from dare_core.interfaces import Example, SequenceBatch
+from dare_core.interfaces import Example
 from dare_core.rundir import RunDir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -252,3 +252,83 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str) -> dict[str,
     if ctx.rundir is not None and ctx.engine.is_main:
         ctx.rundir.write_json(f"eval_samples/{label}.json", samples)
     return result
+
+
+def _fmt(record: dict[str, Any]) -> str:
+    keys = ("reward", "accuracy", "loss", "grad_norm", "pg_clipfrac", "ppo_kl", "time_rollout",
+            "time_update", "time_step")
+    parts = [f"step {record['step']}"]
+    for k in keys:
+        if k in record:
+            parts.append(f"{k}={record[k]:.4g}")
+    return " ".join(parts)
+
+
+class Tracker:
+    """The bookkeeping every loop shares: evaluation before / every N / after, metric lines,
+    the step-end hook, the progress bar, periodic and final checkpoints."""
+
+    def __init__(self, ctx: Context, eval_examples: Sequence[Example]):
+        self.ctx = ctx
+        self.eval_examples = eval_examples
+        self.summary: dict[str, Any] = {"eval": {}}
+        self.bar = None
+        cfg = ctx.config
+        if cfg.progress and ctx.engine.is_main:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=cfg.trainer.steps, desc=cfg.algo, unit="step", dynamic_ncols=True)
+            except ImportError:  # pragma: no cover
+                self.bar = None
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.ctx.rundir is not None and self.ctx.engine.is_main:
+            self.ctx.rundir.log_metrics(record)
+
+    def evaluate(self, label: str, step: int) -> dict[str, Any]:
+        ctx = self.ctx
+        ctx.log(f"evaluating on {len(self.eval_examples)} held-out prompts ({label}) ...")
+        was_training = ctx.wrapper.module.training
+        res = evaluate(ctx, self.eval_examples, label)
+        ctx.wrapper.module.train(was_training)
+        ctx.log(f"eval {label}: accuracy={res['accuracy']:.3f} reward={res['reward']:.3f}")
+        self.log({"step": step, "eval": res})
+        return res
+
+    def begin(self) -> None:
+        if self.ctx.config.eval.before:
+            self.summary["eval"]["before"] = self.evaluate("before", 0)
+
+    def step_end(self, step: int, record: dict[str, Any], **postfix: str) -> dict[str, Any]:
+        ctx = self.ctx
+        cfg = ctx.config
+        record = ctx.engine.reduce_mean(record)
+        self.log(record)
+        ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(**postfix)
+        if step % cfg.trainer.log_every == 0:
+            ctx.log(_fmt(record))
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
+            self.evaluate(f"step-{step}", step)
+        if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
+            self.save(f"checkpoints/step-{step}")
+        return record
+
+    def save(self, name: str) -> Optional[str]:
+        if self.ctx.rundir is None or not self.ctx.engine.is_main:
+            return None
+        return self.ctx.rundir.save_model(self.ctx.wrapper, name)
+
+    def finish(self, train_summary: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.ctx.config
+        if self.bar is not None:
+            self.bar.close()
+        if cfg.eval.after:
+            self.summary["eval"]["after"] = self.evaluate("after", cfg.trainer.steps)
+        if cfg.trainer.save_final:
+            self.summary["final_checkpoint"] = self.save("final")
+        self.summary["train"] = train_summary
+        return self.summary

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -22,9 +22,9 @@ from dare_core.workflows.common import (
     chunks,
     clip_and_step,
     cycle_batches,
+    Tracker,
     decode_responses,
     encode_prompts,
-    evaluate,
     left_pad,
     make_optimizer,
 )
@@ -78,15 +78,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     params = list(wrapper.module.parameters())
     optimizer, scheduler = make_optimizer(params, cfg)
 
-    summary: dict[str, Any] = {"eval": {}}
-    if cfg.eval.before:
-        ctx.log(f"evaluating on {len(eval_examples)} held-out prompts before training ...")
-        summary["eval"]["before"] = evaluate(ctx, eval_examples, "before")
-        ctx.log(f"eval before: accuracy={summary['eval']['before']['accuracy']:.3f} "
-                f"reward={summary['eval']['before']['reward']:.3f}")
-        _log(ctx, {"step": 0, "eval": summary["eval"]["before"]})
-
-    bar = _progress(ctx, tr.steps)
+    tracker = Tracker(ctx, eval_examples)
+    tracker.begin()
     history = []
     for step in range(1, tr.steps + 1):
         t0 = time.perf_counter()
@@ -162,37 +155,15 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         }
         record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
-        record = ctx.engine.reduce_mean(record)
+        record = tracker.step_end(step, record, reward=f"{record['reward']:.3f}",
+                                  acc=f"{record['accuracy']:.2f}")
         history.append(record)
-        _log(ctx, record)
-        ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
-        if step % tr.log_every == 0:
-            ctx.log(_fmt(record))
-        if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
-            res = evaluate(ctx, eval_examples, f"step-{step}")
-            _log(ctx, {"step": step, "eval": res})
-            ctx.log(f"eval step {step}: accuracy={res['accuracy']:.3f}")
-        if tr.save_every and step % tr.save_every == 0 and ctx.rundir is not None and ctx.engine.is_main:
-            ctx.rundir.save_model(wrapper, f"checkpoints/step-{step}")
-    if bar is not None:
-        bar.close()
 
-    if cfg.eval.after:
-        ctx.log(f"evaluating on {len(eval_examples)} held-out prompts after training ...")
-        summary["eval"]["after"] = evaluate(ctx, eval_examples, "after")
-        ctx.log(f"eval after: accuracy={summary['eval']['after']['accuracy']:.3f} "
-                f"reward={summary['eval']['after']['reward']:.3f}")
-        _log(ctx, {"step": tr.steps, "eval": summary["eval"]["after"]})
-    if tr.save_final and ctx.rundir is not None and ctx.engine.is_main:
-        summary["final_checkpoint"] = ctx.rundir.save_model(wrapper, "final")
-    summary["train"] = {
+    last = history[-5:]
+    return tracker.finish({
         "steps": tr.steps,
-        "final_reward_mean_last5": sum(r["reward"] for r in history[-5:]) / max(1, len(history[-5:])),
-    }
-    return summary
+        "final_reward_mean_last5": sum(r["reward"] for r in last) / max(1, len(last)),
+    })
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:
@@ -205,27 +176,3 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float,
         flat += int(bool((r == r[0]).all()))
         solved += int(bool((r == top).all()))
     return solved / len(groups), flat / len(groups)
-
-
-def _log(ctx: Context, record: dict[str, Any]) -> None:
-    if ctx.rundir is not None and ctx.engine.is_main:
-        ctx.rundir.log_metrics(record)
-
-
-def _fmt(record: dict[str, Any]) -> str:
-    keys = ("reward", "accuracy", "loss", "grad_norm", "pg_clipfrac", "ppo_kl", "time_rollout", "time_update")
-    parts = [f"step {record['step']}"]
-    for k in keys:
-        if k in record:
-            parts.append(f"{k}={record[k]:.4g}")
-    return " ".join(parts)
-
-
-def _progress(ctx: Context, total: int) -> Optional[Any]:
-    if not ctx.config.progress or not ctx.engine.is_main:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
-    return tqdm(total=total, desc=f"{ctx.config.algo}", unit="step", dynamic_ncols=True)

@@ -9,7 +9,7 @@ generation before and after, as in the RL loop.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -19,13 +19,12 @@ from dare_core.workflows.common import (
     Context,
     chunks,
     clip_and_step,
+    Tracker,
     cycle_batches,
     encode_prompts,
-    evaluate,
     left_pad,
     make_optimizer,
 )
-from dare_core.workflows.rl import _fmt, _log, _progress
 
 
 def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -64,13 +63,8 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     optimizer, scheduler = make_optimizer(params, cfg)
     eos = wrapper.eos_token_id
 
-    summary: dict[str, Any] = {"eval": {}}
-    if cfg.eval.before:
-        summary["eval"]["before"] = evaluate(ctx, eval_examples, "before")
-        ctx.log(f"eval before: accuracy={summary['eval']['before']['accuracy']:.3f}")
-        _log(ctx, {"step": 0, "eval": summary["eval"]["before"]})
-
-    bar = _progress(ctx, tr.steps)
+    tracker = Tracker(ctx, eval_examples)
+    tracker.begin()
     wrapper.module.train()
     last_losses: list[float] = []
     for step in range(1, tr.steps + 1):
@@ -101,29 +95,9 @@ def run_sft(ctx: Context) -> dict[str, Any]:
             "lr": scheduler.get_last_lr()[0], "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
-        record = ctx.engine.reduce_mean(record)
+        record = tracker.step_end(step, record, loss=f"{record['loss']:.4f}")
         last_losses = (last_losses + [record["loss"]])[-20:]
-        _log(ctx, record)
-        ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.4f}")
-        if step % tr.log_every == 0:
-            ctx.log(_fmt(record))
-        if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
-            res = evaluate(ctx, eval_examples, f"step-{step}")
-            wrapper.module.train()
-            _log(ctx, {"step": step, "eval": res})
-            ctx.log(f"eval step {step}: accuracy={res['accuracy']:.3f} reward={res['reward']:.3f}")
-        if tr.save_every and step % tr.save_every == 0 and ctx.rundir is not None and ctx.engine.is_main:
-            ctx.rundir.save_model(wrapper, f"checkpoints/step-{step}")
-    if bar is not None:
-        bar.close()
-    if cfg.eval.after:
-        summary["eval"]["after"] = evaluate(ctx, eval_examples, "after")
-        ctx.log(f"eval after: accuracy={summary['eval']['after']['accuracy']:.3f}")
-        _log(ctx, {"step": tr.steps, "eval": summary["eval"]["after"]})
-    if tr.save_final and ctx.rundir is not None and ctx.engine.is_main:
-        summary["final_checkpoint"] = ctx.rundir.save_model(wrapper, "final")
-    summary["train"] = {"steps": tr.steps, "final_loss_mean_last20": sum(last_losses) / max(1, len(last_losses))}
-    return summary
+    return tracker.finish({
+        "steps": tr.steps,
+        "final_loss_mean_last20": sum(last_losses) / max(1, len(last_losses)),
+    })

@@ -348,7 +348,7 @@ def test_config_file_errors(dare, ckpt, tmp_path):
     ("algo_block", "toy", (), "does not support masked-diffusion models such as 'toy'"),
     ("algo_cache", "toy", (), "needs model capability kv_cache which 'toy' lacks"),
     ("algo_a", "toy_block", ("rollout.backend=block_only",), "does not support block-diffusion"),
-    ("algo_a", "toy", ("rollout.backend=block_only",), "cannot drive masked-diffusion model 'toy'"),
+    ("algo_a", "toy", ("rollout.backend=block_only",), "does not support masked-diffusion models such as 'toy'"),
     ("algo_a", "toy", ("rollout.backend=cached",), "needs model capability kv_cache"),
 ])
 def test_capability_errors_come_before_any_model_load(dare, ckpt, load_calls, algo, model, overrides, needle):

@@ -10,7 +10,6 @@ import os
 
 import attrs
 import pytest
-import torch
 
 from dare_core.config import option, resolve
 from dare_core.interfaces import AlgorithmSpec, Components, Example, Score, TaskSpec
