@@ -273,14 +273,6 @@ class Tracker:
         self.eval_examples = eval_examples
         self.summary: dict[str, Any] = {"eval": {}}
         self.bar = None
-        cfg = ctx.config
-        if cfg.progress and ctx.engine.is_main:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=cfg.trainer.steps, desc=cfg.algo, unit="step", dynamic_ncols=True)
-            except ImportError:  # pragma: no cover
-                self.bar = None
 
     def log(self, record: dict[str, Any]) -> None:
         if self.ctx.rundir is not None and self.ctx.engine.is_main:
@@ -297,8 +289,18 @@ class Tracker:
         return res
 
     def begin(self) -> None:
-        if self.ctx.config.eval.before:
+        """Evaluate before training (if configured), then show the progress bar."""
+        ctx = self.ctx
+        cfg = ctx.config
+        if cfg.eval.before:
             self.summary["eval"]["before"] = self.evaluate("before", 0)
+        if cfg.progress and ctx.engine.is_main:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=cfg.trainer.steps, desc=cfg.algo, unit="step", dynamic_ncols=True)
+            except ImportError:  # pragma: no cover
+                self.bar = None
 
     def step_end(self, step: int, record: dict[str, Any], **postfix: str) -> dict[str, Any]:
         ctx = self.ctx

@@ -57,10 +57,13 @@ def test_generate_solves_a_training_style_puzzle(dare, monkeypatch):
     from dare_core import plugins
     from dare_core.cli import cli
 
+    from dare_core.tasks import SudokuTask, TaskConfig
+
     monkeypatch.setattr(plugins, "_DARE", dare)
-    result = CliRunner().invoke(cli, ["generate", "--model", "llada", "--prompt", "Solve the following Sudoku puzzle: 3102200002100320\n"])
+    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
+    result = CliRunner().invoke(cli, ["generate", "--model", "llada", "--prompt", example.prompt[0]["content"]])
     assert result.exit_code == 0, result.output
-    assert "<answer>" in result.output
+    assert "<answer>" in result.output and "</answer>" in result.output
 
 
 def test_short_d1_and_sft_runs(dare, tmp_path):
