@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the bundled tiny LLaDA checkpoint from scratch (about 8 minutes on 2 CPU cores).
+# Rebuild the bundled tiny LLaDA checkpoint from scratch (about 10 minutes on 2 CPU cores).
 #   bash plugins/dare-plugin-llada/scripts/build_tiny_checkpoint.sh [OUT_DIR]
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
