@@ -7,6 +7,12 @@ import torch
 from dare_core.interfaces import Corrupted, SequenceBatch
 
 
+def mask_tokens(ids: torch.Tensor, masked: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """``ids`` (``[B, S]``) with the positions of ``masked`` (``[M, B, S]`` or ``[B, S]``)
+    replaced by ``mask_token_id``; the result has ``masked``'s shape."""
+    return torch.where(masked, torch.full_like(ids, mask_token_id), ids)
+
+
 class RandomRatioMasking:
     r"""Masked-diffusion forward process with one noise level per sequence.
 
@@ -35,6 +41,6 @@ class RandomRatioMasking:
         t = (1.0 - self.eps) * u + self.eps
         draw = torch.rand(M, B, S, generator=generator, device="cpu").to(dev)
         masked = (draw < t[:, :, None]) & valid[None]
-        noisy = torch.where(masked, torch.full_like(ids, wrapper.mask_token_id)[None], ids[None])
+        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
         p_mask = torch.where(valid[None], t[:, :, None].expand(M, B, S), torch.zeros(()))
         return Corrupted(noisy, masked, p_mask, {"t": t})

@@ -43,6 +43,7 @@ from typing import Optional
 import attrs
 import torch
 
+from dare_core.components.corruptions import mask_tokens
 from dare_core.components.losses import agg_loss, masked_mean
 from dare_core.config import option
 from dare_core.config.validators import one_of, positive
@@ -90,7 +91,7 @@ class MaskWholeResponse:
         ids = batch.input_ids
         masked = torch.zeros_like(ids, dtype=torch.bool)
         masked[:, batch.prompt_len :] = batch.response_mask.bool()
-        noisy = torch.where(masked, torch.full_like(ids, wrapper.mask_token_id), ids)
+        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
         return Corrupted(noisy[None], masked[None], masked[None].to(torch.float32))
 
 

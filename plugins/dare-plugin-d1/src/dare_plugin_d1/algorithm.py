@@ -14,6 +14,7 @@ from typing import Literal, Optional
 import attrs
 import torch
 
+from dare_core.components.corruptions import mask_tokens
 from dare_core.components.losses import agg_loss, kl_penalty
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
@@ -59,7 +60,7 @@ class D1Masking:
         is_prompt[:, :P] = True
         draw = torch.rand(self.mc_num, B, S, generator=generator).to(dev)
         masked = valid[None] & (~is_prompt[None] | (draw < self.p))
-        noisy = torch.where(masked, torch.full_like(ids, wrapper.mask_token_id)[None], ids[None])
+        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
         p_row = torch.where(is_prompt, torch.full((B, S), self.p, device=dev), torch.ones(B, S, device=dev))
         p_mask = torch.where(valid, p_row, torch.zeros((), device=dev))[None].expand(self.mc_num, B, S)
         return Corrupted(noisy, masked, p_mask.clone())
