@@ -120,7 +120,16 @@ class RunDir:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
 
-    def save_model(self, wrapper: Any, name: str) -> str:
+    def save_model(self, wrapper: Any, name: str, extra_files: tuple[str, ...] = ()) -> str:
+        """Save ``wrapper`` in HF layout under ``name`` (atomically), with ``extra_files`` copied
+        in beside it (e.g. the source checkpoint's run presets)."""
         target = self.path(name)
-        atomic_write_dir(target, wrapper.save_pretrained)
+
+        def write(tmp: str) -> None:
+            wrapper.save_pretrained(tmp)
+            for path in extra_files:
+                if os.path.isfile(path):
+                    shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))
+
+        atomic_write_dir(target, write)
         return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
 import time
@@ -322,7 +323,11 @@ class Tracker:
     def save(self, name: str) -> Optional[str]:
         if self.ctx.rundir is None or not self.ctx.engine.is_main:
             return None
-        return self.ctx.rundir.save_model(self.ctx.wrapper, name)
+        from dare_core.config.loader import PRESET_FILE
+
+        # a saved model keeps the run presets of the checkpoint it started from
+        preset = os.path.join(str(self.ctx.config.model.path), PRESET_FILE)
+        return self.ctx.rundir.save_model(self.ctx.wrapper, name, extra_files=(preset,))
 
     def finish(self, train_summary: dict[str, Any]) -> dict[str, Any]:
         cfg = self.ctx.config

@@ -73,6 +73,8 @@ def test_short_d1_and_sft_runs(dare, tmp_path):
     assert {"before", "after"} <= set(s["eval"])
     metrics = [json.loads(l) for l in open(tmp_path / "d1" / "metrics.jsonl")]
     assert metrics[1]["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    # the trained model keeps the run presets of the checkpoint it started from
+    assert os.path.isfile(tmp_path / "d1" / "final" / "dare_defaults.yaml")
     s = train(dare, resolve(dare, algo="sft", model="llada", overrides=common + ["run_name=sft", "eval.before=false"]))
     assert os.path.isfile(tmp_path / "sft" / "final" / "model.safetensors")
 
