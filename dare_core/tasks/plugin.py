@@ -13,31 +13,31 @@ from dare_core.tasks.sudoku import SudokuTask
 def dare_register_tasks(register) -> None:
     register(TaskSpec(
         name="sudoku",
-        build=lambda cfg: SudokuTask(cfg),
+        build=SudokuTask,
         description="4x4 Sudoku, partial-credit reward; train = generated unique puzzles, "
         "eval = 500 real test puzzles.",
     ))
     register(TaskSpec(
         name="countdown",
-        build=lambda cfg: CountdownTask(cfg),
+        build=CountdownTask,
         description="Countdown with 3 numbers (1.0 / 0.1 format / 0); train = generated, "
         "eval = 256 real test items.",
     ))
     register(TaskSpec(
         name="gsm8k",
-        build=lambda cfg: GSM8KTask(cfg),
+        build=GSM8KTask,
         description="GSM8K, boxed-answer math reward; eval = 200 bundled test items, "
         "train needs task.train_path.",
     ))
     register(TaskSpec(
         name="math500",
-        build=lambda cfg: Math500Task(cfg),
+        build=Math500Task,
         description="MATH-500, boxed-answer math reward; eval = 200 bundled items, "
         "train needs task.train_path.",
     ))
     register(TaskSpec(
         name="parquet",
-        build=lambda cfg: ParquetTask(cfg),
+        build=ParquetTask,
         description="Any verl-schema parquet/jsonl (task.train_path / task.eval_path), "
         "reward by data_source.",
     ))
