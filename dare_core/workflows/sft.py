@@ -9,7 +9,7 @@ generation before and after, as in the RL loop.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -28,12 +28,18 @@ from dare_core.workflows.common import (
 
 
 def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                    wrapper: Any, response_length: int = 0) -> SequenceBatch:
-    """Left-padded prompts and right-padded responses; padding is not attended and not trained."""
+                    wrapper: Any, response_length: int = 0, fill_id: Optional[int] = None,
+                    train_padding: bool = False) -> SequenceBatch:
+    """Left-padded prompts and right-padded responses.
+
+    Responses are cut or padded to ``response_length`` (0 = the longest). Padding uses
+    ``fill_id`` (default: the pad id) and is attended and trained only if ``train_padding``.
+    """
     p_ids, p_mask = left_pad(prompts, wrapper.pad_token_id)
     width = response_length or max(len(r) for r in responses)
-    r_ids = torch.full((len(responses), width), wrapper.pad_token_id, dtype=torch.long)
-    r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    fill = wrapper.pad_token_id if fill_id is None else fill_id
+    r_ids = torch.full((len(responses), width), fill, dtype=torch.long)
+    r_mask = torch.full((len(responses), width), int(train_padding), dtype=torch.long)
     for i, r in enumerate(responses):
         r = list(r)[:width]
         r_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)

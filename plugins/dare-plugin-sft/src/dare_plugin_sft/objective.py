@@ -15,7 +15,7 @@ import torch
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, positive
 from dare_core.interfaces import Components, Corrupted, SequenceBatch
-from dare_core.workflows.common import left_pad
+from dare_core.workflows.sft import default_collate
 
 
 @attrs.frozen
@@ -60,16 +60,9 @@ class NELBOLoss:
 
 def make_collate(cfg: SFTConfig):
     def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], wrapper: Any) -> SequenceBatch:
-        p_ids, p_mask = left_pad(prompts, wrapper.pad_token_id)
-        width = cfg.response_length or max(len(r) for r in responses)
         fill = wrapper.eos_token_id if cfg.pad_with_eos else wrapper.pad_token_id
-        r_ids = torch.full((len(responses), width), fill, dtype=torch.long)
-        r_mask = torch.full((len(responses), width), 1 if cfg.pad_with_eos else 0, dtype=torch.long)
-        for i, r in enumerate(responses):
-            r = list(r)[:width]
-            r_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            r_mask[i, : len(r)] = 1
-        return SequenceBatch(torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1), p_ids.shape[1])
+        return default_collate(prompts, responses, wrapper, cfg.response_length, fill,
+                               train_padding=cfg.pad_with_eos)
 
     return collate
 
