@@ -1,0 +1,144 @@
+"""Attention layouts for block diffusion (semi-autoregressive) families.
+
+Block-diffusion models denoise one block of ``block_size`` tokens at a time, attending
+bidirectionally inside the block and causally across blocks. Every such family needs the same
+three things, so they live here once:
+
+* :func:`positions_from_mask` — position ids that start at 0 on the first real token of a
+  left-padded row;
+* :func:`block_causal_mask` — the inference mask: a query in block ``b`` sees keys in blocks
+  ``≤ b`` (models.md §3 "Inference forward");
+* :func:`bd3lm_layout` — the training layout ``[noisy | clean]`` with the BD3LM mask
+  (models.md §3 step 4, §5):
+
+  ============  ======================================  ==================================
+  query \\ key   noisy                                   clean
+  ============  ======================================  ==================================
+  noisy         same block only (bidirectional)         strictly earlier blocks
+  clean         never                                   same or earlier blocks
+  ============  ======================================  ==================================
+
+Masks are boolean ``[B, 1, Q, K]`` with ``True`` = may attend, the form SDPA and the native
+modules accept. Padded keys are never visible; a padded query sees only itself, so no softmax
+row is empty (its output is garbage by design and must be ignored by the caller).
+Block ids come from positions (``position // block_size``, blocks counted from the first real
+token) unless the caller passes its own (e.g. blocks restarted at the response start).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def positions_from_mask(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], device=None) -> torch.Tensor:
+    """``[B, L]`` position ids: ``0, 1, …`` from the first real token; padding gets 0.
+
+    ``attention_mask`` is a 2-D ``[B, L]`` mask (1 = real token) or ``None`` (no padding).
+    """
+    B, L = shape
+    if attention_mask is None:
+        return torch.arange(L, device=device).expand(B, L).clone()
+    m = attention_mask.to(torch.long)
+    return (m.cumsum(-1) - 1).clamp_min(0) * m
+
+
+def block_index(position_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Block id of every position: ``position // block_size``."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return torch.div(position_ids, block_size, rounding_mode="floor")
+
+
+def _valid(attention_mask: Optional[torch.Tensor], shape, device) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"expected a 2-D [batch, length] padding mask, got shape {tuple(attention_mask.shape)}"
+        )
+    return attention_mask.bool()
+
+
+def _finish(allowed: torch.Tensor, q_valid: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
+    """Hide padded keys; let padded queries see only their own slot (no empty softmax rows)."""
+    allowed = allowed & k_valid[:, None, :]
+    Q, K = allowed.shape[-2:]
+    if Q == K:
+        eye = torch.eye(Q, dtype=torch.bool, device=allowed.device)[None]
+        allowed = torch.where(q_valid[:, :, None], allowed, eye)
+    return allowed[:, None]
+
+
+def block_causal_mask(
+    block_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    key_block_ids: Optional[torch.Tensor] = None,
+    key_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Inference mask ``[B, 1, Q, K]``: query in block ``b`` sees (real) keys in blocks ``≤ b``.
+
+    :param block_ids: ``[B, Q]`` block id of each query (see :func:`block_index`).
+    :param attention_mask: ``[B, Q]`` 1 for real query tokens (``None``: all real).
+    :param key_block_ids: ``[B, K]`` block ids of the keys; defaults to the queries' (self-attention
+        over the same tokens). Pass it when the keys include a KV cache.
+    :param key_mask: ``[B, K]`` 1 for real keys; defaults to ``attention_mask`` when the keys are
+        the queries.
+    """
+    kb = block_ids if key_block_ids is None else key_block_ids
+    q_valid = _valid(attention_mask, block_ids.shape, block_ids.device)
+    if key_block_ids is None:
+        k_valid = q_valid if key_mask is None else _valid(key_mask, kb.shape, kb.device)
+    else:
+        k_valid = _valid(key_mask, kb.shape, kb.device)
+    allowed = kb[:, None, :] <= block_ids[:, :, None]
+    return _finish(allowed, q_valid, k_valid)
+
+
+def bd3lm_mask(block_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The ``[B, 1, 2L, 2L]`` BD3LM mask for the layout ``[noisy (L) | clean (L)]``.
+
+    ``block_ids`` ``[B, L]`` are the block ids of the L positions (shared by both halves).
+    """
+    B, L = block_ids.shape
+    bq = block_ids[:, :, None]
+    bk = block_ids[:, None, :]
+    noisy_noisy = bq == bk
+    noisy_clean = bk < bq
+    clean_clean = bk <= bq
+    clean_noisy = torch.zeros_like(noisy_noisy)
+    top = torch.cat([noisy_noisy, noisy_clean], dim=-1)
+    bottom = torch.cat([clean_noisy, clean_clean], dim=-1)
+    allowed = torch.cat([top, bottom], dim=-2)
+    valid = _valid(attention_mask, (B, L), block_ids.device)
+    valid2 = torch.cat([valid, valid], dim=-1)
+    return _finish(allowed, valid2, valid2)
+
+
+def bd3lm_layout(
+    noisy_ids: torch.Tensor,
+    clean_ids: torch.Tensor,
+    block_size: int,
+    attention_mask: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    block_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Build the block-diffusion training input.
+
+    Returns ``(input_ids [B, 2L], position_ids [B, 2L], mask [B, 1, 2L, 2L])``: the noisy copy
+    followed by the clean copy, positions duplicated, and :func:`bd3lm_mask`. The logits the
+    loss needs are those of the first ``L`` positions (the noisy half).
+    """
+    if noisy_ids.shape != clean_ids.shape:
+        raise ValueError(
+            f"noisy and clean ids differ in shape: {tuple(noisy_ids.shape)} vs {tuple(clean_ids.shape)}"
+        )
+    B, L = noisy_ids.shape
+    if position_ids is None:
+        position_ids = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
+    if block_ids is None:
+        block_ids = block_index(position_ids, block_size)
+    ids = torch.cat([noisy_ids, clean_ids], dim=-1)
+    pos = torch.cat([position_ids, position_ids], dim=-1)
+    return ids, pos, bd3lm_mask(block_ids, attention_mask)
