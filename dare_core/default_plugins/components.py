@@ -11,6 +11,7 @@ from dare_core.components import (
     ResponseTokenLogProb,
     RLOOAdvantage,
 )
+from dare_core.components.elbo import SequenceELBO, StratifiedCountMasking
 from dare_core.interfaces import ComponentSpec
 from dare_core.plugins import hookimpl
 
@@ -20,6 +21,11 @@ def dare_register_corruptions(register):
     register(ComponentSpec(
         "random_ratio", RandomRatioMasking,
         "per-sequence t ~ U(eps, 1); response tokens masked i.i.d. with probability t",
+    ))
+    register(ComponentSpec(
+        "stratified_count_masking", StratifiedCountMasking,
+        "exact mask counts stratified over 1..L per group of rows (stratified timesteps); p_mask = count / L",
+        reference="arXiv:2505.19223",
     ))
 
 
@@ -37,6 +43,10 @@ def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
         "masked_token_logprob", MaskedTokenLogProb,
         "log p(x_i | corrupted x) at corrupted positions (ELBO building block)",
+    ))
+    register(ComponentSpec(
+        "sequence_elbo", SequenceELBO,
+        "per-row ELBO of the response, sum of log p / p_mask over corrupted tokens, [M, B]",
     ))
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
+from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+from dare_core.components.elbo import select_samples
 from dare_core.workflows.common import (
     Context,
     chunks,
@@ -27,6 +29,7 @@ from dare_core.workflows.common import (
     encode_prompts,
     left_pad,
     make_optimizer,
+    build_rollout,
 )
 
 
@@ -45,6 +48,15 @@ def _estimate(ctx: Context, wrapper: Any, batch, corrupted, micro: int) -> torch
     finally:
         wrapper.module.train(was_training)
     return torch.cat(outs, dim=1)
+
+
+def _row_estimate(estimator: Any, wrapper: Any, batch, corrupted):
+    """``estimate(rows)``: the estimator on the given Monte-Carlo rows of ``corrupted`` only."""
+
+    def estimate(rows):
+        return estimator(wrapper, batch, select_samples(corrupted, rows))
+
+    return estimate
 
 
 class _RefWrapper:
@@ -74,6 +86,9 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
     records = frozenset(getattr(trajectory, "records", frozenset()))
+    # an algorithm may adjust the training rollout (evaluation keeps the run's settings)
+    train_rollout = (ctx.rollout if comps.rollout_config is None
+                     else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
     ref = _RefWrapper(wrapper) if comps.needs_ref else None
     params = list(wrapper.module.parameters())
     optimizer, scheduler = make_optimizer(params, cfg)
@@ -92,7 +107,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         group_ids = torch.arange(len(examples)).repeat_interleave(n)
         expanded = [ex for ex in examples for _ in range(n)]
 
-        rollout = ctx.rollout.generate(wrapper, prompt_ids, prompt_mask, record=records, generator=gen)
+        rollout = train_rollout.generate(wrapper, prompt_ids, prompt_mask, record=records, generator=gen)
         t_roll = time.perf_counter()
         texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
         scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
@@ -100,8 +115,11 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
         advantages = advantage(rewards, group_ids).to(device)
 
-        batch = trajectory.build(rollout)
-        corrupted = comps.corruption(wrapper, batch, gen) if comps.corruption is not None else None
+        rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, group_ids, expanded, step)
+        batch, advantages = rows.batch, rows.advantages.to(device)
+        corrupted = rows.corrupted
+        if corrupted is None and comps.corruption is not None:
+            corrupted = comps.corruption(wrapper, batch, gen)
         old = _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
         ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
         t_old = time.perf_counter()
@@ -118,14 +136,23 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                 mb = perm[msl]
                 for usl in chunks(len(mb), tr.micro_batch_size):
                     idx = mb[usl]
-                    logp = comps.estimator(
-                        wrapper, batch.select(idx), corrupted.select(idx) if corrupted is not None else None
-                    )
+                    sub_batch = batch.select(idx)
+                    sub_corr = corrupted.select(idx) if corrupted is not None else None
                     old_i = old.index_select(1, idx.to(old.device))
                     ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
-                    mask = batch.response_mask.index_select(0, idx.to(device)).float()
-                    loss, metrics = comps.loss(logp, old_i, ref_i, advantages[idx.to(device)], mask)
-                    (loss * (len(idx) / len(mb))).backward()
+                    mask = rows.select_weights(idx)
+                    kw = {"extras": rows.select_extras(idx)} if rows.extras else {}
+                    scale = len(idx) / len(mb)
+                    if callable(getattr(comps.loss, "accumulate", None)) and sub_corr is not None:
+                        # the loss runs its own backward(s), one Monte-Carlo row at a time
+                        loss, metrics = comps.loss.accumulate(
+                            _row_estimate(comps.estimator, wrapper, sub_batch, sub_corr),
+                            sub_corr.num_samples, old_i, ref_i, advantages[idx.to(device)], mask, scale,
+                            **kw)
+                    else:
+                        logp = comps.estimator(wrapper, sub_batch, sub_corr)
+                        loss, metrics = comps.loss(logp, old_i, ref_i, advantages[idx.to(device)], mask, **kw)
+                        (loss * scale).backward()
                     loss_sum += float(loss.detach())
                     n_micro += 1
                     for k, v in metrics.items():
@@ -155,6 +182,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         }
         record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
+        record.update(rows.metrics)
         record = tracker.step_end(step, record, reward=f"{record['reward']:.3f}",
                                   acc=f"{record['accuracy']:.2f}")
         history.append(record)
@@ -164,6 +192,24 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         "steps": tr.steps,
         "final_reward_mean_last5": sum(r["reward"] for r in last) / max(1, len(last)),
     })
+
+
+def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, group_ids,
+                   expanded, step: int) -> TrainingRows:
+    """The builder's training rows: ``expand`` (several rows per rollout, replayed states, token
+    weights; see :mod:`dare_core.components.trajectory_rows`) or ``build`` (the final sequence)."""
+    expand = getattr(trajectory, "expand", None)
+    if expand is None:
+        return TrainingRows(trajectory.build(rollout), advantages)
+
+    def score(response_ids: torch.Tensor, response_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        texts = decode_responses(ctx.wrapper, response_ids.cpu(), response_mask.cpu())
+        return torch.tensor([float(ctx.task.score(expanded[int(r)], t).score)
+                             for r, t in zip(rows.tolist(), texts)], dtype=torch.float32)
+
+    context = TrajectoryContext(rewards, advantages, group_ids, score, step,
+                                ctx.config.trainer.steps, ctx.generator)
+    return expand(ctx.wrapper, rollout, context)
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:
