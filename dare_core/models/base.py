@@ -69,6 +69,13 @@ class HFDiffusionWrapper:
         self.capabilities = frozenset(capabilities)
         self.block_size = block_size
 
+    #: How many positions before the first wanted position a cached query must start: 0 for
+    #: unshifted families, 1 for families whose aligned logit at ``i`` is the raw logit at
+    #: ``i - 1`` (autoregressively initialised; their ``align`` shifts right by one). A shifted
+    #: family's wrapper only sets ``logit_shift = 1`` (and keeps ``align``); ``forward_cached``
+    #: below then drops the last raw logit so the result lines up with ``input_ids[:, 1:]``.
+    logit_shift: int = 0
+
     # -- forward ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
@@ -92,6 +99,47 @@ class HFDiffusionWrapper:
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.align(self._raw_logits(input_ids, self._padding_mask(attention_mask)))
+
+    def forward_cached(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        past_key_values: Optional[list] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, Optional[list]]:
+        """Inference forward of ``Q`` new tokens on top of a KV cache (cached rollouts).
+
+        Needs the ``kv_cache`` capability: the native module takes ``position_ids``,
+        ``past_key_values`` (``None`` or one ``(k, v)`` per layer, ``[B, n_kv_heads, P,
+        head_dim]``, keys after RoPE, cached positions in any order) and ``use_cache``.
+
+        :param input_ids: ``[B, Q]``; with ``logit_shift = s`` the first ``s`` of them are
+            look-behind tokens whose own logits are not wanted (they must not also be in
+            ``past_key_values``).
+        :param position_ids: ``[B, Q]`` absolute positions of the new tokens.
+        :param past_key_values: the cache, or ``None``.
+        :param attention_mask: ``None``; a 2-D ``[B, P + Q]`` key-padding mask (cache first,
+            then the new tokens; an all-ones mask is dropped); or bool ``[B, 1, Q, P + Q]``
+            (True = may attend).
+        :param use_cache: also return the new cache (``P + Q`` positions per layer).
+        :returns: ``(logits, present)``: aligned logits ``[B, Q - s, V]`` for
+            ``input_ids[:, s:]`` and the new cache (``None`` unless ``use_cache``).
+        """
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=self._padding_mask(attention_mask),
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        raw = out.logits
+        shift = int(self.logit_shift)
+        # raw position j of a shifted family predicts token j + 1: aligned logits of
+        # input_ids[:, s:] are raw[:, : Q - s] (what ``align`` computes for a full sequence)
+        logits = raw[:, : raw.shape[1] - shift] if shift else raw
+        return logits, (out.past_key_values if use_cache else None)
 
     def denoise_logits(
         self,

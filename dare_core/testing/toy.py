@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from dare_core.interfaces import ModelFamily, RolloutBatch
 from dare_core.models import HFDiffusionWrapper
@@ -44,7 +45,15 @@ def make_char_tokenizer():
 
 
 class ToyDiffusionLM(nn.Module):
-    """Embeddings → one bidirectional attention block → LM head. Not shifted."""
+    """Embeddings → one bidirectional attention block → LM head. Not shifted.
+
+    Honours DARE's KV-cache contract: ``past_key_values`` is ``None`` or ``[(k, v)]`` (one
+    layer) with ``[B, heads, P, head_dim]`` keys of ``P`` cached positions in any order (absolute
+    position embeddings are added before the projections, so a key carries its position);
+    ``attention_mask`` is then a 2-D ``[B, P + Q]`` key-padding mask or a bool
+    ``[B, 1, Q, P + Q]`` mask (True = may attend), keys = cache first, then the new tokens;
+    ``use_cache=True`` returns ``past_key_values`` of ``P + Q`` positions.
+    """
 
     def __init__(self, vocab_size: int, dim: int = 32, max_len: int = 512, heads: int = 2):
         super().__init__()
@@ -59,19 +68,44 @@ class ToyDiffusionLM(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
         self.head = nn.Linear(dim, vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None):
-        L = input_ids.shape[1]
-        pos = torch.arange(L, device=input_ids.device)
-        h = self.embed(input_ids) + self.pos(pos)[None]
-        pad = None
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, past_key_values: Any = None,
+                use_cache: bool = False):
+        b, q = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(q, device=input_ids.device)[None].expand(b, q)
+        h = self.embed(input_ids) + self.pos(position_ids.expand(b, q))
+        heads, hd = self.heads, self.dim // self.heads
+        w, bias = self.attn.in_proj_weight, self.attn.in_proj_bias
+        qh, kh, vh = (
+            F.linear(h, w[i * self.dim:(i + 1) * self.dim], bias[i * self.dim:(i + 1) * self.dim])
+            .view(b, q, heads, hd).transpose(1, 2)
+            for i in range(3)
+        )
+        if past_key_values is not None:
+            if (not isinstance(past_key_values, (list, tuple)) or len(past_key_values) != 1
+                    or len(past_key_values[0]) != 2):
+                raise ValueError("the toy model's past_key_values is [(k, v)] (one layer)")
+            pk, pv = past_key_values[0]
+            kh, vh = torch.cat([pk, kh], dim=2), torch.cat([pv, vh], dim=2)
+        keys = kh.shape[2]
+        mask = None
         if attention_mask is not None:
-            if attention_mask.dim() != 2:
-                raise ValueError("the toy model takes a 2-D key-padding mask")
-            pad = attention_mask == 0
-        a, _ = self.attn(h, h, h, key_padding_mask=pad, need_weights=False)
+            if attention_mask.dim() == 2:
+                if tuple(attention_mask.shape) != (b, keys):
+                    raise ValueError(f"2-D attention_mask must be [B, {keys}], "
+                                     f"got {tuple(attention_mask.shape)}")
+                mask = attention_mask.bool()[:, None, None, :]
+            elif attention_mask.dim() == 4 and attention_mask.dtype == torch.bool:
+                mask = attention_mask
+            else:
+                raise ValueError("the toy model takes a 2-D key-padding mask or a 4-D bool mask")
+        a = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+        a = self.attn.out_proj(a.transpose(1, 2).reshape(b, q, self.dim))
         h = self.norm(h + a)
         h = h + self.mlp(h)
-        return types.SimpleNamespace(logits=self.head(h))
+        return types.SimpleNamespace(logits=self.head(h),
+                                     past_key_values=[(kh, vh)] if use_cache else None)
 
 
 class ToyWrapper(HFDiffusionWrapper):
@@ -91,7 +125,7 @@ def make_toy_wrapper(seed: int = 0, dim: int = 32) -> ToyWrapper:
     return ToyWrapper(
         family="toy", module=module, tokenizer=tok, kind="masked",
         mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, capabilities=frozenset({"bidirectional"}),
+        pad_token_id=tok.pad_token_id, capabilities=frozenset({"bidirectional", "kv_cache"}),
     )
 
 
@@ -123,6 +157,9 @@ def fake_rollout(wrapper: Any, batch: int = 4, prompt_len: int = 6, response_len
 
 @hookimpl
 def dare_register_model_wrappers(register):
+    # The registered family declares only ``bidirectional`` (core tests use it to check
+    # capability errors); the wrapper itself also has ``kv_cache``, so cached rollouts and
+    # ``dare bench`` (which check the loaded wrapper) can drive it.
     register(ModelFamily(
         name="toy", kind="masked", load=load, capabilities=frozenset({"bidirectional"}),
         default_checkpoint=None, default_rollout="low_confidence", rollouts=("low_confidence",),

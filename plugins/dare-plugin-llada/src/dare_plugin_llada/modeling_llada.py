@@ -20,6 +20,14 @@ weight), NeoX rotate-half RoPE computed and applied in fp32, GQA by repeating
 k/v heads, softmax scale ``1/sqrt(head_dim)``, fully bidirectional attention
 (there is no causal mask anywhere), no dropout.  Logits are NOT shifted:
 ``logits[:, i]`` scores the token at position ``i``.
+
+KV cache (DARE's cache contract, used by cached rollouts): ``past_key_values`` is ``None`` or a
+list with one ``(k, v)`` per layer, each ``[B, n_kv_heads, P, head_dim]`` holding keys *after*
+RoPE for ``P`` cached positions in any order (a position lives in its RoPE phase, not its slot).
+The ``Q`` new tokens attend to the cache first, then to themselves; with a cache the attention
+mask is a bool ``[B, 1, Q, P+Q]`` (True = may attend) or a 2-D ``[B, P+Q]`` key-padding mask.
+``use_cache=True`` returns ``past_key_values`` = one ``(k, v)`` of length ``P+Q`` per layer
+(cache, then the new tokens). Without a cache the forward is unchanged.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ __all__ = [
 # Keyword arguments of the original remote code (or of HF training loops) that
 # would change the result if they were honoured; refusing them is safer than
 # silently producing something else.
-_REJECTED_IF_SET = ("past_key_values", "cache", "labels", "cu_seqlens", "max_seqlen",
+_REJECTED_IF_SET = ("cache", "labels", "cu_seqlens", "max_seqlen",
                     "attention_bias", "replace_position")
 
 
@@ -110,24 +118,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_pre
 # Attention masks
 # ---------------------------------------------------------------------------
 def prepare_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int,
-                           n_heads: int) -> torch.Tensor | None:
+                           n_heads: int, key_length: int | None = None) -> torch.Tensor | None:
     """Normalise ``attention_mask`` to ``None`` or a 4D tensor for the attention kernels.
 
+    ``length`` is the number of queries ``Q``; ``key_length`` the number of keys ``K``
+    (``P + Q`` with a KV cache of ``P`` positions; ``Q`` by default).
+
     * ``None`` -> ``None``;
-    * 2D ``[B, L]`` 0/1 key-padding mask (bool/int/float) -> ``None`` when it is
-      all ones, else a bool ``[B, 1, 1, L]`` (True = key may be attended);
+    * 2D ``[B, K]`` 0/1 key-padding mask (bool/int/float) -> ``None`` when it is
+      all ones, else a bool ``[B, 1, 1, K]`` (True = key may be attended);
     * 4D bool (True = may attend) or 4D floating additive mask, broadcastable to
-      ``[B, n_heads, L, L]`` -> returned unchanged;
+      ``[B, n_heads, Q, K]`` -> returned unchanged;
     * anything else -> ``ValueError``.
     """
+    keys = length if key_length is None else int(key_length)
     if attention_mask is None:
         return None
     if not isinstance(attention_mask, torch.Tensor):
         raise ValueError(f"attention_mask must be a tensor or None, got {type(attention_mask).__name__}")
     m = attention_mask
     if m.dim() == 2:
-        if tuple(m.shape) != (batch, length):
-            raise ValueError(f"2D attention_mask must have shape {(batch, length)}, got {tuple(m.shape)}")
+        if tuple(m.shape) != (batch, keys):
+            raise ValueError(f"2D attention_mask must have shape {(batch, keys)}, got {tuple(m.shape)}")
         if m.dtype == torch.bool:
             keep = m
         else:
@@ -143,12 +155,12 @@ def prepare_attention_mask(attention_mask: torch.Tensor | None, batch: int, leng
         if not (m.dtype == torch.bool or m.is_floating_point()):
             raise ValueError(f"4D attention_mask must be bool or floating (additive), got {m.dtype}")
         b, h, q, k = m.shape
-        if b not in (1, batch) or h not in (1, n_heads) or q not in (1, length) or k != length:
+        if b not in (1, batch) or h not in (1, n_heads) or q not in (1, length) or k != keys:
             raise ValueError(
                 f"4D attention_mask of shape {tuple(m.shape)} does not broadcast to "
-                f"{(batch, n_heads, length, length)}")
+                f"{(batch, n_heads, length, keys)}")
         return m
-    raise ValueError(f"attention_mask must be None, 2D [B, L] or 4D [B, 1, L, L]; got {m.dim()}D")
+    raise ValueError(f"attention_mask must be None, 2D [B, K] or 4D [B, 1, Q, K]; got {m.dim()}D")
 
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -211,7 +223,14 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         self.ff_out = nn.Linear(hidden, d, bias=False)
 
     def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  mask: torch.Tensor | None) -> torch.Tensor:
+                  mask: torch.Tensor | None,
+                  past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  want_kv: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Self-attention of the ``L`` new tokens over ``past`` (cached, after RoPE) then themselves.
+
+        Returns the output, and with ``want_kv`` also ``(k, v)`` of cache + new tokens
+        (``[B, n_kv_heads, P + L, head_dim]``, keys after RoPE).
+        """
         bsz, length, _ = x.shape
         q = self.q_proj(x).view(bsz, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(bsz, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -219,6 +238,10 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         full = bool(self.config.rope_full_precision)
         q = apply_rotary(q, cos, sin, full)
         k = apply_rotary(k, cos, sin, full)
+        if past is not None:
+            k = torch.cat([past[0].to(k.dtype), k], dim=2)
+            v = torch.cat([past[1].to(v.dtype), v], dim=2)
+        kv = (k, v)
         groups = self.n_heads // self.n_kv_heads
         k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
         impl = self.config._attn_implementation or "sdpa"
@@ -230,13 +253,19 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         else:
             raise ValueError(f"LLaDA supports attn_implementation in {SUPPORTED_ATTN_IMPLEMENTATIONS}, got {impl!r}")
         out = out.transpose(1, 2).reshape(bsz, length, self.n_heads * self.head_dim)
-        return self.attn_out(out)
+        out = self.attn_out(out)
+        return (out, kv) if want_kv else out
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = hidden_states + self.attention(self.attn_norm(hidden_states), cos, sin, attention_mask)
+                attention_mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                want_kv: bool = False) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        a = self.attention(self.attn_norm(hidden_states), cos, sin, attention_mask, past, want_kv)
+        a, kv = a if want_kv else (a, None)
+        h = hidden_states + a
         g = self.ff_norm(h)
-        return h + self.ff_out(F.silu(self.ff_proj(g)) * self.up_proj(g))
+        out = h + self.ff_out(F.silu(self.ff_proj(g)) * self.up_proj(g))
+        return (out, kv) if want_kv else out
 
 
 # ---------------------------------------------------------------------------
@@ -258,7 +287,10 @@ class LLaDAModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                output_hidden_states: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+                output_hidden_states: bool = False, past_key_values: Any = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | tuple[
+                    torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """``(logits, hidden)``; with ``use_cache`` also the per-layer ``(k, v)`` list (see module doc)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.transformer["wte"](input_ids) if inputs_embeds is None else inputs_embeds
@@ -274,22 +306,60 @@ class LLaDAModel(nn.Module):
                 raise ValueError(f"position_ids must have shape [L], [1, L] or [B, L]; got {tuple(position_ids.shape)}")
             position_ids = position_ids.to(x.device).expand(bsz, length)
         cos, sin = rotary_cos_sin(position_ids, self.config.d_model // self.config.n_heads, self.config.rope_theta)
-        mask = prepare_attention_mask(attention_mask, bsz, length, self.config.n_heads)
+        past = self._check_past(past_key_values, bsz)
+        cached = 0 if past is None else int(past[0][0].shape[2])
+        mask = prepare_attention_mask(attention_mask, bsz, length, self.config.n_heads, cached + length)
         if mask is not None:
             mask = mask.to(x.device)
 
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-        for block in self.transformer["blocks"]:
+        present: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if use_cache else None
+        for i, block in enumerate(self.transformer["blocks"]):
             if hidden is not None:
                 hidden.append(x)
-            x = block(x, cos, sin, mask)
+            layer_past = None if past is None else past[i]
+            if present is not None:
+                x, kv = block(x, cos, sin, mask, layer_past, True)
+                present.append(kv)
+            elif layer_past is not None:
+                x = block(x, cos, sin, mask, layer_past)
+            else:
+                x = block(x, cos, sin, mask)
         x = self.transformer["ln_f"](x)
         if hidden is not None:
             hidden.append(x)  # last entry: after ln_f
         logits = self.transformer["ff_out"](x)
         if self.config.scale_logits:
             logits = logits * (1.0 / math.sqrt(self.config.d_model))
-        return logits, (tuple(hidden) if hidden is not None else None)
+        hidden_out = tuple(hidden) if hidden is not None else None
+        if present is not None:
+            return logits, hidden_out, present
+        return logits, hidden_out
+
+    def _check_past(self, past_key_values: Any, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Validate a KV cache: one ``(k, v)`` per layer, ``[B, n_kv_heads, P, head_dim]`` each."""
+        if past_key_values is None:
+            return None
+        n_layers = len(self.transformer["blocks"])
+        if not isinstance(past_key_values, (list, tuple)) or len(past_key_values) != n_layers:
+            raise ValueError(f"past_key_values must be a list of {n_layers} (k, v) pairs (one per layer)")
+        kv_heads = self.config.effective_n_kv_heads
+        head_dim = self.config.d_model // self.config.n_heads
+        out = []
+        length = None
+        for pair in past_key_values:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(
+                    isinstance(t, torch.Tensor) for t in pair):
+                raise ValueError("every past_key_values entry must be a (k, v) pair of tensors")
+            k, v = pair
+            if k.dim() != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[1] != kv_heads \
+                    or k.shape[3] != head_dim or (length is not None and k.shape[2] != length):
+                raise ValueError(
+                    f"past_key_values tensors must all be [B={batch}, n_kv_heads={kv_heads}, P, "
+                    f"head_dim={head_dim}]; got {tuple(k.shape)} and {tuple(v.shape)}")
+            length = k.shape[2]
+            out.append((k, v))
+        return out
 
 
 class LLaDAPreTrainedModel(PreTrainedModel):
@@ -358,6 +428,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, return_dict: bool | None = None,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                past_key_values: Any = None, use_cache: bool | None = None,
                 **kwargs: Any) -> CausalLMOutputWithPast | tuple:
         """Bidirectional forward.
 
@@ -368,6 +439,11 @@ class LLaDAModelLM(LLaDAPreTrainedModel):
             position_ids: optional ``[B, L]`` / ``[L]`` RoPE positions (default
                 ``0..L-1``), e.g. restarting per sequence in packed batches (give a
                 block-diagonal 4D mask as well).
+            past_key_values: ``None`` or one ``(k, v)`` per layer, ``[B, n_kv_heads, P, hd]``
+                keys after RoPE, for ``P`` cached positions the new tokens also attend to;
+                ``attention_mask`` then covers ``P + L`` keys (cache first).
+            use_cache: return ``past_key_values`` = per-layer ``(k, v)`` of cache + new
+                tokens (``P + L`` positions). Off by default.
         """
         for key in _REJECTED_IF_SET:
             if kwargs.get(key) is not None:
@@ -378,8 +454,13 @@ class LLaDAModelLM(LLaDAPreTrainedModel):
             output_hidden_states = bool(self.config.output_hidden_states)
         if return_dict is None:
             return_dict = self.config.return_dict if self.config.return_dict is not None else True
-        logits, hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+        use_cache = bool(use_cache)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
+                         past_key_values=past_key_values, use_cache=use_cache)
+        logits, hidden = out[0], out[1]
+        present = out[2] if use_cache else None
         if not return_dict:
-            return (logits, hidden) if hidden is not None else (logits,)
-        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
+            extra = tuple(t for t in (present, hidden) if t is not None)
+            return (logits,) + extra
+        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden, past_key_values=present)

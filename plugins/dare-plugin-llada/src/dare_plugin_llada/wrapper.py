@@ -20,13 +20,19 @@ from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.modeling_llada import LLaDAModelLM
 
-CAPABILITIES = frozenset({"bidirectional", "packed_varlen"})
+#: ``kv_cache``: the native module honours DARE's KV-cache contract (``past_key_values`` /
+#: ``use_cache``), so cached rollouts can drive it through ``HFDiffusionWrapper.forward_cached``.
+CAPABILITIES = frozenset({"bidirectional", "packed_varlen", "kv_cache"})
 BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 EOT_TOKEN = "<|eot_id|>"
 
 
 class LLaDAWrapper(HFDiffusionWrapper):
-    """Bidirectional, unshifted: position ``i`` of the raw logits predicts token ``i``."""
+    """Bidirectional, unshifted: position ``i`` of the raw logits predicts token ``i``.
+
+    ``logit_shift`` stays 0, so the base ``forward_cached`` (cached forward for accelerated
+    rollouts) returns the raw logits of every new token unchanged.
+    """
 
 
 def _check_dir(path: str) -> None:
