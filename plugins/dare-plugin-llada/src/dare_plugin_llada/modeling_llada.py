@@ -288,7 +288,7 @@ class LLaDAModel(nn.Module):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 output_hidden_states: bool = False, past_key_values: Any = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | tuple[
+                use_cache: bool = False, apply_head: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | tuple[
                     torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, torch.Tensor]]]:
         """``(logits, hidden)``; with ``use_cache`` also the per-layer ``(k, v)`` list (see module doc)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -328,6 +328,8 @@ class LLaDAModel(nn.Module):
         x = self.transformer["ln_f"](x)
         if hidden is not None:
             hidden.append(x)  # last entry: after ln_f
+        if not apply_head:  # forward_hidden: final-norm states, no [B, L, V] logits
+            return x, None
         logits = self.transformer["ff_out"](x)
         if self.config.scale_logits:
             logits = logits * (1.0 / math.sqrt(self.config.d_model))
@@ -411,6 +413,19 @@ class LLaDAModelLM(LLaDAPreTrainedModel):
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.model.transformer["ff_out"]
+
+    @property
+    def logit_scale(self) -> float:
+        """Multiplier of the head's output (``1/sqrt(d_model)`` when ``scale_logits``)."""
+        return 1.0 / math.sqrt(self.config.d_model) if self.config.scale_logits else 1.0
+
+    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, L, d]`` states after ``ln_f``, the LM head not applied (for a fused cross
+        entropy: ``logits = logit_scale * (hidden @ get_output_embeddings().weight.T)``)."""
+        hidden, _ = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, apply_head=False)
+        return hidden
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.transformer["ff_out"] = value
