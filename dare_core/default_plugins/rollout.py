@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: Records :meth:`LowConfidenceSampler.generate` understands.
-SUPPORTED_RECORDS = frozenset({"reveal_step"})
+SUPPORTED_RECORDS = frozenset({"reveal_step", "step_states"})
 
 _REMASKING = ("low_confidence", "random")
 _STOP_CONFIDENCE = ("keep", "zero", "never")
@@ -251,6 +251,12 @@ class LowConfidenceSampler:
             ``RolloutBatch.reveal_step`` with the global 0-based step (block ``b``, local step
             ``s`` -> ``b * steps_per_block + s``) at which each response token was committed,
             -1 where the position was EOS-filled after the last block.
+            ``"step_states"`` fills ``extras`` with three ``[B, steps, R]`` tensors, one entry per
+            denoising step: ``step_inputs`` (the response before the step's commits),
+            ``step_predictions`` (the step's prediction of the clean response: the sampled
+            candidate in the current block, the argmax elsewhere, committed tokens kept) and
+            ``step_confidence`` (untempered probability of that prediction). With this record
+            every step runs a forward, also steps whose quota is 0 for every row.
         :param generator: random stream for sampling and random remasking (the global one if
             ``None``).
         :returns: a :class:`~dare_core.interfaces.RolloutBatch`; ``nfe`` counts model forward
@@ -278,6 +284,7 @@ class LowConfidenceSampler:
             )
 
         want_reveal = "reveal_step" in record
+        want_states = "step_states" in record
         batch = prompt_ids.shape[0]
         chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
 
@@ -288,7 +295,8 @@ class LowConfidenceSampler:
             with torch.no_grad():
                 parts = [
                     self._generate_chunk(
-                        wrapper, prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], generator
+                        wrapper, prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], generator,
+                        want_states,
                     )
                     for i in range(0, batch, chunk)
                 ]
@@ -301,10 +309,15 @@ class LowConfidenceSampler:
             response_ids = torch.cat([p[0] for p in parts], dim=0)
             reveal = torch.cat([p[1] for p in parts], dim=0)
             nfe = sum(p[2] for p in parts)
+            states = (
+                {k: torch.cat([p[3][k] for p in parts], dim=0) for k in parts[0][3]}
+                if want_states else {}
+            )
         else:
             response_ids = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
             reveal = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
             nfe = 0
+            states = {}
 
         return RolloutBatch(
             prompt_ids=prompt_ids,
@@ -314,6 +327,7 @@ class LowConfidenceSampler:
             reveal_step=reveal if want_reveal else None,
             num_steps=cfg.steps,
             nfe=nfe,
+            extras=states,
         )
 
     # ------------------------------------------------------------------ internals
@@ -336,7 +350,8 @@ class LowConfidenceSampler:
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         generator: Optional[torch.Generator],
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        want_states: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, torch.Tensor]]:
         cfg = self.config
         device = prompt_ids.device
         b, p = prompt_ids.shape
@@ -362,19 +377,35 @@ class LowConfidenceSampler:
         pending = torch.ones(b, r, dtype=torch.bool, device=device)
         reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
         nfe = 0
+        inputs, preds, confs = [], [], []
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
             quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), spb)
             for step in range(spb):
                 k = quota[:, step]
-                if not bool((k > 0).any()):
+                if not want_states and not bool((k > 0).any()):
                     continue  # nobody commits: the forward would change nothing
-                logits, calls = self._block_logits(
-                    wrapper, x, attn, prompt_valid, p + lo, p + hi, mask_id
-                )
+                if want_states:
+                    full, calls = self._block_logits(
+                        wrapper, x, attn, prompt_valid, p, p + r, mask_id
+                    )
+                    full = self._ban(full, mask_id, eos_id)
+                    logits = full[:, lo:hi]
+                else:
+                    logits, calls = self._block_logits(
+                        wrapper, x, attn, prompt_valid, p + lo, p + hi, mask_id
+                    )
+                    logits = self._ban(logits, mask_id, eos_id)
                 nfe += calls
-                logits = self._ban(logits, mask_id, eos_id)
                 x0 = self._candidates(logits, generator)
+                if want_states:
+                    cur = x[:, p:].clone()
+                    pred = full.argmax(dim=-1)
+                    pred[:, lo:hi] = x0
+                    pconf = torch.softmax(full, dim=-1).gather(-1, pred[..., None]).squeeze(-1)
+                    inputs.append(cur)
+                    preds.append(torch.where(cur == mask_id, pred, cur))
+                    confs.append(pconf)
                 conf = self._confidence(logits, x0, generator, stop_ids)
                 commit = _commit_mask(conf, pending[:, lo:hi], k)
                 x[:, p + lo : p + hi] = torch.where(commit, x0, x[:, p + lo : p + hi])
@@ -383,7 +414,11 @@ class LowConfidenceSampler:
                     commit, torch.full_like(k, blk * spb + step)[:, None], reveal[:, lo:hi]
                 )
         response = x[:, p:].masked_fill(pending, eos_id)
-        return response, reveal, nfe
+        states: dict[str, torch.Tensor] = {}
+        if want_states:
+            states = {"step_inputs": torch.stack(inputs, 1), "step_predictions": torch.stack(preds, 1),
+                      "step_confidence": torch.stack(confs, 1)}
+        return response, reveal, nfe, states
 
     def _block_logits(
         self,

@@ -207,6 +207,9 @@ class Components:
 
     ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT only) builds a training batch
     from token-id lists; ``None`` uses the core's default (pad id, padding not attended).
+
+    RL only: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout configuration
+    (e.g. one token per step, left to right); evaluation keeps the run's rollout settings.
     """
 
     estimator: Any
@@ -216,6 +219,7 @@ class Components:
     advantage: Any = None
     needs_ref: bool = False
     collate: Any = None
+    rollout_config: Any = None
 
 
 @attrs.frozen

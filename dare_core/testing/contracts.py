@@ -175,24 +175,57 @@ class AlgorithmContract:
         _, problems = structure(spec.config_cls, {"definitely_not_an_option": 1}, "algorithm")
         assert problems and "unknown key" in problems[0]
 
-    def _batch(self, components, wrapper):
+    def _rollout(self, components, wrapper):
+        """A random rollout, or (when the trajectory builder asks for records) a real one from the
+        core sampler recording them (``rollout_config`` of the components applied)."""
         roll = fake_rollout(wrapper)
-        if components.trajectory is not None:
-            return roll, components.trajectory.build(roll)
-        return roll, roll.sequences()
+        records = frozenset(getattr(components.trajectory, "records", None) or ())
+        if not records:
+            return roll
+        from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+
+        cfg = LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0)
+        if components.rollout_config is not None:
+            cfg = components.rollout_config(cfg)
+        return LowConfidenceSampler(cfg).generate(
+            wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
+            generator=torch.Generator().manual_seed(0))
+
+    def _rows(self, components, wrapper):
+        """``TrainingRows`` of one rollout: ``expand`` when the builder has it, else ``build``."""
+        from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+
+        roll = self._rollout(components, wrapper)
+        rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
+        groups = torch.tensor([0, 0, 1, 1])
+        adv = components.advantage(rewards, groups) if components.advantage else rewards
+        traj = components.trajectory
+        if traj is not None and callable(getattr(traj, "expand", None)):
+            def score(ids, mask, rows):  # a reward that depends on the response tokens
+                return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+
+            return traj.expand(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))
+        batch = traj.build(roll) if traj is not None else roll.sequences()
+        return TrainingRows(batch, adv)
+
+    def _batch(self, components, wrapper):
+        rows = self._rows(components, wrapper)
+        return rows, rows.batch
 
     def test_one_update_is_finite_and_moves_parameters(self, spec, components):
         wrapper = make_toy_wrapper()
-        roll, batch = self._batch(components, wrapper)
+        rows = self._rows(components, wrapper)
+        batch = rows.batch
         gen = torch.Generator().manual_seed(0)
-        corrupted = components.corruption(wrapper, batch, gen) if components.corruption else None
+        corrupted = rows.corrupted
+        if corrupted is None and components.corruption:
+            corrupted = components.corruption(wrapper, batch, gen)
         logp = components.estimator(wrapper, batch, corrupted)
         if spec.workflow == "rl":
             with torch.no_grad():
                 old = components.estimator(wrapper, batch, corrupted)
-            rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
-            adv = components.advantage(rewards, torch.tensor([0, 0, 1, 1]))
-            loss, metrics = components.loss(logp, old, old, adv, batch.response_mask.float())
+            kw = {"extras": rows.extras} if rows.extras else {}
+            loss, metrics = components.loss(logp, old, old, rows.advantages, rows.loss_weights(), **kw)
         else:
             loss, metrics = components.loss(logp, corrupted, batch)
         assert torch.isfinite(loss)
@@ -202,11 +235,15 @@ class AlgorithmContract:
         assert grads and any(g.abs().sum() > 0 for g in grads)
 
     def test_corruption_is_drawn_once_and_reused(self, spec, components):
-        if components.corruption is None:
-            pytest.skip("no corruption")
         wrapper = make_toy_wrapper()
-        _, batch = self._batch(components, wrapper)
-        corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
+        rows = self._rows(components, wrapper)
+        batch = rows.batch
+        if rows.corrupted is not None:
+            corrupted = rows.corrupted  # deterministic states from the rollout record
+        elif components.corruption is not None:
+            corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
+        else:
+            pytest.skip("no corruption")
         with torch.no_grad():
             a = components.estimator(wrapper, batch, corrupted)
             b = components.estimator(wrapper, batch, corrupted)

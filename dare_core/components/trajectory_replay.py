@@ -1,0 +1,127 @@
+"""Replaying a recorded denoising order as a stack of intermediate states.
+
+A rollout that records ``reveal_step`` (the step at which every response token was committed)
+determines every state the sampler visited: before step ``k`` the tokens committed at steps
+``< k`` are clean and every other response position holds the mask token. These helpers build
+those states as a :class:`~dare_core.interfaces.Corrupted` (row ``m`` = the state before the
+``m``-th replayed step, ``masked[m]`` = the tokens committed at that step, the likelihood targets),
+so any estimator that reads ``wrapper.token_logprobs(noisy, targets)`` scores the transitions.
+
+For block-diffusion models the order is *block-local*: tokens of different blocks committed at the
+same local step of their blocks are one replay row, because in the ``[noisy | clean]`` training
+layout a noisy block only sees its own noisy tokens and the clean copies of earlier blocks
+(:func:`block_local_steps`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from dare_core.components.corruptions import mask_tokens
+from dare_core.interfaces import Corrupted, SequenceBatch
+from dare_core.models.block import block_index, positions_from_mask
+
+
+def replay_states(
+    batch: SequenceBatch,
+    order: torch.Tensor,
+    mask_token_id: int,
+    targets: Optional[torch.Tensor] = None,
+    steps: Optional[torch.Tensor] = None,
+) -> tuple[Corrupted, torch.Tensor]:
+    """States before each replayed step.
+
+    :param batch: ``[B, S]`` final sequences (prompt columns ``< P`` stay clean).
+    :param order: ``[B, R]`` long step of every response token, ``-1`` = never committed (stays
+        masked in every state, never a target).
+    :param mask_token_id: the checkpoint's mask id.
+    :param targets: ``[B, R]`` bool, which committed tokens are likelihood targets (default: all
+        with ``order >= 0``). Non-target tokens still become clean after their step.
+    :param steps: the steps to replay (ascending); default: every step that commits a target in
+        some row (steps committing nothing are skipped, they carry no transition).
+    :returns: ``(corrupted, steps)``; ``corrupted`` has ``M = len(steps)`` rows, ``noisy_ids[m]``
+        the state before ``steps[m]``, ``masked[m]`` (``[M, B, S]``, response columns only) the
+        tokens committed at ``steps[m]`` that are targets, ``p_mask = 1`` there.
+    """
+    B, S = batch.input_ids.shape
+    P = batch.prompt_len
+    if order.shape != (B, S - P):
+        raise ValueError(f"order must be [B, R] = {(B, S - P)}, got {tuple(order.shape)}")
+    order = order.to(batch.input_ids.device).long()
+    committed = order >= 0
+    tgt = committed if targets is None else (targets.to(committed.device).bool() & committed)
+    if steps is None:
+        steps = torch.unique(order[tgt]) if bool(tgt.any()) else order.new_zeros(0)
+    steps = steps.to(order.device).long()
+    M = int(steps.numel())
+    still_masked = (~committed)[None] | (order[None] >= steps[:, None, None])  # [M, B, R]
+    hide = torch.zeros(M, B, S, dtype=torch.bool, device=order.device)
+    hide[:, :, P:] = still_masked
+    noisy = mask_tokens(batch.input_ids, hide, mask_token_id)
+    masked = torch.zeros_like(hide)
+    masked[:, :, P:] = (order[None] == steps[:, None, None]) & tgt[None]
+    return Corrupted(noisy, masked, masked.float()), steps
+
+
+def response_block_ids(batch: SequenceBatch, block_size: int) -> torch.Tensor:
+    """``[B, R]`` block id of every response position on the global block grid (positions counted
+    from the first real prompt token, every response position counted as real)."""
+    B, S = batch.input_ids.shape
+    P = batch.prompt_len
+    full = batch.attention_mask.clone()
+    full[:, P:] = 1
+    pos = positions_from_mask(full, (B, S))
+    return block_index(pos, block_size)[:, P:]
+
+
+def block_local_steps(order: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Dense rank of every token's step among the distinct steps of its own block.
+
+    ``order`` ``[B, R]`` (``-1`` = never committed → ``-1``), ``block_ids`` ``[B, R]``. Within a
+    block the local steps are contiguous from 0 and keep the commit order, so the state "tokens
+    with local step ``< k`` clean" is exactly the block's state before its ``k``-th commit.
+    """
+    B, R = order.shape
+    valid = order >= 0
+    if not bool(valid.any()):
+        return torch.full_like(order, -1)
+    blk = block_ids - block_ids.min()
+    nb = int(blk.max()) + 1
+    K = int(order.max()) + 1
+    present = torch.zeros(B, nb, K, dtype=torch.long, device=order.device)
+    b_idx = torch.arange(B, device=order.device)[:, None].expand(B, R)
+    present[b_idx[valid], blk[valid], order[valid]] = 1
+    rank = present.cumsum(-1) - 1  # rank[b, blk, s] = number of distinct steps < s in that block
+    local = torch.full_like(order, -1)
+    local[valid] = rank[b_idx[valid], blk[valid], order[valid]]
+    return local
+
+
+def transition_weights(local: torch.Tensor, block_ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Per-sample transition weights ``[steps, B, R]`` (float64).
+
+    A transition is (row ``b``, block, local step ``k``) with token set ``S``; every token of it
+    gets ``1 / |S| / T_b`` where ``T_b`` is the number of transitions of row ``b``. So the weights
+    of a row sum to 1 and ``Σ_k Σ_j w ℓ_j`` is the mean over the row's transitions of the mean
+    token value of each transition.
+    """
+    B, R = local.shape
+    valid = local >= 0
+    w = torch.zeros(steps, B, R, dtype=torch.float64, device=local.device)
+    if not bool(valid.any()):
+        return w
+    blk = block_ids - block_ids.min()
+    nb = int(blk.max()) + 1
+    b_idx = torch.arange(B, device=local.device)[:, None].expand(B, R)
+    count = torch.zeros(B, nb, steps, dtype=torch.float64, device=local.device)
+    count.index_put_((b_idx[valid], blk[valid], local[valid]),
+                     torch.ones(int(valid.sum()), dtype=torch.float64, device=local.device),
+                     accumulate=True)
+    n_trans = (count > 0).flatten(1).sum(-1).to(torch.float64)  # [B]
+    size = count[b_idx[valid], blk[valid], local[valid]]
+    w[local[valid], b_idx[valid], torch.arange(R, device=local.device)[None].expand(B, R)[valid]] = (
+        1.0 / size / n_trans[b_idx[valid]]
+    )
+    return w
