@@ -1,0 +1,48 @@
+"""dare-plugin-dream: the Dream family (masked diffusion, bidirectional, AR-aligned logits).
+
+Importing this package registers ``Dream`` with transformers' AutoConfig / AutoModel, so
+``AutoModel.from_pretrained(path)`` loads Dream checkpoints without ``trust_remote_code``.
+"""
+
+import os
+
+from dare_core import hookimpl
+from dare_core.interfaces import ModelFamily, RolloutSpec
+
+from dare_plugin_dream.hf import register_auto_classes
+from dare_plugin_dream.sampler import SUPPORTED_RECORDS, DreamSampler, DreamSamplerConfig
+from dare_plugin_dream.wrapper import BUNDLED, CAPABILITIES, create, load
+
+__version__ = "0.1.0"
+
+register_auto_classes()
+
+
+@hookimpl
+def dare_register_model_wrappers(register):
+    register(ModelFamily(
+        name="dream",
+        kind="masked",
+        load=load,
+        create=create,
+        capabilities=CAPABILITIES,
+        model_types=("Dream",),
+        default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
+        default_rollout="dream_generate",
+        rollouts=("dream_generate", "low_confidence"),
+        description="Dream: Qwen2-initialised bidirectional masked diffusion, AR-shifted logits "
+                    "(Ye et al. 2025, arXiv:2508.15487)",
+    ))
+
+
+@hookimpl
+def dare_register_rollout_backends(register):
+    register(RolloutSpec(
+        name="dream_generate",
+        config_cls=DreamSamplerConfig,
+        build=DreamSampler,
+        kinds=frozenset({"masked"}),
+        records=SUPPORTED_RECORDS,
+        description="Dream's diffusion_generate: whole-window denoising on a linspace(1, eps) schedule "
+                    "(origin / maskgit_plus / topk_margin / entropy, top-p, top-k, alg_temp; no cache)",
+    ))

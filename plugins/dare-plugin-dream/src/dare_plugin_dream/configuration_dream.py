@@ -1,0 +1,112 @@
+"""Configuration of the native Dream implementation.
+
+Field names are those of the ``config.json`` published with Dream-v0-Instruct-7B (Qwen2 names:
+``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
+``num_key_value_heads``, ``rope_theta``, ``rms_norm_eps``, ``tie_word_embeddings``,
+``mask_token_id`` ...) and the defaults are that checkpoint's values, so a published config
+loads unchanged and a config saved here is readable by the original remote code.
+
+Settings this implementation does not honour (rope scaling, sliding windows, dropout,
+an activation other than silu) raise ``ValueError`` instead of being ignored.
+
+The attention kernel is chosen with the standard ``attn_implementation`` mechanism
+(``"sdpa"``, the default, or ``"eager"``). The published config names
+``"flash_attention_2"``; loading such a config selects ``"sdpa"`` (the same mathematics) since
+flash-attn is not a dependency here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+__all__ = ["DreamConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
+
+SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+# kernels of the published code that compute the same function as one of ours
+_EQUIVALENT_ATTN = {"flash_attention_2": "sdpa"}
+
+
+class DreamConfig(PretrainedConfig):
+    """Dream configuration; defaults are Dream-v0-Instruct-7B's."""
+
+    model_type = "Dream"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 152064
+    hidden_size: int = 3584
+    intermediate_size: int = 18944
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 28
+    num_key_value_heads: int | None = 4
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 131072
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = False
+    tie_word_embeddings: bool = False
+    rope_theta: float = 1000000.0
+    rope_scaling: dict | None = None
+    use_sliding_window: bool = False
+    sliding_window: int | None = None
+    max_window_layers: int = 28
+    attention_dropout: float = 0.0
+    mask_token_id: int | None = 151666
+    pad_token_id: int | None = 151643
+    bos_token_id: int | None = 151643
+    eos_token_id: int | list[int] | None = 151643
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if "_attn_implementation" in kwargs and "attn_implementation" not in kwargs:
+            kwargs["attn_implementation"] = kwargs.pop("_attn_implementation")
+        impl = kwargs.get("attn_implementation")
+        if impl in _EQUIVALENT_ATTN:
+            kwargs["attn_implementation"] = _EQUIVALENT_ATTN[impl]
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        super().__post_init__(**kwargs)
+        if self.architectures is None:
+            self.architectures = ["DreamModel"]
+        self.check_supported()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def check_supported(self) -> None:
+        """Raise ``ValueError`` for any setting this implementation does not honour."""
+
+        def bad(msg: str) -> None:
+            raise ValueError(f"DreamConfig: {msg}")
+
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                bad(f"{name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            bad(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})")
+        if self.head_dim % 2:
+            bad(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.num_attention_heads % self.num_key_value_heads:
+            bad(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
+                f"({self.num_attention_heads})")
+        if self.hidden_act != "silu":
+            bad(f"hidden_act={self.hidden_act!r} is not supported (only 'silu', the SwiGLU MLP)")
+        if self.rope_scaling is not None:
+            bad(f"rope_scaling={self.rope_scaling!r} is not supported (Dream uses plain RoPE; set null)")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            bad(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        if self.use_sliding_window:
+            bad("use_sliding_window=True is not supported (Dream attends over the whole sequence)")
+        if self.attention_dropout:
+            bad(f"attention_dropout={self.attention_dropout!r} is not supported (use 0.0)")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            bad(f"pad_token_id ({self.pad_token_id}) must be a row of the embedding (< vocab_size "
+                f"{self.vocab_size})")
+        attn = self._attn_implementation
+        if attn is not None and attn not in SUPPORTED_ATTN_IMPLEMENTATIONS:
+            bad(f"attn_implementation={attn!r} is not supported (choose from "
+                f"{SUPPORTED_ATTN_IMPLEMENTATIONS})")

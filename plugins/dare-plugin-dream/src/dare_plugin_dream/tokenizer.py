@@ -1,0 +1,100 @@
+"""A small Dream-style (Qwen2) tokenizer trained from scratch, for tiny test/demo models.
+
+Byte-level BPE with every digit its own pre-token (Qwen2's pre-tokenizer splits numbers into
+single digits too), the Dream special tokens and Dream's (Qwen2.5) chat template. As in the
+published tokenizer the special tokens come after the learnt vocabulary; their ids are read
+back from the tokenizer, never assumed.
+"""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+__all__ = [
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "BOS_TOKEN",
+    "MASK_TOKEN",
+    "IM_START",
+    "IM_END",
+    "SPECIAL_TOKENS",
+    "DREAM_CHAT_TEMPLATE",
+    "DEFAULT_SYSTEM_PROMPT",
+    "build_tokenizer",
+]
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = EOS_TOKEN
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+BOS_TOKEN = "<|beginoftext|>"
+MASK_TOKEN = "<|mask|>"
+# The published order (151643 .. 151666 for the ones Dream uses).
+SPECIAL_TOKENS = (EOS_TOKEN, IM_START, IM_END, BOS_TOKEN, MASK_TOKEN)
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Qwen2.5's template without the tool-calling branches: a default system turn when the first
+# message is not a system message, then <|im_start|>{role}\n{content}<|im_end|>\n per message,
+# and <|im_start|>assistant\n when add_generation_prompt is set.
+DREAM_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if not (loop.first and message['role'] == 'system') -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts`` (deterministic for a given input).
+
+    ``len(tokenizer) <= vocab_size``: 256 byte symbols, merges learnt from ``texts``, then the
+    five Dream special tokens.
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not a single string")
+    texts = list(texts)
+    if not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must contain only strings")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    minimum = len(SPECIAL_TOKENS) + len(alphabet)
+    if vocab_size < minimum:
+        raise ValueError(f"vocab_size must be at least {minimum} (256 bytes + 5 special tokens), got {vocab_size}")
+
+    core = Tokenizer(models.BPE())
+    core.normalizer = None
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL_TOKENS),
+        min_frequency=2,
+        special_tokens=[],
+        initial_alphabet=sorted(alphabet),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        extra_special_tokens=[IM_START, IM_END],
+        add_bos_token=False,
+        add_eos_token=False,
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
+        chat_template=DREAM_CHAT_TEMPLATE,
+    )
