@@ -71,6 +71,19 @@ class ToyDiffusionLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Any = None,
                 use_cache: bool = False):
+        h, kh, vh = self._trunk(input_ids, attention_mask, position_ids, past_key_values)
+        return types.SimpleNamespace(logits=self.head(h),
+                                     past_key_values=[(kh, vh)] if use_cache else None)
+
+    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B, L, dim]`` states before the head (fused cross entropy)."""
+        return self._trunk(input_ids, attention_mask, position_ids, None)[0]
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.head
+
+    def _trunk(self, input_ids, attention_mask, position_ids, past_key_values):
         b, q = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(q, device=input_ids.device)[None].expand(b, q)
@@ -104,8 +117,7 @@ class ToyDiffusionLM(nn.Module):
         a = self.attn.out_proj(a.transpose(1, 2).reshape(b, q, self.dim))
         h = self.norm(h + a)
         h = h + self.mlp(h)
-        return types.SimpleNamespace(logits=self.head(h),
-                                     past_key_values=[(kh, vh)] if use_cache else None)
+        return h, kh, vh
 
 
 class ToyWrapper(HFDiffusionWrapper):
