@@ -32,6 +32,8 @@ ENTRY_POINT_GROUP = "dare"
 DEFAULT_PLUGINS = (
     "dare_core.default_plugins.components",
     "dare_core.default_plugins.rollout",
+    "dare_core.default_plugins.fast_rollout",
+    "dare_core.default_plugins.block_rollout",
     "dare_core.tasks.plugin",
 )
 
