@@ -42,6 +42,15 @@ class ModelConfig:
         None, "Attention implementation passed to the model (eager, sdpa); null = model default."
     )
     gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+    train_attention: Literal["auto", "padded", "packed"] = option(
+        "auto", "Training attention path: packed = valid tokens of a micro-batch packed into rows "
+                "with document masks (no padding computed); padded = padded rows; auto = packed "
+                "when the model supports it. Independent of the rollout path."
+    )
+    fused_ce: Literal["auto", "on", "off"] = option(
+        "auto", "Logits-free chunked cross entropy from hidden states (never builds [tokens, vocab] "
+                "logits); auto = on when the model exposes forward_hidden."
+    )
 
 
 @attrs.frozen

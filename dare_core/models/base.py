@@ -13,6 +13,9 @@ from typing import Any, Optional
 
 import torch
 
+from dare_core.ops.fused_ce import fused_token_logprobs
+from dare_core.ops.packing import plan_packing
+
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
     """``log softmax(logits)[target]`` in float32 without a full-vocabulary float32 copy at once.
@@ -153,6 +156,54 @@ class HFDiffusionWrapper:
             )
         return self.logits(noisy_ids, attention_mask)
 
+    # -- training paths (chosen by dare_core.ops.paths.configure_training_paths) ---------------
+    #: ``padded`` or ``packed``: how ``token_logprobs`` lays out a padded micro-batch.
+    train_attention: str = "padded"
+    #: compute ``token_logprobs`` from hidden states with the chunked (logits-free) head.
+    fused_ce: bool = False
+
+    def supports_fused_ce(self) -> bool:
+        """The native module exposes ``forward_hidden`` and ``get_output_embeddings`` and the
+        training layout is the default one (or the family provides ``denoise_hidden``)."""
+        mod = self.module
+        if not (callable(getattr(mod, "forward_hidden", None))
+                and callable(getattr(mod, "get_output_embeddings", None))):
+            return False
+        cls = type(self)
+        if cls.denoise_hidden is not HFDiffusionWrapper.denoise_hidden:
+            return True
+        return (self.kind == "masked" and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
+                and cls._raw_logits is HFDiffusionWrapper._raw_logits)
+
+    def supports_packing(self) -> bool:
+        """``packed_varlen`` capability (the module takes ``position_ids`` and 4-D boolean
+        masks) and the default masked-diffusion training layout."""
+        cls = type(self)
+        return ("packed_varlen" in self.capabilities and self.kind == "masked"
+                and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
+                and cls._raw_logits is HFDiffusionWrapper._raw_logits
+                and cls.token_logprobs is HFDiffusionWrapper.token_logprobs)
+
+    def output_head(self) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
+        """``(weight [V, D], bias [V] or None, logit multiplier)`` of the output head."""
+        head = self.module.get_output_embeddings()
+        return head.weight, getattr(head, "bias", None), float(getattr(self.module, "logit_scale", 1.0))
+
+    def denoise_hidden(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Aligned final hidden states ``[B, S, D]`` (the head not applied): what
+        ``denoise_logits`` computes before the head. Block layouts override this."""
+        if self.kind != "masked":
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement denoise_hidden for {self.kind} diffusion"
+            )
+        hidden = self.module.forward_hidden(noisy_ids, attention_mask=self._padding_mask(attention_mask))
+        return self.align(hidden)
+
     def token_logprobs(
         self,
         noisy_ids: torch.Tensor,
@@ -160,8 +211,35 @@ class HFDiffusionWrapper:
         attention_mask: Optional[torch.Tensor] = None,
         clean_ids: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        if (self.train_attention == "packed" and attention_mask is not None
+                and attention_mask.dim() == 2 and not bool(attention_mask.bool().all())):
+            return self._packed_token_logprobs(noisy_ids, targets, attention_mask)
+        if self.fused_ce:
+            weight, bias, scale = self.output_head()
+            hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
+            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale)
         logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)
         return gather_logprobs(logits, targets)
+
+    def _packed_token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
+                               attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pack the valid tokens into rows (document mask, per-document positions), run the
+        module once, unpack; ``log p`` at valid positions, 0 at padding."""
+        plan = plan_packing(attention_mask)
+        ids = plan.pack(noisy_ids, self.pad_token_id)
+        mask, positions = plan.attention_mask(), plan.position_ids
+        if self.fused_ce:
+            out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=positions)
+        else:
+            out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        full = self.align(plan.unpack(out))
+        where = torch.nonzero(attention_mask.bool(), as_tuple=True)
+        if self.fused_ce:
+            weight, bias, scale = self.output_head()
+            picked = fused_token_logprobs(full[where], weight, targets[where], bias, scale=scale)
+        else:
+            picked = gather_logprobs(full[where], targets[where])
+        return picked.new_zeros(targets.shape).index_put(where, picked)
 
     # -- text ---------------------------------------------------------------------------------
     def render_prompt(self, messages: list[dict[str, str]]) -> str:

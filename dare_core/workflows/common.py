@@ -18,6 +18,7 @@ from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
 from dare_core.errors import DareError
 from dare_core.interfaces import Example
+from dare_core.ops.paths import configure_training_paths
 from dare_core.rundir import RunDir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -204,6 +205,8 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     engine = build_engine(config.engine.name, resolve_device(config.model.device))
     wrapper = load_model(dare, config)
     wrapper.module = engine.wrap(wrapper.module)
+    train_paths = configure_training_paths(
+        wrapper, config.model.train_attention, config.model.fused_ce, resolve_device(config.model.device))
     rollout = build_rollout(dare, config)
     eval_rollout = build_rollout(dare, config, eval_rollout_config(config))
     if rundir is not None and engine.is_main:
@@ -212,8 +215,11 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
             "dare_core": __version__,
             "plugins": [i.as_dict() for i in dare.plugin_infos()],
         })
-    return Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
-                   engine, rundir, generator)
+        rundir.write_json("training_paths.json", train_paths.as_dict())
+    ctx = Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
+                  engine, rundir, generator)
+    ctx.log(train_paths.describe())
+    return ctx
 
 
 def evaluate(ctx: Context, examples: Sequence[Example], label: str) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""Choosing the training attention path and the cross-entropy head for a model wrapper.
+
+Training and rollout run different attention paths; this module picks the training ones from
+what the wrapper can do and the device, independently of the rollout backend:
+
+* **attention** — ``packed`` (valid tokens of a micro-batch packed into rows with a document
+  mask and per-document position ids, no padding computed) when the wrapper supports it, else
+  ``padded``;
+* **cross entropy** — ``fused`` (chunked, logits-free; :mod:`dare_core.ops.fused_ce`) when the
+  native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``.
+
+``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded`` and
+``on`` / ``off`` force one, and forcing an unsupported path is a one-line error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from dare_core.errors import DareError
+
+TRAIN_ATTENTION_CHOICES = ("auto", "padded", "packed")
+FUSED_CE_CHOICES = ("auto", "on", "off")
+
+
+@attrs.frozen
+class TrainingPaths:
+    """The resolved training paths (what ran), for the run log."""
+
+    attention: str
+    attention_kernel: str
+    fused_ce: bool
+    device: str
+    requested_attention: str = "auto"
+    requested_fused_ce: str = "auto"
+
+    def describe(self) -> str:
+        if self.attention == "packed":
+            att = (f"packed (document mask, per-document positions; kernel {self.attention_kernel} "
+                   f"on {self.device})")
+        else:
+            att = f"padded (key-padding mask on {self.device})"
+        ce = "fused (chunked, no [N, V] logits)" if self.fused_ce else "naive (full logits)"
+        return (f"training paths: attention={att} [requested {self.requested_attention}]; "
+                f"cross entropy={ce} [requested {self.requested_fused_ce}]")
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _supports(wrapper: Any, name: str) -> bool:
+    fn = getattr(wrapper, name, None)
+    return bool(fn()) if callable(fn) else False
+
+
+def select_training_paths(wrapper: Any, train_attention: str = "auto", fused_ce: str = "auto",
+                          device: Any = None) -> TrainingPaths:
+    """Resolve ``auto`` / forced choices against the wrapper's capabilities and the device."""
+    if train_attention not in TRAIN_ATTENTION_CHOICES:
+        raise DareError(f"model.train_attention={train_attention!r} is not one of "
+                        f"{', '.join(TRAIN_ATTENTION_CHOICES)}; pick one of them")
+    if fused_ce not in FUSED_CE_CHOICES:
+        raise DareError(f"model.fused_ce={fused_ce!r} is not one of {', '.join(FUSED_CE_CHOICES)}; "
+                        f"pick one of them")
+    name = getattr(wrapper, "family", type(wrapper).__name__)
+    can_pack = _supports(wrapper, "supports_packing")
+    can_fuse = _supports(wrapper, "supports_fused_ce")
+    if train_attention == "packed" and not can_pack:
+        raise DareError(
+            f"model.train_attention=packed but the {name!r} wrapper cannot pack sequences (it needs "
+            f"the packed_varlen capability, a masked-diffusion layout and a module taking "
+            f"position_ids and 4-D boolean masks); use model.train_attention=padded or auto")
+    if fused_ce == "on" and not can_fuse:
+        raise DareError(
+            f"model.fused_ce=on but the {name!r} model has no forward_hidden/get_output_embeddings "
+            f"(or its wrapper changes the training layout without denoise_hidden); use "
+            f"model.fused_ce=off or auto")
+    dev = torch.device(device) if device is not None else getattr(wrapper, "device", torch.device("cpu"))
+    attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
+    # the native modules take the document mask as a 4-D boolean mask through their own attention
+    # (SDPA with a boolean mask); the CUDA kernels of ops.attention need a module that takes
+    # document ids, which no family module does yet
+    kernel = "sdpa_mask" if attention == "packed" else "-"
+    fused = fused_ce == "on" or (fused_ce == "auto" and can_fuse)
+    return TrainingPaths(attention, kernel, fused, dev.type, train_attention, fused_ce)
+
+
+def configure_training_paths(wrapper: Any, train_attention: str = "auto", fused_ce: str = "auto",
+                             device: Any = None) -> TrainingPaths:
+    """Select the paths and set them on the wrapper (``wrapper.train_attention``,
+    ``wrapper.fused_ce``); returns what was chosen."""
+    paths = select_training_paths(wrapper, train_attention, fused_ce, device)
+    wrapper.train_attention = paths.attention
+    wrapper.fused_ce = paths.fused_ce
+    wrapper.training_paths = paths
+    return paths
