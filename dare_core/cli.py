@@ -261,7 +261,15 @@ def _table(header, rows) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init"}
+def _add_bench() -> None:
+    from dare_core.bench.cli import bench
+
+    cli.add_command(bench)
+
+
+_add_bench()
+
+_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init", "bench"}
 
 
 def main() -> None:  # console script

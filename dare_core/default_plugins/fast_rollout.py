@@ -1,0 +1,491 @@
+"""Accelerated rollout backend ``fast``: block KV caches and confidence-threshold parallel decoding.
+
+The procedure is the semi-autoregressive masked-diffusion sampler of
+:mod:`dare_core.default_plugins.rollout` (same blocks, candidates, confidences, quota schedule,
+stop handling, records and random stream), made cheaper in two independent ways, following Wu et
+al. 2025, "Training-free acceleration of diffusion LLMs by enabling KV cache and parallel
+decoding" (arXiv:2505.22618):
+
+**Approximate KV caches** (``cache``). A bidirectional model's keys and values change whenever
+any token changes, so exact reuse is impossible; between two blocks they change little. Every
+block starts with one full forward over ``[prompt | response]`` (exactly the uncached
+computation, so the block's first step commits the same tokens as without a cache) that also
+returns every position's keys/values. The block's later steps reuse them:
+
+* ``prefix``: the cache holds the positions before the block; each step recomputes the block
+  and everything after it (``x[:, block_start:]``);
+* ``dual``: the cache holds the positions before *and after* the block; each step recomputes
+  only the block's ``block_length`` tokens;
+* ``none``: every step is a full forward (with ``decoding: quota`` this is exactly the
+  reference sampler; the equivalence is tested).
+
+**Parallel decoding** (``decoding``). ``quota`` commits, per row, the reference quota schedule
+(``steps // num_blocks`` steps per block; ``steps = gen_length`` is one token per step).
+``threshold`` commits every still-masked position of the block whose confidence (untempered
+probability of its candidate) is at least ``threshold``, and always at least the row's most
+confident one, so every step makes progress and a block takes at most ``block_length`` steps;
+the block ends as soon as no row has a MASK left in it.
+
+The model is driven only through ``wrapper.forward_cached`` (capability ``kv_cache``), with
+explicit position ids ``0 .. P+R-1`` (what ``wrapper.logits`` uses, so the cache-free path
+reproduces it bit for bit) and, whenever a prompt is left padded, a key-padding mask that keeps
+the padding out of every attention row — also on the cached steps, where the mask lists the
+cached positions first, then the new ones. A family with ``wrapper.logit_shift = s`` (aligned
+logit ``i`` = raw logit ``i - s``) gets queries that start ``s`` positions before the block, and
+those look-behind positions are kept out of the cache.
+
+Records: ``reveal_step`` = global 0-based step at which each response token was committed
+(quota decoding: ``block * steps_per_block + local step``, like the reference sampler; threshold
+decoding: the running count of executed steps over all blocks, so ``num_steps`` = the number of
+steps the batch took), -1 where the position was EOS-filled. ``nfe`` counts forward calls
+(the block-start full forward is the first step's forward, not an extra one).
+
+Not supported here: classifier-free guidance (use the reference sampler).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.default_plugins.rollout import _commit_mask, num_transfer_tokens
+from dare_core.interfaces import RolloutBatch, RolloutSpec
+from dare_core.plugins import hookimpl
+
+__all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
+
+#: Records :meth:`FastSampler.generate` understands.
+SUPPORTED_RECORDS = frozenset({"reveal_step"})
+
+_CACHE = ("dual", "prefix", "none")
+_DECODING = ("threshold", "quota")
+_REMASKING = ("low_confidence", "random")
+_STOP_CONFIDENCE = ("keep", "zero", "never")
+
+
+@attrs.frozen
+class FastConfig:
+    """Config of the ``fast`` rollout backend (the ``rollout:`` section)."""
+
+    gen_length: int = attrs.field(
+        default=256,
+        validator=positive,
+        metadata={"help": "Response length R: number of MASK tokens appended to each prompt."},
+    )
+    block_length: int = attrs.field(
+        default=32,
+        validator=positive,
+        metadata={
+            "help": "Length of the blocks denoised left to right (semi-autoregressive); must "
+            "divide gen_length. The KV cache is refreshed once per block."
+        },
+    )
+    steps: int = attrs.field(
+        default=256,
+        validator=positive,
+        metadata={
+            "help": "decoding 'quota': total denoising steps, split equally over the blocks "
+            "(a multiple of gen_length // block_length; steps = gen_length commits one token "
+            "per step). Ignored by decoding 'threshold'."
+        },
+    )
+    cache: str = attrs.field(
+        default="dual",
+        validator=one_of(_CACHE),
+        metadata={
+            "help": "KV reuse inside a block: 'dual' = cache the positions before and after the "
+            "block, recompute only the block; 'prefix' = cache the positions before the block, "
+            "recompute the block and everything after it; 'none' = full forward every step."
+        },
+    )
+    decoding: str = attrs.field(
+        default="threshold",
+        validator=one_of(_DECODING),
+        metadata={
+            "help": "How many tokens a step commits: 'threshold' = every masked position of the "
+            "block with confidence >= threshold, at least the most confident one per row; "
+            "'quota' = the reference quota schedule of `steps`."
+        },
+    )
+    threshold: float = attrs.field(
+        default=0.9,
+        validator=in_range(0.0, 1.0, low_open=True),
+        metadata={
+            "help": "decoding 'threshold': commit masked positions whose candidate probability "
+            "is >= this (0 < threshold <= 1; 1.0 = one token per step unless the model is "
+            "certain)."
+        },
+    )
+    temperature: float = attrs.field(
+        default=0.6,
+        validator=non_negative,
+        metadata={
+            "help": "Sampling temperature of the candidate tokens (Gumbel-max sample of "
+            "softmax(logits / T)); 0 = greedy argmax."
+        },
+    )
+    remasking: str = attrs.field(
+        default="low_confidence",
+        validator=one_of(_REMASKING),
+        metadata={
+            "help": "decoding 'quota': 'low_confidence' commits the most probable candidates, "
+            "'random' uniformly random masked positions. Threshold decoding needs "
+            "'low_confidence'."
+        },
+    )
+    suppress_eos: bool = attrs.field(
+        default=False,
+        metadata={"help": "Set the EOS logit to -inf so EOS is never a candidate."},
+    )
+    stop_confidence: str = attrs.field(
+        default="keep",
+        validator=one_of(_STOP_CONFIDENCE),
+        metadata={
+            "help": "Confidence of candidates equal to a stop token: 'keep' = unchanged; "
+            "'zero' = 0 (committed late); 'never' = -inf (ranked last: committed only when "
+            "nothing else is left)."
+        },
+    )
+    truncate_at_eos: bool = attrs.field(
+        default=False,
+        metadata={
+            "help": "Response mask rule: false = every generated position counts; true = "
+            "positions up to and including the first EOS count."
+        },
+    )
+    micro_batch_size: int = attrs.field(
+        default=0,
+        validator=non_negative,
+        metadata={
+            "help": "Generate in chunks of this many rows to bound memory; 0 = the whole batch "
+            "at once (sampled outputs depend on the chunking, greedy ones do not)."
+        },
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.gen_length % self.block_length != 0:
+            lower = (self.gen_length // self.block_length) * self.block_length
+            hint = f"{lower + self.block_length}" if lower == 0 else f"{lower} or {lower + self.block_length}"
+            raise ValueError(
+                f"rollout.gen_length ({self.gen_length}) must be a multiple of "
+                f"rollout.block_length ({self.block_length}); set block_length to a divisor of "
+                f"gen_length or gen_length to a multiple of block_length (e.g. {hint})"
+            )
+        if self.decoding == "quota" and self.steps % self.num_blocks != 0:
+            lower = (self.steps // self.num_blocks) * self.num_blocks
+            hint = f"{lower + self.num_blocks}" if lower == 0 else f"{lower} or {lower + self.num_blocks}"
+            raise ValueError(
+                f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
+                f"gen_length // block_length = {self.num_blocks} with decoding 'quota'; set steps "
+                f"to e.g. {hint}"
+            )
+        if self.decoding == "threshold" and self.remasking != "low_confidence":
+            raise ValueError(
+                "rollout.decoding 'threshold' compares model confidences, so rollout.remasking "
+                "must be 'low_confidence'; set remasking=low_confidence or decoding=quota"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        """Steps per block of quota decoding."""
+        return self.steps // self.num_blocks
+
+
+class _BlockForward:
+    """Logits of one block's columns, with the cache policy of ``cache`` (one per block).
+
+    ``x`` is updated in place by the caller between calls; the first call of a block is a full
+    forward (the uncached computation) that also fills the cache.
+    """
+
+    def __init__(self, wrapper: Any, cache: str, x: torch.Tensor, valid: torch.Tensor,
+                 padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int):
+        self.wrapper, self.cache, self.x, self.valid = wrapper, cache, x, valid
+        self.padded, self.pos, self.lo, self.hi, self.shift = padded, pos, lo, hi, shift
+        self.past: Optional[list] = None
+        self.mask: Optional[torch.Tensor] = None
+        self.q_hi = hi
+
+    def __call__(self) -> torch.Tensor:
+        lo, hi, s = self.lo, self.hi, self.shift
+        if self.cache == "none" or self.past is None:
+            want = self.cache != "none"
+            logits, present = self.wrapper.forward_cached(
+                self.x, position_ids=self.pos, past_key_values=None,
+                attention_mask=self.valid.long() if self.padded else None, use_cache=want,
+            )
+            if want:
+                self._keep(present)
+            # aligned logits cover columns s .. L-1
+            return logits[:, lo - s : hi - s].float()
+        logits, _ = self.wrapper.forward_cached(
+            self.x[:, lo - s : self.q_hi], position_ids=self.pos[:, lo - s : self.q_hi],
+            past_key_values=self.past, attention_mask=self.mask, use_cache=False,
+        )
+        return logits[:, : hi - lo].float()
+
+    def _keep(self, present: list) -> None:
+        lo, hi, s = self.lo, self.hi, self.shift
+        q_lo = lo - s
+        if self.cache == "prefix":
+            self.past = [(k[:, :, :q_lo], v[:, :, :q_lo]) for k, v in present]
+            self.q_hi = self.x.shape[1]
+            keys = self.valid  # cache [0, q_lo) then new [q_lo, L): the natural order
+        else:  # dual: everything except the query columns [q_lo, hi)
+            self.past = [
+                (torch.cat([k[:, :, :q_lo], k[:, :, hi:]], dim=2),
+                 torch.cat([v[:, :, :q_lo], v[:, :, hi:]], dim=2))
+                for k, v in present
+            ]
+            self.q_hi = hi
+            keys = torch.cat(
+                [self.valid[:, :q_lo], self.valid[:, hi:], self.valid[:, q_lo:hi]], dim=1
+            )
+        self.mask = keys.long() if self.padded else None
+
+
+class FastSampler:
+    """Cached, parallel-decoding masked-diffusion sampler (see the module docstring).
+
+    :param config: :class:`FastConfig`.
+    """
+
+    def __init__(self, config: FastConfig):
+        if not isinstance(config, FastConfig):
+            raise TypeError(f"FastSampler needs a FastConfig, got {type(config).__name__}")
+        self.config = config
+
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
+        """Generate ``gen_length`` tokens after every (left-padded) prompt.
+
+        :param wrapper: a masked-diffusion wrapper with the ``kv_cache`` capability.
+        :param prompt_ids: ``[B, P]`` long, left padded.
+        :param prompt_mask: ``[B, P]``, 0 on padding.
+        :param record: subset of :data:`SUPPORTED_RECORDS` (see the module docstring).
+        :param generator: random stream for sampling and random remasking.
+        :returns: a :class:`~dare_core.interfaces.RolloutBatch`; ``nfe`` = forward calls summed
+            over micro-batches; ``num_steps`` = ``steps`` (quota) or the largest number of
+            steps a micro-batch took (threshold).
+        """
+        cfg = self.config
+        record = frozenset(record)
+        unknown = record - SUPPORTED_RECORDS
+        if unknown:
+            raise ValueError(
+                f"the fast rollout cannot record {', '.join(sorted(unknown))}; supported "
+                f"records: {', '.join(sorted(SUPPORTED_RECORDS))}"
+            )
+        kind = getattr(wrapper, "kind", None)
+        if kind != "masked":
+            raise ValueError(
+                f"the fast rollout drives bidirectional masked-diffusion models (wrapper.kind "
+                f"'masked'), got kind {kind!r}; choose a rollout backend that supports {kind!r}"
+            )
+        if "kv_cache" not in getattr(wrapper, "capabilities", frozenset()):
+            raise ValueError(
+                f"the fast rollout needs the model capability kv_cache, which the "
+                f"{getattr(wrapper, 'family', '?')!r} wrapper lacks; use rollout.backend="
+                f"low_confidence"
+            )
+        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+            raise ValueError(
+                f"prompt_ids and prompt_mask must both be [B, P], got "
+                f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+            )
+        shift = int(getattr(wrapper, "logit_shift", 0))
+        if prompt_ids.shape[1] < shift:
+            raise ValueError(
+                f"the prompt must have at least logit_shift = {shift} column(s), got "
+                f"{prompt_ids.shape[1]}"
+            )
+
+        batch = prompt_ids.shape[0]
+        chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
+        module = wrapper.module
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
+        try:
+            with torch.no_grad():
+                parts = [
+                    self._generate_chunk(wrapper, prompt_ids[i : i + chunk],
+                                         prompt_mask[i : i + chunk], generator, shift)
+                    for i in range(0, batch, chunk)
+                ]
+        finally:
+            for m, training in modes:
+                m.training = training
+
+        device = prompt_ids.device
+        if parts:
+            response_ids = torch.cat([p[0] for p in parts], dim=0)
+            reveal = torch.cat([p[1] for p in parts], dim=0)
+            nfe = sum(p[2] for p in parts)
+            taken = max(p[3] for p in parts)
+        else:
+            response_ids = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
+            reveal = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
+            nfe, taken = 0, 0
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=self._response_mask(response_ids, wrapper.eos_token_id),
+            reveal_step=reveal if "reveal_step" in record else None,
+            num_steps=cfg.steps if cfg.decoding == "quota" else taken,
+            nfe=nfe,
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+        b, r = response_ids.shape
+        if not self.config.truncate_at_eos:
+            return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
+        is_eos = response_ids == eos_id
+        last = torch.where(
+            is_eos.any(dim=1),
+            is_eos.long().argmax(dim=1),
+            torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
+        )
+        pos = torch.arange(r, device=response_ids.device)
+        return (pos[None, :] <= last[:, None]).long()
+
+    def _generate_chunk(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generator: Optional[torch.Generator],
+        shift: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        cfg = self.config
+        device = prompt_ids.device
+        b, p = prompt_ids.shape
+        r, width = cfg.gen_length, cfg.block_length
+        mask_id, eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
+        quota_mode = cfg.decoding == "quota"
+
+        x = torch.cat(
+            [prompt_ids.long(), torch.full((b, r), mask_id, dtype=torch.long, device=device)],
+            dim=1,
+        )
+        valid = torch.cat(
+            [prompt_mask.bool(), torch.ones(b, r, dtype=torch.bool, device=device)], dim=1
+        )
+        padded = not bool(valid.all())
+        pos = torch.arange(p + r, device=device)[None].expand(b, p + r)
+        stop_ids = torch.tensor(
+            sorted({int(t) for t in wrapper.stop_token_ids} | {eos_id}),
+            dtype=torch.long, device=device,
+        )
+        ban = None
+
+        pending = torch.ones(b, r, dtype=torch.bool, device=device)
+        reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
+        nfe = 0
+        executed = 0  # threshold decoding: global step counter
+        one = torch.ones(b, dtype=torch.long, device=device)
+        for blk in range(cfg.num_blocks):
+            lo, hi = blk * width, (blk + 1) * width
+            forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi,
+                                    shift)
+            if quota_mode:
+                quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), cfg.steps_per_block)
+                n_steps = cfg.steps_per_block
+            else:
+                n_steps = width  # at least one commit per row and step
+            for step in range(n_steps):
+                eligible = pending[:, lo:hi]
+                if quota_mode:
+                    k = quota[:, step]
+                    if not bool((k > 0).any()):
+                        continue  # nobody commits: the forward would change nothing
+                elif not bool(eligible.any()):
+                    break  # the block is complete in every row
+                logits = forward()
+                nfe += 1
+                if ban is None:
+                    ban = self._ban_mask(logits.shape[-1], mask_id, eos_id, device)
+                logits = logits.masked_fill(ban, -math.inf)
+                x0 = self._candidates(logits, generator)
+                conf = self._confidence(logits, x0, generator, stop_ids)
+                if quota_mode:
+                    commit = _commit_mask(conf, eligible, k)
+                    at = blk * cfg.steps_per_block + step
+                else:
+                    commit = _commit_mask(conf, eligible, one) | (
+                        eligible & (conf >= cfg.threshold)
+                    )
+                    at = executed
+                executed += 1
+                x[:, p + lo : p + hi] = torch.where(commit, x0, x[:, p + lo : p + hi])
+                pending[:, lo:hi] &= ~commit
+                reveal[:, lo:hi] = reveal[:, lo:hi].masked_fill(commit, at)
+        response = x[:, p:].masked_fill(pending, eos_id)
+        return response, reveal, nfe, executed
+
+    def _ban_mask(self, vocab: int, mask_id: int, eos_id: int, device: torch.device) -> torch.Tensor:
+        ban = torch.zeros(vocab, dtype=torch.bool, device=device)
+        if 0 <= mask_id < vocab:
+            ban[mask_id] = True
+        if self.config.suppress_eos and 0 <= eos_id < vocab:
+            ban[eos_id] = True
+        return ban
+
+    def _candidates(self, logits: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+        temp = float(self.config.temperature)
+        if temp == 0.0:
+            return logits.argmax(dim=-1)
+        u = torch.rand(logits.shape, generator=generator, dtype=torch.float64,
+                       device=logits.device)
+        z = logits.double()
+        z = (z - z.amax(dim=-1, keepdim=True)).exp()
+        return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
+
+    def _confidence(self, logits: torch.Tensor, x0: torch.Tensor,
+                    generator: Optional[torch.Generator], stop_ids: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        if cfg.remasking == "low_confidence":
+            probs = torch.softmax(logits.float(), dim=-1)
+            conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
+        else:
+            conf = torch.rand(x0.shape, generator=generator, dtype=torch.float64,
+                              device=x0.device)
+        if cfg.stop_confidence != "keep":
+            value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
+            conf = conf.masked_fill(torch.isin(x0, stop_ids), value)
+        return conf
+
+
+# --------------------------------------------------------------------------- registration
+@hookimpl
+def dare_register_rollout_backends(register) -> None:
+    register(
+        RolloutSpec(
+            name="fast",
+            config_cls=FastConfig,
+            build=FastSampler,
+            kinds=frozenset({"masked"}),
+            records=SUPPORTED_RECORDS,
+            requires=frozenset({"kv_cache"}),
+            description=(
+                "block-wise masked-diffusion sampler with a prefix or dual KV cache and "
+                "confidence-threshold parallel decoding (needs kv_cache)"
+            ),
+        )
+    )
