@@ -1,0 +1,479 @@
+"""Native (no ``trust_remote_code``) implementation of LLaDA2-MoE for transformers 5.x.
+
+Parameter names are exactly those of the published LLaDA2.0-mini / 2.1-mini checkpoints::
+
+    model.word_embeddings.weight                                   [V, d]
+    model.layers.{i}.input_layernorm.weight                        [d]
+    model.layers.{i}.attention.query_key_value.weight              [(H + 2 KV) * hd, d]  rows [Q | K | V], head-major
+    model.layers.{i}.attention.query_layernorm.weight              [hd]
+    model.layers.{i}.attention.key_layernorm.weight                [hd]
+    model.layers.{i}.attention.dense.weight                        [d, H * hd]
+    model.layers.{i}.post_attention_layernorm.weight               [d]
+    dense layers (i < first_k_dense_replace):
+        model.layers.{i}.mlp.{gate,up,down}_proj.weight
+    MoE layers:
+        model.layers.{i}.mlp.gate.weight                           [E, d]
+        model.layers.{i}.mlp.gate.expert_bias                      [E]    (buffer, saved)
+        model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
+        model.layers.{i}.mlp.shared_experts.{gate,up,down}_proj.weight
+    model.norm.weight                                              [d]
+    lm_head.weight                                                 [V, d]
+
+Forward semantics (those of the published modeling file; see models.md §5):
+
+* pre-norm decoder layers with HF-Llama RMSNorm (normalise in float32, cast back, times weight);
+* fused QKV viewed as ``[B, L, H + 2 KV, hd]`` and split ``H / KV / KV`` heads; RMSNorm per head
+  on q and k *before* RoPE; RoPE on the first ``rope_dim = int(hd * partial_rotary_factor)``
+  dims only (rotate-half within them, ``inv_freq`` over ``rope_dim``), the rest pass through;
+  ``cos``/``sin`` computed in float32 and cast to the hidden dtype; scale ``hd ** -0.5``;
+* MoE router: ``s = sigmoid(x_fp32 · W_fp32ᵀ)``; selection score ``s + expert_bias``; experts in
+  ``n_group`` groups, a group scored by the sum of its 2 best selection scores, the best
+  ``topk_group`` groups kept, the top ``num_experts_per_tok`` experts by selection score among
+  them; weights = the *unbiased* ``s`` of the chosen experts over their sum (+1e-20; only when
+  more than one expert is chosen) times ``routed_scaling_factor``; output = Σ weight ·
+  expert(x) (products summed in float32, cast back) + the always-on shared expert;
+* logits from ``lm_head``, returned as float32, **not shifted**.
+
+Differences from the published code (deliberate):
+
+* **Masks.** The published model silently attends bidirectionally when ``attention_mask`` is
+  ``None`` under SDPA (causally under eager) and builds a *causal* + padding mask from a 2-D mask.
+  Neither is ever what a block-diffusion caller wants, so here a missing mask, a 2-D mask
+  without a KV cache, or a mask of the wrong shape/dtype raises :class:`LLaDA2MaskError`. Pass a
+  4-D mask ``[B, 1, Q, K]`` — boolean (True = may attend) or additive float — e.g. from
+  :func:`dare_core.models.block.block_causal_mask`; it is used as is, like the published code
+  does with 4-D masks.
+* **KV cache.** ``past_key_values`` is DARE's list of per-layer ``(k, v)`` tensors
+  ``[B, KV, P, hd]`` holding keys after q/k norm and RoPE (the position lives in RoPE, not in the
+  slot); with a cache the mask is boolean/additive ``[B, 1, Q, P + Q]`` or a 2-D key-padding mask
+  ``[B, P + Q]`` (every query sees every real key: exactly block-causal when the cache holds the
+  earlier blocks and the queries are one block). ``use_cache=True`` returns the extended list as
+  the output's ``cache`` (transformers 5 name; ``.past_key_values`` is its alias).
+* ``output_attentions`` / ``output_router_logits`` and flex attention are not implemented.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as hf_init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
+
+from dare_core.errors import DareError
+
+from .configuration_llada2_moe import SUPPORTED_ATTN_IMPLEMENTATIONS, LLaDA2MoeConfig
+
+__all__ = [
+    "LLaDA2MaskError",
+    "LLaDA2MoeRMSNorm",
+    "LLaDA2MoeMLP",
+    "LLaDA2MoeGate",
+    "LLaDA2MoeSparseMoeBlock",
+    "LLaDA2MoeAttention",
+    "LLaDA2MoeDecoderLayer",
+    "LLaDA2MoePreTrainedModel",
+    "LLaDA2MoeModel",
+    "LLaDA2MoeModelLM",
+    "rotary_cos_sin",
+    "apply_partial_rotary",
+]
+
+KVCache = list  # list[tuple[torch.Tensor, torch.Tensor]], one (k, v) per layer
+
+
+class LLaDA2MaskError(DareError, ValueError):
+    """A missing or malformed attention mask given to the LLaDA2 module."""
+
+
+# ---------------------------------------------------------------------------------- norms / MLP
+class LLaDA2MoeRMSNorm(nn.Module):
+    """HF-Llama RMSNorm: normalise in float32, cast back to the input dtype, then times weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"
+
+
+class LLaDA2MoeMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# ---------------------------------------------------------------------------------- MoE
+class LLaDA2MoeGate(nn.Module):
+    """Group-limited sigmoid router with a selection-only ``expert_bias`` (see module docstring)."""
+
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.n_group = config.n_group
+        self.topk_group = config.topk_group
+        self.routed_scaling_factor = float(config.routed_scaling_factor)
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        self.register_buffer("expert_bias", torch.zeros(config.num_experts))
+
+    def select(self, selection: torch.Tensor) -> torch.Tensor:
+        """Indices ``[N, top_k]`` of the experts chosen from selection scores ``[N, E]``."""
+        n = selection.shape[0]
+        grouped = selection.view(n, self.n_group, -1)
+        group_score = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.topk(group_score, k=self.topk_group, dim=-1, sorted=False).indices
+        group_mask = torch.zeros_like(group_score).scatter_(1, keep, 1.0).bool()
+        expert_mask = group_mask[:, :, None].expand_as(grouped).reshape(n, -1)
+        masked = selection.masked_fill(~expert_mask, float("-inf"))
+        return torch.topk(masked, k=self.top_k, dim=-1).indices
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` ``[..., d]`` -> (indices ``[N, k]``, float32 weights ``[N, k]``, logits ``[N, E]``)."""
+        flat = x.reshape(-1, x.shape[-1])
+        logits = F.linear(flat.to(torch.float32), self.weight.to(torch.float32))
+        scores = torch.sigmoid(logits)
+        idx = self.select(scores + self.expert_bias)
+        chosen = scores.gather(1, idx)
+        if self.top_k > 1:
+            chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
+        return idx, chosen * self.routed_scaling_factor, logits
+
+
+class LLaDA2MoeSparseMoeBlock(nn.Module):
+    """Routed experts plus the always-on shared expert(s)."""
+
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        super().__init__()
+        d, inner = config.hidden_size, config.moe_intermediate_size
+        self.experts = nn.ModuleList(LLaDA2MoeMLP(d, inner) for _ in range(config.num_experts))
+        self.gate = LLaDA2MoeGate(config)
+        shared = config.num_shared_experts
+        # The published code builds the shared MLP whenever num_shared_experts is not None; with 0
+        # its width is 0 and it adds zeros, so skipping it computes the same thing.
+        self.shared_experts = LLaDA2MoeMLP(d, inner * shared) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        idx, weight, _ = self.gate(flat)
+        k = idx.shape[1]
+        per_slot = flat.new_zeros(flat.shape[0], k, shape[-1])
+        for e in torch.unique(idx).tolist():
+            rows, slots = (idx == e).nonzero(as_tuple=True)
+            per_slot[rows, slots] = self.experts[e](flat[rows])
+        y = (per_slot.to(weight.dtype) * weight[..., None]).sum(dim=1).to(x.dtype).view(shape)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y
+
+
+# ---------------------------------------------------------------------------------- RoPE
+def rotary_cos_sin(position_ids: torch.Tensor, rope_dim: int, theta: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` ``[B, L, rope_dim]``: computed in float32, cast to ``dtype``.
+
+    ``inv_freq[j] = 1 / theta ** (2j / rope_dim)``; both halves use the same frequencies.
+    """
+    exponent = torch.arange(0, rope_dim, 2, dtype=torch.int64, device=position_ids.device).float() / rope_dim
+    inv_freq = 1.0 / (float(theta) ** exponent)
+    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+        freqs = position_ids.to(torch.float32)[..., None] * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of ``x`` ``[B, H, L, hd]``; the rest pass through."""
+    r = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+
+
+# ---------------------------------------------------------------------------------- attention
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, KV, L, hd] -> [B, KV * groups, L, hd]; query head h uses kv head h // groups."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class LLaDA2MoeAttention(nn.Module):
+    def __init__(self, config: LLaDA2MoeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.rope_dim = config.rope_dim
+        self.scaling = self.head_dim ** -0.5
+        self.query_key_value = nn.Linear(
+            config.hidden_size, (self.num_heads + 2 * self.num_kv) * self.head_dim, bias=config.use_qkv_bias)
+        self.query_layernorm = LLaDA2MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.key_layernorm = LLaDA2MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.use_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        bsz, length, _ = x.shape
+        qkv = self.query_key_value(x).view(bsz, length, self.num_heads + 2 * self.num_kv, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=-2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = apply_partial_rotary(self.query_layernorm(q), cos, sin)
+        k = apply_partial_rotary(self.key_layernorm(k), cos, sin)
+        if past is not None:
+            k = torch.cat([past[0].to(k.dtype), k], dim=2)
+            v = torch.cat([past[1].to(v.dtype), v], dim=2)
+        present = (k, v)
+        groups = self.num_heads // self.num_kv
+        kr, vr = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        impl = self.config._attn_implementation or "sdpa"
+        if impl == "sdpa":
+            m = mask if mask.dtype == torch.bool else mask.to(q.dtype)
+            out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=m, dropout_p=0.0, is_causal=False,
+                                                 scale=self.scaling)
+        elif impl == "eager":
+            scores = torch.matmul(q, kr.transpose(2, 3)) * self.scaling
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask.to(scores.dtype)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(probs, vr)
+        else:
+            raise DareError(f"LLaDA2 supports attn_implementation in {SUPPORTED_ATTN_IMPLEMENTATIONS}, got {impl!r}")
+        out = out.transpose(1, 2).reshape(bsz, length, self.num_heads * self.head_dim)
+        return self.dense(out), present
+
+
+class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: LLaDA2MoeConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attention = LLaDA2MoeAttention(config, layer_idx)
+        if config.is_moe_layer(layer_idx):
+            self.mlp: nn.Module = LLaDA2MoeSparseMoeBlock(config)
+        else:
+            self.mlp = LLaDA2MoeMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = LLaDA2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LLaDA2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        attn, present = self.attention(self.input_layernorm(hidden), cos, sin, mask, past)
+        hidden = hidden + attn
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, present
+
+
+# ---------------------------------------------------------------------------------- masks
+def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_heads: int) -> torch.Tensor:
+    """Validate ``attention_mask`` and return it in 4-D form (see the module docstring)."""
+    k_len = past_len + q_len
+    if attention_mask is None:
+        raise LLaDA2MaskError(
+            "LLaDA2 needs an explicit attention mask (the published code would silently attend "
+            "bidirectionally or causally); pass a 4-D [B, 1, Q, K] mask, e.g. "
+            "dare_core.models.block.block_causal_mask, or use the DARE model wrapper")
+    if not isinstance(attention_mask, torch.Tensor):
+        raise LLaDA2MaskError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
+    m = attention_mask
+    if m.dim() == 2:
+        if past_len == 0:
+            raise LLaDA2MaskError(
+                "a 2-D attention_mask without a KV cache is ambiguous (the published code turns it "
+                "into a causal mask); pass a 4-D [B, 1, Q, K] block-causal mask")
+        if tuple(m.shape) != (batch, k_len):
+            raise LLaDA2MaskError(f"2-D key-padding mask must be [B, P + Q] = {(batch, k_len)}, got {tuple(m.shape)}")
+        if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):
+            raise LLaDA2MaskError("a 2-D attention_mask must be a 0/1 key-padding mask")
+        return m.bool()[:, None, None, :].expand(batch, 1, q_len, k_len)
+    if m.dim() != 4:
+        raise LLaDA2MaskError(f"attention_mask must be 4-D [B, 1, Q, K] (or 2-D with a cache), got {m.dim()}-D")
+    if not (m.dtype == torch.bool or m.is_floating_point()):
+        raise LLaDA2MaskError(f"a 4-D attention_mask must be bool (True = may attend) or additive float, got {m.dtype}")
+    b, h, q, k = m.shape
+    if b not in (1, batch) or h not in (1, n_heads) or q != q_len or k != k_len:
+        raise LLaDA2MaskError(
+            f"attention_mask of shape {tuple(m.shape)} does not match [B, 1, Q, K] = {(batch, 1, q_len, k_len)}")
+    return m
+
+
+# ---------------------------------------------------------------------------------- models
+class LLaDA2MoePreTrainedModel(PreTrainedModel):
+    config_class = LLaDA2MoeConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LLaDA2MoeDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _supports_attention_backend = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = float(self.config.initializer_range)
+        if isinstance(module, nn.Linear):
+            hf_init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                hf_init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            hf_init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, LLaDA2MoeRMSNorm):
+            hf_init.ones_(module.weight)
+        elif isinstance(module, LLaDA2MoeGate):
+            hf_init.normal_(module.weight, mean=0.0, std=std)
+            hf_init.zeros_(module.expert_bias)
+
+
+class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
+    """The backbone (``AutoModel``): embeddings, decoder layers, final norm -> hidden states."""
+
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        config.check_supported()
+        super().__init__(config)
+        pad = config.pad_token_id
+        pad = pad if pad is not None and 0 <= pad < config.vocab_size else None
+        # padding_idx as in the published code: that row starts at zero and gets no gradient.
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, pad)
+        self.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LLaDA2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.word_embeddings = value
+
+    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, use_cache: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                **kwargs: Any) -> MoeModelOutputWithPast | tuple:
+        """Hidden states after the final norm, ``[B, Q, d]``; see the module docstring for masks."""
+        for key in ("output_attentions", "output_router_logits"):
+            if kwargs.get(key):
+                raise DareError(f"LLaDA2MoeModel.forward does not implement {key}=True")
+        unknown = {k for k, v in kwargs.items() if v is not None and k not in ("output_attentions", "output_router_logits")}
+        if unknown:
+            raise DareError(f"LLaDA2MoeModel.forward got unsupported argument(s): {', '.join(sorted(unknown))}")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise DareError("pass exactly one of input_ids and inputs_embeds")
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        bsz, q_len, _ = x.shape
+        past = past_key_values
+        if past is not None:
+            if not isinstance(past, (list, tuple)) or len(past) != len(self.layers):
+                raise DareError(f"past_key_values must be a list of {len(self.layers)} (k, v) pairs")
+        past_len = 0 if past is None else int(past[0][0].shape[2])
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + q_len, device=x.device)[None].expand(bsz, q_len)
+        else:
+            if position_ids.dim() == 1:
+                position_ids = position_ids[None]
+            if position_ids.dim() != 2 or position_ids.shape[-1] != q_len or position_ids.shape[0] not in (1, bsz):
+                raise DareError(f"position_ids must be [L], [1, L] or [B, L] with L = {q_len}; got {tuple(position_ids.shape)}")
+            position_ids = position_ids.to(x.device).expand(bsz, q_len)
+        mask = check_mask(attention_mask, bsz, q_len, past_len, self.config.num_attention_heads).to(x.device)
+        cos, sin = rotary_cos_sin(position_ids, self.config.rope_dim, self.config.rope_theta, x.dtype)
+        use_cache = bool(use_cache if use_cache is not None else False)
+        presents: list = []
+        hidden_list: list = []
+        want_hidden = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
+        for i, layer in enumerate(self.layers):
+            if want_hidden:
+                hidden_list.append(x)
+            x, present = layer(x, cos, sin, mask, None if past is None else past[i])
+            if use_cache:
+                presents.append(present)
+        x = self.norm(x)
+        if want_hidden:
+            hidden_list.append(x)
+        out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents if use_cache else None,
+                                     hidden_states=tuple(hidden_list) if want_hidden else None)
+        if return_dict is False:
+            return out.to_tuple()
+        return out
+
+
+class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
+    """LLaDA2-MoE with its LM head (``AutoModelForCausalLM``); logits float32, not shifted."""
+
+    def __init__(self, config: LLaDA2MoeConfig) -> None:
+        config.check_supported()
+        super().__init__(config)
+        self.model = LLaDA2MoeModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.word_embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def get_decoder(self) -> LLaDA2MoeModel:
+        return self.model
+
+    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B, L, d]`` hidden states after the final norm (the head is not applied)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+
+    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
+                inputs_embeds: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                use_cache: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
+                return_dict: Optional[bool] = None, **kwargs: Any) -> MoeCausalLMOutputWithPast | tuple:
+        """Logits ``[B, Q, V]`` (float32, position ``i`` scores token ``i``).
+
+        ``labels`` gives the published same-position cross entropy (no shift; -100 ignored).
+        """
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states, **kwargs)
+        logits = self.lm_head(out.last_hidden_state).float()
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device))
+        result = MoeCausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache,
+                                           hidden_states=out.hidden_states)
+        if return_dict is False:
+            return result.to_tuple()
+        return result

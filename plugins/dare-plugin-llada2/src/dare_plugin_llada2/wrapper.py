@@ -1,0 +1,185 @@
+"""The LLaDA2 model wrapper: block-causal inference, the BD3LM training layout, loading, creation.
+
+LLaDA2 is a block-diffusion model (``kind = "block"``): at inference a query in block ``b`` sees
+the keys of blocks ``<= b`` (blocks of ``block_size`` tokens counted from the first real token),
+and training uses the ``[noisy | clean]`` layout with the BD3LM mask (models.md §5,
+algorithms.md §1.5). Both masks come from :mod:`dare_core.models.block`; the raw module never
+gets a missing mask. Logits are not shifted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import torch
+
+from dare_core.errors import DareError
+from dare_core.models import HFDiffusionWrapper
+from dare_core.models.block import (
+    bd3lm_layout,
+    block_causal_mask,
+    block_index,
+    positions_from_mask,
+)
+
+from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
+from dare_plugin_llada2.hf import register_auto_classes
+from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
+
+CAPABILITIES = frozenset({"block_diffusion", "kv_cache"})
+BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
+#: Block size of the published evaluations and SFT trainer (models.md §5); a checkpoint may
+#: override it with a ``block_size`` entry in its config.json.
+DEFAULT_BLOCK_SIZE = 32
+
+
+class LLaDA2Wrapper(HFDiffusionWrapper):
+    """Block-causal, unshifted: position ``i`` of the logits predicts token ``i``."""
+
+    logit_shift = 0
+
+    def _module_logits(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        pos = positions_from_mask(attention_mask, tuple(input_ids.shape), input_ids.device)
+        mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
+        return self._module_logits(input_ids, mask, pos)
+
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask.
+
+        ``clean_ids`` defaults to ``noisy_ids`` (exact when they hold no MASK, e.g. scoring a
+        clean sequence). Padding (``attention_mask`` 0) is never attended; blocks are counted
+        from each row's first real token.
+        """
+        clean = noisy_ids if clean_ids is None else clean_ids
+        mask2d = self._padding_mask(attention_mask)
+        ids, pos, mask = bd3lm_layout(noisy_ids, clean, self.block_size, mask2d)
+        return self._module_logits(ids, mask, pos)[:, : noisy_ids.shape[1]]
+
+    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
+                       past_key_values: Optional[list] = None, attention_mask: Optional[torch.Tensor] = None,
+                       use_cache: bool = True) -> tuple[torch.Tensor, Optional[list]]:
+        """One forward over new tokens with an optional KV cache (the shared cache contract).
+
+        ``attention_mask``: ``None`` -> every cached key is visible (the cache holds earlier
+        blocks) and the new tokens attend block-causally among themselves by ``position_ids``;
+        a 2-D ``[B, P + Q]`` key-padding mask is combined with that rule; a 4-D
+        ``[B, 1, Q, P + Q]`` mask is used as is. Returns float32 logits ``[B, Q, V]`` (no
+        shift) and, when ``use_cache``, the extended cache.
+        """
+        b, q = input_ids.shape
+        p = 0 if not past_key_values else int(past_key_values[0][0].shape[2])
+        if attention_mask is None or attention_mask.dim() == 2:
+            own = block_causal_mask(block_index(position_ids.expand(b, q), self.block_size))
+            mask = torch.cat([torch.ones(b, 1, q, p, dtype=torch.bool, device=input_ids.device), own], dim=-1)
+            if attention_mask is not None:
+                if tuple(attention_mask.shape) != (b, p + q):
+                    raise DareError(f"forward_cached: a 2-D mask must be [B, P + Q] = {(b, p + q)}, "
+                                    f"got {tuple(attention_mask.shape)}")
+                mask = mask & attention_mask.bool()[:, None, None, :]
+        else:
+            mask = attention_mask
+        out = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                          past_key_values=past_key_values or None, use_cache=use_cache)
+        return out.logits, (out.cache if use_cache else None)
+
+
+def _check_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
+    with open(cfg_file) as fh:
+        model_type = json.load(fh).get("model_type")
+    if model_type != LLaDA2MoeConfig.model_type:
+        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not {LLaDA2MoeConfig.model_type!r}; "
+                        f"choose the matching --model")
+
+
+def _token_id(value: Any) -> Optional[int]:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return None if value is None else int(value)
+
+
+def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+         attn_implementation: Optional[str] = None, block_size: Optional[int] = None) -> LLaDA2Wrapper:
+    """Load an LLaDA2 checkpoint (single-file or sharded safetensors) and its tokenizer.
+
+    Token ids: ``mask_token_id`` / ``eos_token_id`` / ``pad_token_id`` from config.json, else the
+    tokenizer's mask / eos / pad tokens. ``block_size``: the argument, else config.json's
+    ``block_size`` entry, else :data:`DEFAULT_BLOCK_SIZE`.
+    """
+    from transformers import AutoTokenizer
+
+    register_auto_classes()
+    _check_dir(path)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    module = LLaDA2MoeModelLM.from_pretrained(path, **kwargs).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    cfg = module.config
+    mask = _token_id(getattr(cfg, "mask_token_id", None))
+    if mask is None:
+        mask = tokenizer.mask_token_id
+    eos = _token_id(cfg.eos_token_id)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    pad = _token_id(cfg.pad_token_id)
+    if pad is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if mask is None or eos is None:
+        raise DareError(f"{path!r}: neither config.json nor the tokenizer names the mask and eos tokens; "
+                        f"add mask_token_id / eos_token_id to config.json")
+    size = int(block_size or getattr(cfg, "block_size", None) or DEFAULT_BLOCK_SIZE)
+    if size <= 0:
+        raise DareError(f"block_size must be positive, got {size}")
+    return LLaDA2Wrapper(
+        family="llada2", module=module, tokenizer=tokenizer, kind="block",
+        mask_token_id=mask, eos_token_id=eos, pad_token_id=pad, stop_token_ids=(eos,),
+        capabilities=CAPABILITIES, block_size=size,
+    )
+
+
+TINY_DEFAULTS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, intermediate_size=128, num_experts=4, num_shared_experts=1,
+                     num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
+                     first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
+                     max_position_embeddings=1024, vocab_size=1024)
+
+
+def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
+    """Write a randomly initialised LLaDA2-MoE checkpoint with a BPE tokenizer trained on ``texts``.
+
+    ``sizes`` override :data:`TINY_DEFAULTS` (config field names, e.g. ``hidden_size=96``;
+    ``block_size=N`` is stored in config.json for the wrapper); ``vocab_size`` is the
+    tokenizer's target size (the embedding is rounded up to 64 rows).
+    """
+    from dare_plugin_llada2.tokenizer import build_tokenizer
+
+    register_auto_classes()
+    params = dict(TINY_DEFAULTS)
+    unknown = set(sizes) - set(params) - set(LLaDA2MoeConfig().to_dict()) - {"block_size"}
+    if unknown:
+        raise DareError(f"unknown LLaDA2 config field(s): {', '.join(sorted(unknown))}")
+    params.update(sizes)
+    tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
+    vocab = ((len(tokenizer) + 63) // 64) * 64
+    if "rotary_dim" not in sizes:
+        params["rotary_dim"] = int(params["head_dim"] * params.get("partial_rotary_factor", 0.5))
+    config = LLaDA2MoeConfig(
+        **params, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    model = LLaDA2MoeModelLM(config)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
