@@ -47,9 +47,10 @@ class ModelConfig:
                 "with document masks (no padding computed); padded = padded rows; auto = packed "
                 "when the model supports it. Independent of the rollout path."
     )
-    fused_ce: Literal["auto", "on", "off"] = option(
-        "auto", "Logits-free chunked cross entropy from hidden states (never builds [tokens, vocab] "
-                "logits); auto = on when the model exposes forward_hidden."
+    cross_entropy: Literal["auto", "fused", "naive"] = option(
+        "auto", "Training cross entropy: fused = logits-free, chunked over tokens from hidden states "
+                "(never builds [tokens, vocab] logits); naive = full logits; auto = fused when the "
+                "model exposes forward_hidden."
     )
 
 

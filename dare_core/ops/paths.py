@@ -10,7 +10,7 @@ what the wrapper can do and the device, independently of the rollout backend:
   native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``.
 
 ``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded`` and
-``on`` / ``off`` force one, and forcing an unsupported path is a one-line error.
+``fused`` / ``naive`` force one, and forcing an unsupported path is a one-line error.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from dare_core.errors import DareError
 
 TRAIN_ATTENTION_CHOICES = ("auto", "padded", "packed")
-FUSED_CE_CHOICES = ("auto", "on", "off")
+CROSS_ENTROPY_CHOICES = ("auto", "fused", "naive")
 
 
 @attrs.frozen
@@ -35,7 +35,7 @@ class TrainingPaths:
     fused_ce: bool
     device: str
     requested_attention: str = "auto"
-    requested_fused_ce: str = "auto"
+    requested_cross_entropy: str = "auto"
 
     def describe(self) -> str:
         if self.attention == "packed":
@@ -45,7 +45,7 @@ class TrainingPaths:
             att = f"padded (key-padding mask on {self.device})"
         ce = "fused (chunked, no [N, V] logits)" if self.fused_ce else "naive (full logits)"
         return (f"training paths: attention={att} [requested {self.requested_attention}]; "
-                f"cross entropy={ce} [requested {self.requested_fused_ce}]")
+                f"cross entropy={ce} [requested {self.requested_cross_entropy}]")
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -56,15 +56,15 @@ def _supports(wrapper: Any, name: str) -> bool:
     return bool(fn()) if callable(fn) else False
 
 
-def select_training_paths(wrapper: Any, train_attention: str = "auto", fused_ce: str = "auto",
+def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
                           device: Any = None) -> TrainingPaths:
     """Resolve ``auto`` / forced choices against the wrapper's capabilities and the device."""
     if train_attention not in TRAIN_ATTENTION_CHOICES:
         raise DareError(f"model.train_attention={train_attention!r} is not one of "
                         f"{', '.join(TRAIN_ATTENTION_CHOICES)}; pick one of them")
-    if fused_ce not in FUSED_CE_CHOICES:
-        raise DareError(f"model.fused_ce={fused_ce!r} is not one of {', '.join(FUSED_CE_CHOICES)}; "
-                        f"pick one of them")
+    if cross_entropy not in CROSS_ENTROPY_CHOICES:
+        raise DareError(f"model.cross_entropy={cross_entropy!r} is not one of "
+                        f"{', '.join(CROSS_ENTROPY_CHOICES)}; pick one of them")
     name = getattr(wrapper, "family", type(wrapper).__name__)
     can_pack = _supports(wrapper, "supports_packing")
     can_fuse = _supports(wrapper, "supports_fused_ce")
@@ -73,26 +73,26 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", fused_ce:
             f"model.train_attention=packed but the {name!r} wrapper cannot pack sequences (it needs "
             f"the packed_varlen capability, a masked-diffusion layout and a module taking "
             f"position_ids and 4-D boolean masks); use model.train_attention=padded or auto")
-    if fused_ce == "on" and not can_fuse:
+    if cross_entropy == "fused" and not can_fuse:
         raise DareError(
-            f"model.fused_ce=on but the {name!r} model has no forward_hidden/get_output_embeddings "
+            f"model.cross_entropy=fused but the {name!r} model has no forward_hidden/get_output_embeddings "
             f"(or its wrapper changes the training layout without denoise_hidden); use "
-            f"model.fused_ce=off or auto")
+            f"model.cross_entropy=naive or auto")
     dev = torch.device(device) if device is not None else getattr(wrapper, "device", torch.device("cpu"))
     attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
     # the native modules take the document mask as a 4-D boolean mask through their own attention
     # (SDPA with a boolean mask); the CUDA kernels of ops.attention need a module that takes
     # document ids, which no family module does yet
     kernel = "sdpa_mask" if attention == "packed" else "-"
-    fused = fused_ce == "on" or (fused_ce == "auto" and can_fuse)
-    return TrainingPaths(attention, kernel, fused, dev.type, train_attention, fused_ce)
+    fused = cross_entropy == "fused" or (cross_entropy == "auto" and can_fuse)
+    return TrainingPaths(attention, kernel, fused, dev.type, train_attention, cross_entropy)
 
 
-def configure_training_paths(wrapper: Any, train_attention: str = "auto", fused_ce: str = "auto",
+def configure_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
                              device: Any = None) -> TrainingPaths:
     """Select the paths and set them on the wrapper (``wrapper.train_attention``,
     ``wrapper.fused_ce``); returns what was chosen."""
-    paths = select_training_paths(wrapper, train_attention, fused_ce, device)
+    paths = select_training_paths(wrapper, train_attention, cross_entropy, device)
     wrapper.train_attention = paths.attention
     wrapper.fused_ce = paths.fused_ce
     wrapper.training_paths = paths

@@ -206,7 +206,7 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     wrapper = load_model(dare, config)
     wrapper.module = engine.wrap(wrapper.module)
     train_paths = configure_training_paths(
-        wrapper, config.model.train_attention, config.model.fused_ce, resolve_device(config.model.device))
+        wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device))
     rollout = build_rollout(dare, config)
     eval_rollout = build_rollout(dare, config, eval_rollout_config(config))
     if rundir is not None and engine.is_main:

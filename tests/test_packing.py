@@ -1,0 +1,153 @@
+"""Packing variable-length sequences: plan, masks and positions by hand; packed == padded."""
+
+import pytest
+import torch
+
+from dare_core.components.corruptions import RandomRatioMasking
+from dare_core.components.estimators import MaskedTokenLogProb, ResponseTokenLogProb
+from dare_core.components.losses import ClippedPolicyLoss
+from dare_core.interfaces import SequenceBatch
+from dare_core.ops.attention import document_attention
+from dare_core.ops.packing import plan_packing
+from dare_core.ops.paths import configure_training_paths
+from dare_core.testing.toy import make_toy_wrapper
+
+
+def test_plan_places_longest_first_with_hand_checked_masks_and_positions():
+    # row 0: 3 valid (cols 1-3), row 1: 5 valid (cols 0-4), row 2: 1 valid (col 2)
+    m = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 0, 0]])
+    plan = plan_packing(m)
+    assert (plan.rows, plan.width) == (2, 5)
+    assert plan.doc_ids.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 2, -1]]
+    assert plan.position_ids.tolist() == [[0, 1, 2, 3, 4], [1, 2, 3, 2, 0]]
+    restart = plan_packing(m, positions="restart")
+    assert restart.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]
+    mask = plan.attention_mask()
+    assert mask.shape == (2, 1, 5, 5) and mask.dtype == torch.bool
+    assert mask[0, 0].all()
+    assert mask[1, 0].int().tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1],  # filler sees only itself
+    ]
+    assert plan.segments().tolist() == [0, 5, 8, 9, 10]
+    ids = torch.arange(15).view(3, 5)
+    packed = plan.pack(ids, fill=-1)
+    assert packed.tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 12, -1]]
+    assert plan.unpack(packed, fill=-1).tolist() == [[-1, 1, 2, 3, -1], [5, 6, 7, 8, 9], [-1, -1, 12, -1, -1]]
+    assert plan.num_tokens == 9 and abs(plan.fill_ratio - 0.9) < 1e-9
+
+
+def test_capacity_errors_and_empty_rows():
+    m = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    plan = plan_packing(m, capacity=5)
+    assert plan.rows == 1 and plan.doc_ids.tolist() == [[0, 0, 0, 2, 2]]
+    with pytest.raises(ValueError, match="row capacity"):
+        plan_packing(m, capacity=2)
+
+
+def test_document_attention_equals_per_document_attention():
+    g = torch.Generator().manual_seed(0)
+    doc = torch.tensor([[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, 3, 3]])
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=g) for _ in range(3))
+    out = document_attention(q, k, v, doc)
+    for r in range(2):
+        for d in doc[r].unique().tolist():
+            idx = (doc[r] == d).nonzero().flatten() if d >= 0 else torch.tensor([5])
+            for i in idx.tolist():
+                if d < 0 and i != 5:
+                    continue
+                s = (q[r, :, i, None, :] @ k[r][:, idx].transpose(-1, -2)) / 2.0  # [H, 1, n]
+                want = (torch.softmax(s, -1) @ v[r][:, idx]).squeeze(-2)
+                assert torch.allclose(out[r, :, i], want, atol=1e-6)
+    with pytest.raises(ValueError, match="only on CUDA"):
+        document_attention(q, k, v, doc, kernel="flex")
+
+
+def _toy(packed: bool, fused: bool):
+    w = make_toy_wrapper(seed=3)
+    w.capabilities = w.capabilities | {"packed_varlen"}
+    configure_training_paths(w, "packed" if packed else "padded", "fused" if fused else "naive", "cpu")
+    return w
+
+
+def _batch(wrapper, lengths=((3, 5), (6, 2), (2, 9), (5, 7))):
+    """Left-padded prompts, right-padded responses of the given (prompt, response) lengths."""
+    g = torch.Generator().manual_seed(1)
+    p = max(a for a, _ in lengths)
+    r = max(b for _, b in lengths)
+    ids = torch.full((len(lengths), p + r), wrapper.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, (a, b) in enumerate(lengths):
+        ids[i, p - a:p + b] = torch.randint(4, 60, (a + b,), generator=g)
+        mask[i, p - a:p + b] = 1
+    return SequenceBatch(ids, mask, p)
+
+
+def _nelbo(wrapper, batch, seed=0):
+    corr = RandomRatioMasking(mc_num=2)(wrapper, batch, torch.Generator().manual_seed(seed))
+    logp = MaskedTokenLogProb()(wrapper, batch, corr)
+    n = corr.masked.sum()
+    weight = torch.where(corr.masked, 1.0 / corr.p_mask.clamp_min(1e-12), torch.zeros(()))
+    return (-logp * weight).sum() / n, logp, corr
+
+
+def _grads(wrapper):
+    return {k: p.grad.clone() for k, p in wrapper.module.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_equals_padded_nelbo_and_gradients_on_toy(fused):
+    ref = _toy(False, fused)
+    pk = _toy(True, fused)
+    batch = _batch(ref)
+    l_ref, lp_ref, corr = _nelbo(ref, batch)
+    l_pk, lp_pk, _ = _nelbo(pk, batch)
+    assert torch.allclose(l_pk, l_ref, rtol=1e-5, atol=0)
+    valid = batch.attention_mask.bool()[None].expand_as(lp_ref)
+    assert torch.allclose(lp_pk[valid], lp_ref[valid], rtol=1e-5, atol=1e-6)
+    assert (lp_pk[~valid] == 0).all()
+    l_ref.backward()
+    l_pk.backward()
+    g_ref, g_pk = _grads(ref), _grads(pk)
+    assert g_ref.keys() == g_pk.keys()
+    for k in g_ref:
+        assert torch.allclose(g_pk[k], g_ref[k], rtol=1e-4, atol=1e-6), k
+
+
+def _rl_loss(wrapper, batch, old=None):
+    corr = RandomRatioMasking(mc_num=1)(wrapper, batch, torch.Generator().manual_seed(5))
+    logp = ResponseTokenLogProb()(wrapper, batch, corr)
+    old = logp.detach() - 0.05 if old is None else old
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    loss, _ = ClippedPolicyLoss()(logp, old, None, adv, batch.response_mask)
+    return loss, logp
+
+
+def test_fused_equals_naive_for_nelbo_and_policy_loss_everywhere():
+    """Padded layout: the fused head gives the same numbers at every position (also padding)."""
+    naive, fused = _toy(False, False), _toy(False, True)
+    batch = _batch(naive)
+    l_n, lp_n, _ = _nelbo(naive, batch)
+    l_f, lp_f, _ = _nelbo(fused, batch)
+    assert torch.allclose(lp_f, lp_n, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(l_f, l_n, rtol=1e-5, atol=0)
+    r_n, rl_n = _rl_loss(naive, batch)
+    r_f, rl_f = _rl_loss(fused, batch, rl_n.detach() - 0.05)
+    assert torch.allclose(rl_f, rl_n, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(r_f, r_n, rtol=1e-5, atol=1e-7)
+    (l_n + r_n).backward()
+    (l_f + r_f).backward()
+    g_n, g_f = _grads(naive), _grads(fused)
+    for k in g_n:
+        assert torch.allclose(g_f[k], g_n[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_packed_policy_loss_equals_padded():
+    ref, pk = _toy(False, True), _toy(True, True)
+    batch = _batch(ref)
+    r_ref, lp_ref = _rl_loss(ref, batch)
+    r_pk, lp_pk = _rl_loss(pk, batch, lp_ref.detach() - 0.05)
+    assert torch.allclose(r_pk, r_ref, rtol=1e-5, atol=1e-7)
