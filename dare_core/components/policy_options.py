@@ -1,0 +1,95 @@
+"""Options and objective shared by algorithms built on the clipped token-level policy gradient.
+
+An algorithm config inherits :class:`ClippedObjectiveOptions` to get the clip / aggregation /
+advantage / KL fields with the usual recipe defaults, and builds its loss with
+:func:`build_clipped_objective` instead of re-declaring them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import attrs
+import torch
+
+from dare_core.components.losses import agg_loss, kl_penalty
+from dare_core.config.schema import option
+from dare_core.config.validators import in_range, non_negative, one_of
+
+KL_TYPES = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
+
+#: The 8-GPU group-RL recipe most dLLM papers share (16 prompts x 8 rollouts, lr 5e-7, wd 0.01, one
+#: optimizer step per rollout batch, grad clip 1, rollout temperature 0.6). Copy before changing.
+GROUP_RL_RECIPE = {
+    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
+                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
+    "rollout": {"temperature": 0.6},
+}
+
+
+@attrs.frozen
+class ClippedObjectiveOptions:
+    """Clipped policy-gradient options (recipe defaults: ε = 0.2, dual clip 3, token-mean, group
+    std normalisation, no KL)."""
+
+    clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
+    clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
+    clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
+                                 in_range(1.0, float("inf"), low_open=True))
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
+    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std.")
+    kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipes).",
+                            non_negative)
+    kl_type: str = option("low_var_kl", "KL penalty form.", one_of(KL_TYPES))
+
+
+class PenalizedClippedLoss:
+    r"""The clipped surrogate per Monte-Carlo row, averaged over rows, plus an optional KL penalty.
+
+    .. math::
+        \mathcal L = \frac1M\sum_m \mathrm{agg}\big(L^{clip}(\ell_m, \ell^{old}_m, A)\big)
+                   + β\,\frac1M\sum_m \mathrm{agg}\big(\mathrm{KL}(\ell_m, \ell^{ref}_m, A)\big)
+
+    with the dLLM KL rule of :func:`~dare_core.components.losses.kl_penalty`.
+    ``logp``/``old_logp``/``ref_logp``: ``[M, B, R]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``.
+    """
+
+    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
+                 agg: str = "token-mean"):
+        self.clipped = clipped
+        self.kl_coef = kl_coef
+        self.kl_type = kl_type
+        self.agg = agg
+
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+        loss, metrics = self.clipped(logp, old_logp, None, advantages, mask)
+        if self.kl_coef > 0:
+            if ref_logp is None:
+                raise ValueError("kl_coef > 0 needs reference log-probabilities")
+            if logp.dim() == 2:
+                logp, ref_logp = logp[None], ref_logp[None]
+            adv = advantages[None, :, None].to(logp.dtype)
+            kl = kl_penalty(logp, ref_logp, adv, self.kl_type)
+            kl_loss = torch.stack([agg_loss(kl[m], mask, self.agg) for m in range(kl.shape[0])]).mean()
+            loss = loss + self.kl_coef * kl_loss
+            metrics["kl_loss"] = float(kl_loss.detach())
+        return loss, metrics
+
+
+def clipped_from_options(cfg: ClippedObjectiveOptions, lookup: Any) -> Any:
+    """The registered ``clipped_pg`` loss configured from ``cfg``."""
+    return lookup.loss("clipped_pg", clip_ratio_low=cfg.clip_ratio_low,
+                       clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                       agg=cfg.loss_agg_mode)
+
+
+def build_clipped_objective(cfg: ClippedObjectiveOptions, lookup: Any) -> PenalizedClippedLoss:
+    """:class:`PenalizedClippedLoss` around the registered ``clipped_pg`` loss."""
+    return PenalizedClippedLoss(clipped_from_options(cfg, lookup), cfg.kl_coef, cfg.kl_type,
+                                cfg.loss_agg_mode)
+
+
+def advantage_from_options(cfg: ClippedObjectiveOptions, lookup: Any) -> Any:
+    """The registered group-normalised advantage with ``cfg.norm_adv_by_std``."""
+    return lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std)

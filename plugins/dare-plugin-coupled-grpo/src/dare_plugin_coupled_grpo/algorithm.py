@@ -1,0 +1,152 @@
+"""Coupled-GRPO (Gong et al. 2025, "DiffuCoder: Understanding and Improving Masked Diffusion
+Models for Code Generation", arXiv:2506.20639).
+
+GRPO whose per-token log-likelihood is scored under a pair of *complementary* masks: a random
+fraction ``t`` of the response is masked in one row, the rest in the other, so every response
+token is predicted exactly once at a partial mask level; the fully masked (one-step) estimate is
+added and the two are averaged. The three rows are drawn once per rollout batch and shared by the
+old, reference and new log-likelihoods.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Literal, Optional
+
+import attrs
+import torch
+
+from dare_core.components.corruptions import mask_tokens
+from dare_core.components.policy_options import (
+    GROUP_RL_RECIPE,
+    ClippedObjectiveOptions,
+    advantage_from_options,
+    build_clipped_objective,
+)
+from dare_core.config import option
+from dare_core.config.validators import in_range
+from dare_core.interfaces import Components, Corrupted, SequenceBatch
+
+
+def _ratio_bounds(inst: "CoupledConfig", attr, value) -> None:
+    if not inst.t_low < inst.t_high:
+        raise ValueError(f"t_low ({inst.t_low}) must be < t_high ({inst.t_high})")
+
+
+@attrs.frozen
+class CoupledConfig(ClippedObjectiveOptions):
+    """Coupled-GRPO options with the recipe defaults (DiffuCoder / DARE coupled-grpo recipe)."""
+
+    t_low: float = option(0.2, "Lower bound of the mask ratio t ~ U(t_low, t_high).",
+                          in_range(0.0, 1.0, low_open=True, high_open=True))
+    t_high: float = option(0.8, "Upper bound of the mask ratio t (must exceed t_low).",
+                           [in_range(0.0, 1.0, low_open=True, high_open=True), _ratio_bounds])
+    seed_mode: Literal["fixed", "stream"] = option(
+        "fixed",
+        "'fixed' = the reference behaviour: every draw uses a private generator re-seeded with "
+        "`seed`, so t (0.5836560790747303 for 42 on (0.2, 0.8)) and the random matrix are the same "
+        "for every sequence and step; the run's random streams are NOT reset. 'stream' = t per "
+        "sequence and the per-token uniforms come from the run's generator.")
+    seed: int = option(42, "Seed of the private generator in seed_mode=fixed.")
+
+
+class CoupledMasking:
+    r"""The three coupled rows, shapes ``[3, B, S]``:
+
+    * row 0: every valid response token masked, ``p_mask = 1``;
+    * row 1: valid response tokens with ``u < t`` masked, ``p_mask = t``;
+    * row 2: the complement (valid response tokens with ``u ≥ t``), ``p_mask = 1 - t``.
+
+    ``u ~ U(0, 1)`` per position. Prompt and padding are never masked (the reference also masks
+    padding positions, which its packed forward drops anyway). ``extras["t"]`` is ``[3, B]``.
+
+    Seeds: ``seed_mode="fixed"`` draws ``t = Random(seed).uniform(t_low, t_high)`` and
+    ``u = rand((1, S))`` from a private ``torch.Generator`` seeded with ``seed`` at *every* call, as
+    the reference does after its global ``set_seed(42)`` — but without touching any global or run
+    random stream. ``"stream"`` draws ``t`` per sequence and ``u`` per position from ``generator``.
+    """
+
+    def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "fixed",
+                 seed: int = 42):
+        if not 0.0 < t_low < t_high < 1.0:
+            raise ValueError(f"need 0 < t_low < t_high < 1, got {t_low}, {t_high}")
+        if seed_mode not in ("fixed", "stream"):
+            raise ValueError(f"seed_mode must be 'fixed' or 'stream', got {seed_mode!r}")
+        self.t_low, self.t_high = t_low, t_high
+        self.seed_mode = seed_mode
+        self.seed = seed
+
+    def draw(self, B: int, S: int, generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(t [B], u [B, S])`` on the CPU."""
+        if self.seed_mode == "fixed":
+            t = torch.full((B,), random.Random(self.seed).uniform(self.t_low, self.t_high),
+                           dtype=torch.float64)
+            u = torch.rand((1, S), generator=torch.Generator().manual_seed(self.seed)).expand(B, S)
+            return t, u
+        t = self.t_low + (self.t_high - self.t_low) * torch.rand(B, generator=generator, dtype=torch.float64)
+        u = torch.rand((B, S), generator=generator)
+        return t, u
+
+    def __call__(self, wrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted:
+        ids = batch.input_ids
+        B, S = ids.shape
+        dev = ids.device
+        completion = torch.zeros(B, S, dtype=torch.bool, device=dev)
+        completion[:, batch.prompt_len:] = batch.response_mask.bool()
+        t, u = self.draw(B, S, generator)
+        t, u = t.to(dev), u.to(dev)
+        below = u < t[:, None].to(u.dtype)
+        masked = torch.stack([completion, completion & below, completion & ~below])
+        tf = t.to(torch.float32)[:, None].expand(B, S)
+        p_mask = torch.stack([torch.ones(B, S, device=dev), tf, 1.0 - tf]) * masked
+        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
+        return Corrupted(noisy, masked, p_mask, {"t": t.to(torch.float32)[None].expand(3, B).clone()})
+
+
+class CoupledTokenLogProb:
+    r"""Coupled per-token log-likelihood estimate, ``[1, B, R]``:
+
+    .. math::
+        \ell_j = \tfrac12\Big(\ell^{(0)}_j + \tfrac{1}{t}\ell^{(1)}_j[j∈M_1]
+                 + \tfrac{1}{1-t}\ell^{(2)}_j[j∈M_2]\Big)
+
+    where ``ℓ^{(m)}_j = log p_θ(y_j | row m)``. ``M_1``/``M_2`` partition the response, so each
+    token gets the full-mask term plus exactly one importance-weighted partial-mask term. The three
+    rows go through the model in one batched call; block-diffusion wrappers receive the final
+    sequence as the clean half of their ``[noisy | clean]`` layout.
+    """
+
+    granularity = "token"
+
+    def __call__(self, wrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor:
+        if corrupted is None or corrupted.num_samples != 3:
+            raise ValueError("the coupled estimator needs the three rows of coupled_masking")
+        M, B, S = corrupted.noisy_ids.shape
+        P = batch.prompt_len
+        rep = lambda x: x.repeat(M, 1)  # noqa: E731 - row-major stacking of the three rows
+        logp = wrapper.token_logprobs(
+            corrupted.noisy_ids.reshape(M * B, S), rep(batch.input_ids), rep(batch.attention_mask),
+            clean_ids=rep(batch.input_ids),
+        ).reshape(M, B, S)[:, :, P:]
+        masked = corrupted.masked[:, :, P:]
+        t = corrupted.extras["t"][0].to(logp.dtype)[:, None]
+        zero = torch.zeros_like(logp[0])
+        part = torch.where(masked[1], logp[1] / t, zero) + torch.where(masked[2], logp[2] / (1.0 - t), zero)
+        return ((logp[0] + part) / 2.0)[None]
+
+
+def build(cfg: CoupledConfig, lookup) -> Components:
+    return Components(
+        corruption=lookup.corruption("coupled_masking", t_low=cfg.t_low, t_high=cfg.t_high,
+                                     seed_mode=cfg.seed_mode, seed=cfg.seed),
+        trajectory=lookup.trajectory("final_sequence"),
+        estimator=lookup.estimator("coupled_token_logprob"),
+        loss=build_clipped_objective(cfg, lookup),
+        advantage=advantage_from_options(cfg, lookup),
+        needs_ref=cfg.kl_coef > 0,
+    )
+
+
+# Recipe (LLaDA-8B-Instruct, 8 GPUs): the shared group-RL recipe, as d1.
+RECIPE = copy.deepcopy(GROUP_RL_RECIPE)
