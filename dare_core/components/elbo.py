@@ -289,3 +289,26 @@ def sequence_kl(elbo: torch.Tensor, ref_elbo: torch.Tensor, kind: str = "k2") ->
     if kind == "k3":
         return torch.exp(-d) + d - 1.0
     raise ValueError(f"unknown sequence KL {kind!r}; valid: k1, abs, k2, k3")
+
+
+class RowMeanObjective:
+    """Base of losses defined on the row mean ``Ê = (1/M) Σ_m e_m`` of ``[M, B]`` estimates.
+
+    Subclasses implement ``objective(elbo, rows, old_rows, ref_rows, advantages, mask) ->
+    (loss, metrics)`` with ``elbo`` ``[B]`` (differentiable) and ``rows`` the detached ``[M, B]``
+    values. ``__call__`` evaluates it with every row's graph alive; ``accumulate`` gives the same
+    gradient through :func:`proxy_backward` with one row's graph at a time.
+    """
+
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+        return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask)
+
+    def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
+                   scale: float):
+        def objective(z, rows):
+            return self.objective(z, rows, old_logp, ref_logp, advantages, mask)
+
+        return proxy_backward(estimate, num_rows, objective, scale)
