@@ -28,20 +28,26 @@ GROUP_RL_RECIPE = {
 
 
 @attrs.frozen
-class ClippedObjectiveOptions:
-    """Clipped policy-gradient options (recipe defaults: ε = 0.2, dual clip 3, token-mean, group
-    std normalisation, no KL)."""
+class ClipOptions:
+    """Clip / advantage / KL options of clipped policy-gradient algorithms (recipe defaults:
+    ε = 0.2, dual clip 3, group std normalisation, no KL)."""
 
     clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
     clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
     clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
                                  in_range(1.0, float("inf"), low_open=True))
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
     norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std.")
     kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipes).",
                             non_negative)
     kl_type: str = option("low_var_kl", "KL penalty form.", one_of(KL_TYPES))
+
+
+@attrs.frozen
+class ClippedObjectiveOptions(ClipOptions):
+    """:class:`ClipOptions` plus the token-loss aggregation of the per-token objective."""
+
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
 
 
 class PenalizedClippedLoss:
@@ -77,11 +83,15 @@ class PenalizedClippedLoss:
         return loss, metrics
 
 
-def clipped_from_options(cfg: ClippedObjectiveOptions, lookup: Any) -> Any:
+def clip_kwargs(cfg: ClipOptions) -> dict[str, float]:
+    """``clip_ratio_low/high/c`` of ``cfg`` as keyword arguments."""
+    return {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high,
+            "clip_ratio_c": cfg.clip_ratio_c}
+
+
+def clipped_from_options(cfg: ClipOptions, lookup: Any) -> Any:
     """The registered ``clipped_pg`` loss configured from ``cfg``."""
-    return lookup.loss("clipped_pg", clip_ratio_low=cfg.clip_ratio_low,
-                       clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                       agg=cfg.loss_agg_mode)
+    return lookup.loss("clipped_pg", agg=getattr(cfg, "loss_agg_mode", "token-mean"), **clip_kwargs(cfg))
 
 
 def build_clipped_objective(cfg: ClippedObjectiveOptions, lookup: Any) -> PenalizedClippedLoss:
@@ -90,6 +100,6 @@ def build_clipped_objective(cfg: ClippedObjectiveOptions, lookup: Any) -> Penali
                                 cfg.loss_agg_mode)
 
 
-def advantage_from_options(cfg: ClippedObjectiveOptions, lookup: Any) -> Any:
+def advantage_from_options(cfg: ClipOptions, lookup: Any) -> Any:
     """The registered group-normalised advantage with ``cfg.norm_adv_by_std``."""
     return lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std)

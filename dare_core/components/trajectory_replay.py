@@ -125,3 +125,93 @@ def transition_weights(local: torch.Tensor, block_ids: torch.Tensor, steps: int)
         1.0 / size / n_trans[b_idx[valid]]
     )
     return w
+
+
+class StepReplay:
+    r"""Trajectory builder: every recorded denoising step becomes one replayed transition.
+
+    Needs the rollout record ``reveal_step``. The training rows are the rollout rows; the model
+    inputs are the states before each step (:func:`replay_states`, drawn from the record, not at
+    random), the targets the tokens committed at that step; ``weights`` ``[K, B, R]`` and
+    ``extras`` carry what :class:`ReplayClippedLoss` needs.
+
+    * masked-diffusion wrappers (``kind == "masked"``): global steps; weights = the step's
+      committed valid response tokens; reduction ``step_mean`` (``(1/K) Σ_k`` token-mean of step
+      ``k``, ``K`` = the rollout's number of steps) unless ``reduction`` says otherwise;
+    * block-diffusion wrappers (``kind == "block"``): block-local steps
+      (:func:`block_local_steps`) replayed for all blocks at once in the ``[noisy | clean]``
+      layout, the whole terminal block (the block holding the last valid response token) replayed
+      and attended, per-sample transition weights (:func:`transition_weights`), reduction
+      ``per_sample``.
+
+    :param reduction: ``auto`` (by wrapper kind as above), ``step_mean``, ``per_sample`` or
+        ``token_mean`` (one token-mean over every replayed token of the micro-batch).
+    :param left_to_right: require that tokens were committed one per step from left to right
+        (``reveal_step[j] = j``); otherwise raise.
+    """
+
+    records = frozenset({"reveal_step"})
+    REDUCTIONS = ("auto", "step_mean", "per_sample", "token_mean")
+
+    def __init__(self, reduction: str = "auto", left_to_right: bool = False):
+        if reduction not in self.REDUCTIONS:
+            raise ValueError(f"reduction must be one of {self.REDUCTIONS}, got {reduction!r}")
+        self.reduction = reduction
+        self.left_to_right = left_to_right
+
+    def build(self, rollout):
+        return rollout.sequences()
+
+    def expand(self, wrapper, rollout, context):
+        from dare_core.components.trajectory_rows import TrainingRows
+        from dare_core.errors import DareError
+
+        if rollout.reveal_step is None:
+            raise DareError(
+                "this algorithm replays the denoising order but the rollout did not record "
+                "reveal_step; choose a rollout backend that lists reveal_step in `dare list rollouts`")
+        batch = rollout.sequences()
+        P = batch.prompt_len
+        reveal = rollout.reveal_step.to(batch.input_ids.device).long()
+        valid = batch.response_mask.bool()
+        if self.left_to_right:
+            pos = torch.arange(reveal.shape[1], device=reveal.device).expand_as(reveal)
+            if not bool((reveal == pos)[valid].all()):
+                raise DareError(
+                    "this algorithm needs left-to-right decoding, one token per step "
+                    "(rollout.block_length=1, rollout.steps=rollout.gen_length)")
+        block = getattr(wrapper, "kind", "masked") == "block"
+        reduction = self.reduction if self.reduction != "auto" else ("per_sample" if block else "step_mean")
+        if block:
+            blk = response_block_ids(batch, int(wrapper.block_size))
+            local = block_local_steps(reveal, blk)
+            has = valid.any(1)
+            last = torch.where(has, valid.long().cumsum(1).argmax(1), torch.zeros_like(has, dtype=torch.long))
+            terminal = blk.gather(1, last[:, None])
+            replay = (local >= 0) & (blk <= terminal) & has[:, None]
+            att = batch.attention_mask.clone()
+            att[:, P:] = replay.long()
+            batch = SequenceBatch(batch.input_ids, att, P)
+            order = torch.where(replay, local, torch.full_like(local, -1))
+            K = int(order.max()) + 1 if bool(replay.any()) else 0
+            corrupted, _ = replay_states(batch, order, wrapper.mask_token_id,
+                                         steps=torch.arange(K, device=order.device))
+            weights = transition_weights(order, blk, K).to(torch.float32)
+            num_steps = K
+        else:
+            corrupted, steps = replay_states(batch, reveal, wrapper.mask_token_id, targets=valid)
+            weights = corrupted.masked[:, :, P:].to(torch.float32)
+            num_steps = max(int(rollout.num_steps), int(steps.numel()))
+        if reduction == "per_sample" and not block:
+            # one block: a transition is (row, replayed step); rows of the replay = index in steps
+            hit = corrupted.masked[:, :, P:]
+            row_of = torch.where(hit.any(0), hit.long().argmax(0), torch.full_like(reveal, -1))
+            weights = transition_weights(row_of, torch.zeros_like(row_of),
+                                         corrupted.num_samples).to(torch.float32)
+        B = batch.batch_size
+        code = {"step_mean": 0, "per_sample": 1, "token_mean": 2}[reduction]
+        extras = {"replay_steps": torch.full((B,), num_steps, dtype=torch.long),
+                  "replay_reduction": torch.full((B,), code, dtype=torch.long)}
+        return TrainingRows(batch, context.advantages, corrupted, weights, extras,
+                            {"replay_rows": float(corrupted.num_samples)})
+

@@ -12,6 +12,8 @@ from dare_core.components import (
     RLOOAdvantage,
 )
 from dare_core.components.elbo import SequenceELBO, StratifiedCountMasking
+from dare_core.components.replay_loss import make_replay_clipped_loss
+from dare_core.components.trajectory_replay import StepReplay
 from dare_core.interfaces import ComponentSpec
 from dare_core.plugins import hookimpl
 
@@ -32,6 +34,11 @@ def dare_register_corruptions(register):
 @hookimpl
 def dare_register_trajectory_builders(register):
     register(ComponentSpec("final_sequence", FinalSequence, "train on the final sequence only"))
+    register(ComponentSpec(
+        "step_replay", StepReplay,
+        "replay every recorded denoising step (reveal_step): states before the step, its tokens "
+        "as targets; block models replay block-local steps of all blocks at once",
+    ))
 
 
 @hookimpl
@@ -52,6 +59,11 @@ def dare_register_likelihood_estimators(register):
 
 @hookimpl
 def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "replay_clipped_pg", make_replay_clipped_loss,
+        "clipped surrogate over replayed steps (step-mean / per-sample / token-mean), one "
+        "forward+backward per chunk of steps",
+    ))
     register(ComponentSpec(
         "clipped_pg", ClippedPolicyLoss,
         "PPO clipped surrogate with dual clip, token-mean", reference="arXiv:1707.06347",

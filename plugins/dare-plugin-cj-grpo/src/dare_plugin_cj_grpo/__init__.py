@@ -1,0 +1,24 @@
+"""dare-plugin-cj-grpo: CJ-GRPO, consistency-trajectory GRPO (arXiv:2509.23924)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec
+
+from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="cj_grpo",
+        workflow="rl",
+        config_cls=CJConfig,
+        build=build,
+        components={"trajectory": "step_replay", "estimator": "response_token_logprob",
+                    "loss": "replay_clipped_pg", "advantage": "group_norm"},
+        paper="arXiv:2509.23924",
+        description="GRPO on every recorded denoising transition (exact trajectory replay; "
+                    "block models: paper-exact block-parallel local steps)",
+        recipe=RECIPE,
+    ))
