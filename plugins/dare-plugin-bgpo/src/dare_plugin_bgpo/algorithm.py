@@ -1,0 +1,166 @@
+"""BGPO (Lin et al. 2025, "Boundary-Guided Policy Optimization for Memory-efficient RL of
+Diffusion Large Language Models", arXiv:2510.11683).
+
+The sequence log-likelihood is approximated by a Monte-Carlo ELBO with many corruption rows. For
+positive advantages the PPO ratio of each row is *linear* in the row's ELBO (``ρ = 1 + Δ``, the
+first-order lower bound of ``e^Δ``), so the objective is a sum over rows and its gradient can be
+accumulated one row at a time: memory does not grow with ``mc_num``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from dare_core.components.elbo import (
+    clipped_surrogate,
+    mc_diagnostics,
+    per_row_backward,
+    ratio_diagnostics,
+)
+from dare_core.components.losses import agg_loss, masked_mean
+from dare_core.config import option
+from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.interfaces import Components
+
+
+def _divides_mc_num(inst, attr, value) -> None:
+    if not isinstance(value, int) or value < 1 or inst.mc_num % value:
+        raise ValueError(f"{attr.name} must be a positive divisor of mc_num={inst.mc_num}, got {value!r}; "
+                         f"set n_l to mc_num (the recipe) or a divisor of it")
+
+
+@attrs.frozen
+class BGPOConfig:
+    """BGPO options with the recipe defaults (LLaDA math recipe: mc_num = n_l = 16)."""
+
+    mc_num: int = option(16, "Monte-Carlo corruption rows per sequence (ELBO samples).", positive)
+    n_l: int = option(16, "Rows per stratified group: each group draws k ~ U{1..L} and spreads its "
+                          "n_l mask counts evenly over 1..L; must divide mc_num.", _divides_mc_num)
+    clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
+    clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
+    clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
+                                 in_range(1.0, float("inf"), low_open=True))
+    loss_agg_mode: str = option("token-mean", "Token-loss aggregation (each row's value is broadcast "
+                                "over its response, so token-mean is a length-weighted row mean).",
+                                one_of(("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                        "seq-mean-token-sum-norm")))
+    length_norm: str = option(
+        "auto", "ELBO normaliser: padded (R), valid (#valid response tokens), none, or auto = padded "
+                "for masked-diffusion wrappers and valid for block wrappers (the reference's choice).",
+        one_of(("auto", "padded", "valid", "none")))
+    nan_guard: bool = option(
+        True, "Compute the A>0 ratio as 1 + Δ directly. The reference evaluates exp(log(1 + Δ)), "
+              "which is NaN for Δ <= -1 and makes the optimizer skip the whole step; with the guard "
+              "such rows keep the linear surrogate -A(1 + Δ) (finite, gradient -A∇ℓ like every "
+              "unclipped A>0 row). Counted as ratio_nonpositive either way.")
+    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
+    accumulate: bool = option(
+        True, "Backward after every Monte-Carlo row (memory independent of mc_num); false keeps "
+              "every row's graph until one backward (same gradient, memory grows with mc_num).")
+
+
+def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *,
+                   eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3.0,
+                   nan_guard: bool = True, agg: str = "token-mean"):
+    r"""BGPO clipped objective on same-shaped tensors (per token or per row broadcast).
+
+    .. math::
+        ρ = \begin{cases} 1 + (ℓ - ℓ_{old}) & A > 0 \\ e^{ℓ - ℓ_{old}} & A \le 0 \end{cases}
+
+    then the dual-clipped PPO surrogate of ``ρ`` (ε_low, ε_high, ``c`` for ``A < 0``),
+    aggregated with ``agg``. With ``nan_guard=False`` the ``A > 0`` branch is evaluated as
+    ``exp(log(1 + Δ))`` like the reference (NaN for ``Δ <= −1``).
+
+    Returns ``(loss, metrics, ratio)``; metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``,
+    ``ppo_kl`` (masked mean of ``−log ρ`` over ``ρ > 0``), ``ratio_nonpositive`` (count of
+    weighted entries with ``A > 0`` and ``1 + Δ <= 0``).
+    """
+    delta = new - old
+    pos = adv > 0
+    lin = 1.0 + delta if nan_guard else torch.exp(torch.log1p(delta))
+    ratio = torch.where(pos, lin, torch.exp(delta))
+    loss_tok, clipped, dual = clipped_surrogate(ratio, adv, eps_low, eps_high, c)
+    loss = agg_loss(loss_tok, mask, agg)
+    with torch.no_grad():
+        m = mask.to(loss_tok.dtype)
+        bad = pos & (1.0 + delta <= 0) & (m > 0)
+        ok = (ratio > 0) & torch.isfinite(ratio)
+        neg_log = torch.where(ok, -torch.log(torch.where(ok, ratio, torch.ones_like(ratio))),
+                              torch.zeros_like(ratio))
+        metrics = {
+            "pg_clipfrac": float(masked_mean(clipped.to(m.dtype), m)),
+            "pg_clipfrac_lower": float(masked_mean(dual.to(m.dtype), m)),
+            "ppo_kl": float(masked_mean(neg_log, m * ok)),
+            "ratio_nonpositive": float(bad.sum()),
+        }
+    return loss, metrics, ratio
+
+
+class BGPOLoss:
+    r"""BGPO loss over Monte-Carlo rows: ``(1/M) Σ_m bgpo_surrogate(l_m, l^{old}_m, A)`` where
+    ``l_m`` is row ``m``'s normalised ELBO broadcast over the response. ``logp``/``old_logp``:
+    ``[M, B]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``. ``accumulate`` computes the
+    same gradient with a backward per row (constant memory in ``M``)."""
+
+    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                 clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
+                 accumulate: bool = True):
+        self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c,
+                       nan_guard=nan_guard, agg=agg)
+        if not accumulate:
+            self.accumulate = None  # the workflow then takes the one-backward path
+
+    def row(self, l_row: torch.Tensor, old_row: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
+        shape = mask.shape
+        new = l_row[:, None].expand(shape)
+        old = old_row[:, None].to(new.dtype).expand(shape)
+        adv = advantages.to(new.dtype)[:, None].expand(shape)
+        loss, metrics, ratio = bgpo_surrogate(new, old, adv, mask, **self.kw)
+        metrics.update(ratio_diagnostics(ratio[:, 0], (mask.sum(-1) > 0).float()))
+        return loss, metrics
+
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+        M = logp.shape[0]
+        total, agg = 0.0, {}
+        for m in range(M):
+            loss, metrics = self.row(logp[m], old_logp[m], advantages, mask)
+            total = total + loss / M
+            for k, v in metrics.items():
+                agg[k] = agg.get(k, 0.0) + v / M
+        agg.update(mc_diagnostics(logp, "elbo"))
+        return total, agg
+
+    def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale):
+        seen = []
+
+        def row_loss(e, m):
+            seen.append(e.detach())
+            return self.row(e, old_logp[m], advantages, mask)
+
+        loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale)
+        metrics.update(mc_diagnostics(torch.stack(seen, 0), "elbo"))
+        return loss, metrics
+
+
+def build(cfg: BGPOConfig, lookup) -> Components:
+    return Components(
+        corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l),
+        trajectory=lookup.trajectory("final_sequence"),
+        estimator=lookup.estimator("sequence_elbo", norm=cfg.length_norm),
+        loss=lookup.loss("bgpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                         clip_ratio_c=cfg.clip_ratio_c, nan_guard=cfg.nan_guard, agg=cfg.loss_agg_mode,
+                         accumulate=cfg.accumulate),
+        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+    )
+
+
+# Recipe (8 GPUs, LLaDA-8B-Instruct): 16 prompts x 8 rollouts, lr 5e-7, AdamW wd 0.01, one optimizer
+# step per rollout batch, grad clip 1, rollout temperature 0.6.
+RECIPE = {
+    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
+                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
+    "rollout": {"temperature": 0.6},
+}
