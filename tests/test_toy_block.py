@@ -96,6 +96,10 @@ def test_denoise_logits_follow_the_bd3lm_rule(w):
     # clean == noisy gives the inference logits
     torch.testing.assert_close(w.denoise_logits(clean, None, clean), w.logits(clean), rtol=1e-5, atol=1e-5)
     assert w.denoise_logits(noisy).shape == base.shape
+    # the hidden-state view (fused cross entropy) is the same computation before the head
+    head = w.module.get_output_embeddings()
+    torch.testing.assert_close(head(w.denoise_hidden(noisy, None, clean)), base, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head(w.denoise_hidden(noisy)), w.denoise_logits(noisy), rtol=1e-5, atol=1e-5)
 
 
 def test_hidden_and_head(w):

@@ -169,6 +169,18 @@ class ToyBlockWrapper(HFDiffusionWrapper):
         L = noisy_ids.shape[1]
         return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :L]
 
+    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets the
+        core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
+        B, L = noisy_ids.shape
+        if clean_ids is None:
+            pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
+            mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
+            return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
+        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        return self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)[:, :L]
+
     def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
                        past_key_values=None, attention_mask: Optional[torch.Tensor] = None,
                        use_cache: bool = True):

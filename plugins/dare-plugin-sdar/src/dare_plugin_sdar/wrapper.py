@@ -1,0 +1,213 @@
+"""The SDAR model wrapper: block-causal inference, BD3LM training layout, KV cache, loading, creation.
+
+SDAR (dense ``sdar`` and MoE ``sdar_moe``) is a block-diffusion model: at inference a query in block
+``b`` (``position // block_size``, positions counted from the first real token) attends to keys in
+blocks ``≤ b``; in training the input is ``[noisy | clean]`` with the BD3LM mask and the loss reads
+the noisy half's logits (models.md §3 steps 3-5). Logits are not shifted. The wrapper builds these
+masks with :mod:`dare_core.models.block`, so algorithms never see the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import torch
+
+from dare_core.errors import DareError
+from dare_core.models import HFDiffusionWrapper
+from dare_core.models.block import bd3lm_layout, block_causal_mask, block_index, positions_from_mask
+
+from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
+from dare_plugin_sdar.hf import register_auto_classes
+from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
+from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM
+
+CAPABILITIES = frozenset({"kv_cache"})
+#: Block size when the config has none (SDAR-30B-A3B), as the published generation code uses.
+DEFAULT_BLOCK_SIZE = 4
+BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
+IM_END = "<|im_end|>"
+MASK_TOKENS = ("<|MASK|>", "<MASK>")
+_CLASSES = {SDARConfig.model_type: SDARForCausalLM, SDARMoeConfig.model_type: SDARMoeForCausalLM}
+
+
+class SDARWrapper(HFDiffusionWrapper):
+    """Block-causal inference, ``[noisy | clean]`` BD3LM training, unshifted logits."""
+
+    logit_shift = 0
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""
+        B, L = input_ids.shape
+        pos = positions_from_mask(attention_mask, (B, L), input_ids.device)
+        mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
+        return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
+
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask (block ids from
+        positions counted from the first real token, the global origin).
+
+        Without ``clean_ids`` the clean half would be the input itself, for which the noisy half's
+        logits are those of the block-causal inference forward, so :meth:`logits` is used.
+        """
+        if clean_ids is None:
+            return self.logits(noisy_ids, attention_mask)
+        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        L = noisy_ids.shape[1]
+        return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :L]
+
+    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets the
+        core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
+        B, L = noisy_ids.shape
+        if clean_ids is None:
+            pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
+            mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
+            return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
+        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        return self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)[:, :L]
+
+    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor, past_key_values=None,
+                       attention_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
+        """One cached forward (the DARE KV-cache contract); returns ``(logits, present)``."""
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, use_cache=use_cache)
+        return out.logits, out.past_key_values
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Qwen3 chat template with thinking disabled (SDAR's chat evaluation setting)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  enable_thinking=False)
+
+    def save_pretrained(self, path: str) -> None:
+        super().save_pretrained(path)
+        gen = {"eos_token_id": list(self.stop_token_ids), "pad_token_id": self.pad_token_id}
+        with open(os.path.join(path, "generation_config.json"), "w") as fh:
+            json.dump(gen, fh, indent=2)
+
+
+def _model_type(path: str) -> str:
+    if not os.path.isdir(path):
+        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
+    with open(cfg_file) as fh:
+        model_type = json.load(fh).get("model_type")
+    if model_type not in _CLASSES:
+        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not one of "
+                        f"{', '.join(sorted(_CLASSES))}; choose the matching --model")
+    return model_type
+
+
+def _first(value: Any) -> Optional[int]:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+def _token_id(tokenizer: Any, token: str) -> Optional[int]:
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if isinstance(tid, int) and tid != tokenizer.unk_token_id and 0 <= tid < len(tokenizer):
+        return tid
+    return None
+
+
+def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
+    """mask / eos / pad / stop ids from the checkpoint (config, generation_config.json, tokenizer)."""
+    mask = getattr(config, "mask_token_id", None)
+    if mask is None:
+        mask = tokenizer.mask_token_id
+    if mask is None:
+        mask = next((t for t in (_token_id(tokenizer, m) for m in MASK_TOKENS) if t is not None), None)
+    if mask is None:
+        raise DareError(f"{path!r}: neither config.json (mask_token_id) nor the tokenizer names a mask token")
+    eos = _first(config.eos_token_id)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        raise DareError(f"{path!r}: no eos_token_id in config.json or the tokenizer")
+    stops: list[int] = []
+    gen_file = os.path.join(path, "generation_config.json")
+    gen: dict[str, Any] = {}
+    if os.path.isfile(gen_file):
+        with open(gen_file) as fh:
+            gen = json.load(fh)
+        g = gen.get("eos_token_id")
+        stops = [int(t) for t in (g if isinstance(g, list) else [g] if g is not None else [])]
+    if not stops:
+        stops = [t for t in (_token_id(tokenizer, IM_END), eos) if t is not None]
+    pad = config.pad_token_id
+    if pad is None:
+        pad = gen.get("pad_token_id", tokenizer.pad_token_id)
+    if pad is None:
+        pad = eos
+    return {"mask_token_id": int(mask), "eos_token_id": int(eos), "pad_token_id": int(pad),
+            "stop_token_ids": tuple(dict.fromkeys(stops))}
+
+
+def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+         attn_implementation: Optional[str] = None) -> SDARWrapper:
+    """Load an ``sdar`` or ``sdar_moe`` checkpoint (single file or sharded safetensors) and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    register_auto_classes()
+    model_type = _model_type(path)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    module = _CLASSES[model_type].from_pretrained(path, **kwargs).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = token_ids(path, module.config, tokenizer)
+    block = getattr(module.config, "block_size", None) or DEFAULT_BLOCK_SIZE
+    return SDARWrapper(family="sdar", module=module, tokenizer=tokenizer, kind="block",
+                       capabilities=CAPABILITIES, block_size=int(block), **ids)
+
+
+TINY_DENSE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_hidden_layers=2, intermediate_size=128, max_position_embeddings=2048,
+                  rope_theta=10000.0, block_size=4, vocab_size=512)
+TINY_MOE = dict(TINY_DENSE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
+    """Write a randomly initialised SDAR checkpoint with a BPE tokenizer trained on ``texts``.
+
+    ``sizes`` override the tiny defaults with published config field names (e.g. ``hidden_size=96``);
+    ``model_type=sdar_moe`` writes an SDAR-MoE checkpoint (then ``num_experts``,
+    ``num_experts_per_tok``, ``moe_intermediate_size`` ... apply too). ``vocab_size``
+    is the tokenizer's target size (the embedding is rounded up to a multiple of 64).
+    """
+    from dare_plugin_sdar.tokenizer import IM_END as IM_END_TOKEN
+    from dare_plugin_sdar.tokenizer import build_tokenizer
+
+    register_auto_classes()
+    model_type = str(sizes.pop("model_type", SDARConfig.model_type))
+    if model_type not in _CLASSES:
+        raise DareError(f"model_type must be one of {', '.join(sorted(_CLASSES))}, got {model_type!r}")
+    moe = model_type == SDARMoeConfig.model_type
+    config_cls = SDARMoeConfig if moe else SDARConfig
+    params = dict(TINY_MOE if moe else TINY_DENSE)
+    known = set(config_cls().to_dict()) | set(params)
+    unknown = set(sizes) - known
+    if unknown:
+        raise DareError(f"unknown {model_type} config field(s): {', '.join(sorted(unknown))}")
+    params.update(sizes)
+    tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
+    vocab = ((len(tokenizer) + 63) // 64) * 64
+    eos = tokenizer.eos_token_id
+    # like the published configs: no pad_token_id (so no frozen padding row in the embedding);
+    # the pad id comes from the tokenizer / generation_config.json
+    config = config_cls(**params, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id,
+                        eos_token_id=eos, bos_token_id=eos)
+    model = _CLASSES[model_type](config)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    stops = [tokenizer.convert_tokens_to_ids(IM_END_TOKEN), eos]
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as fh:
+        json.dump({"eos_token_id": stops, "pad_token_id": tokenizer.pad_token_id}, fh, indent=2)
