@@ -1,0 +1,35 @@
+"""dare-plugin-justgrpo: JustGRPO, left-to-right decoding with exact log-probabilities
+(arXiv:2601.15165)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_justgrpo.algorithm import RECIPE, JustConfig, TemperedTokenLogProb, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_likelihood_estimators(register):
+    register(ComponentSpec(
+        "tempered_token_logprob", TemperedTokenLogProb,
+        "log softmax(logits / T)[y_j] at every response position of every state row",
+        reference="arXiv:2601.15165",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="justgrpo",
+        workflow="rl",
+        config_cls=JustConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"trajectory": "step_replay", "estimator": "tempered_token_logprob",
+                    "loss": "replay_clipped_pg", "advantage": "group_norm"},
+        paper="arXiv:2601.15165",
+        description="generate left to right one token per step; token GRPO with exact "
+                    "autoregressive-order log-probabilities at the sampling temperature",
+        recipe=RECIPE,
+    ))

@@ -1,0 +1,124 @@
+"""JustGRPO (LeapLabTHU/JustGRPO, arXiv:2601.15165).
+
+The diffusion model is made to decode strictly left to right, one token per step (semi-AR blocks
+of length 1, ``steps = gen_length``); the probability of the sampled response is then exactly
+``Π_t p_θ(y_t | prompt, y_<t, MASK…)`` and plain token-level GRPO is applied with these exact
+log-probabilities — no ELBO, no mean-field surrogate:
+
+* training rollout: ``Components.rollout_config`` forces ``block_length = 1`` and
+  ``steps = gen_length`` (and the sampling temperature, see :class:`JustConfig`) on the training
+  rollout; evaluation keeps the run's rollout settings;
+* trajectory ``step_replay`` with ``left_to_right=True``: state ``t`` = prompt, clean ``y_<t``,
+  MASK from ``t`` on; target ``y_t`` (the builder refuses a rollout that did not decode left to
+  right);
+* estimator ``tempered_token_logprob``: ``ℓ_t = log softmax(logits_t / T)[y_t]`` with the sampling
+  temperature ``T`` (the policy that generated the tokens);
+* loss ``replay_clipped_pg`` with the ``token_mean`` reduction: the clipped surrogate with dual
+  clip, one token mean over every response token of the micro-batch, computed ``row_chunk``
+  positions per forward/backward.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from dare_core.components.policy_options import (
+    GROUP_RL_RECIPE,
+    ClipOptions,
+    advantage_from_options,
+    clip_kwargs,
+)
+from dare_core.config import option
+from dare_core.config.validators import optional, positive
+from dare_core.errors import DareError
+from dare_core.interfaces import Components, Corrupted, SequenceBatch
+from dare_core.models.base import gather_logprobs
+
+
+@attrs.frozen
+class JustConfig(ClipOptions):
+    """JustGRPO options with the recipe defaults."""
+
+    temperature: Optional[float] = option(
+        0.6, "Sampling temperature of the training rollout and of the learner's log-probabilities "
+        "(must be > 0); null = rollout.temperature.", optional(positive))
+    row_chunk: int = option(1, "Response positions per forward/backward (the reference's "
+                               "position chunk size).", positive)
+    exclude_mask_token: bool = option(
+        True, "Renormalise the learner's softmax without the mask token, which the core samplers "
+        "never propose, so ℓ is exactly the sampling log-probability (false = the reference's "
+        "full softmax).")
+
+
+class TemperedTokenLogProb:
+    """``log softmax(logits / T)[y_j]`` at every response position of every state row:
+    ``[M, B, R]``. ``temperature`` is set when the run's rollout is configured (it must be the
+    sampling temperature); calling before that raises. With ``exclude_mask_token`` the mask
+    token's logit is removed first (the sampler never proposes it)."""
+
+    granularity = "token"
+
+    def __init__(self, temperature: Optional[float] = None, exclude_mask_token: bool = True):
+        self.temperature = temperature
+        self.exclude_mask_token = exclude_mask_token
+
+    def __call__(self, wrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor:
+        if corrupted is None:
+            raise ValueError("the tempered estimator needs states to score")
+        if not self.temperature or self.temperature <= 0:
+            raise DareError("the tempered log-probability needs a sampling temperature > 0; "
+                            "set algorithm.temperature")
+        P = batch.prompt_len
+        rows = []
+        for m in range(corrupted.num_samples):
+            logits = wrapper.denoise_logits(corrupted.noisy_ids[m], batch.attention_mask, batch.input_ids)
+            logits = logits[:, P:].float() / self.temperature
+            if self.exclude_mask_token:
+                logits = logits.index_fill(-1, torch.tensor([wrapper.mask_token_id], device=logits.device),
+                                           float("-inf"))
+            rows.append(gather_logprobs(logits, batch.input_ids[:, P:]))
+        return torch.stack(rows, 0)
+
+
+def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
+    """``rollout_config``: one token per step, left to right, at the algorithm's temperature."""
+
+    def adjust(rollout_cfg: Any) -> Any:
+        names = {f.name for f in attrs.fields(type(rollout_cfg))}
+        need = {"gen_length", "block_length", "steps", "temperature"}
+        if not need <= names:
+            raise DareError(
+                f"justgrpo needs a rollout backend with {', '.join(sorted(need))} options to "
+                f"decode left to right; the chosen backend lacks {', '.join(sorted(need - names))}")
+        temp = cfg.temperature if cfg.temperature is not None else rollout_cfg.temperature
+        if temp <= 0:
+            raise DareError("justgrpo needs a sampling temperature > 0 (exact log-probabilities "
+                            "of sampled tokens); set algorithm.temperature or rollout.temperature")
+        estimator.temperature = float(temp)
+        return attrs.evolve(rollout_cfg, block_length=1, steps=rollout_cfg.gen_length,
+                            temperature=float(temp))
+
+    return adjust
+
+
+def build(cfg: JustConfig, lookup) -> Components:
+    estimator = lookup.estimator("tempered_token_logprob", temperature=cfg.temperature,
+                                 exclude_mask_token=cfg.exclude_mask_token)
+    return Components(
+        trajectory=lookup.trajectory("step_replay", reduction="token_mean", left_to_right=True),
+        estimator=estimator,
+        loss=lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+                         row_chunk=cfg.row_chunk, **clip_kwargs(cfg)),
+        advantage=advantage_from_options(cfg, lookup),
+        needs_ref=cfg.kl_coef > 0,
+        rollout_config=left_to_right_rollout(cfg, estimator),
+    )
+
+
+# Recipe (LLaDA-8B-Instruct): the shared group-RL recipe; the sampling temperature (0.6) is the
+# algorithm's own option because the learner uses it too.
+RECIPE = copy.deepcopy(GROUP_RL_RECIPE)
