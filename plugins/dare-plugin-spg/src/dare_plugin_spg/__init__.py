@@ -1,0 +1,49 @@
+"""dare-plugin-spg: Sandwiched Policy Gradient (arXiv:2510.09541)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_spg.algorithm import RECIPE, BlockWiseMasking, SPGBounds, SPGConfig, SPGLoss, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "spg_block_masking", BlockWiseMasking,
+        "one random response block partly masked, later blocks fully, earlier tokens at rate p",
+        kinds=frozenset({"masked"}), reference="arXiv:2510.09541",
+    ))
+
+
+@hookimpl
+def dare_register_likelihood_estimators(register):
+    register(ComponentSpec(
+        "spg_bounds", SPGBounds, "masked-token-mean ELBO and Rényi EUBO per sequence",
+        reference="arXiv:2510.09541",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "spg", SPGLoss, "REINFORCE on the ELBO (A > 0) or the EUBO/mix (A <= 0), length-weighted",
+        reference="arXiv:2510.09541",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="spg",
+        workflow="rl",
+        config_cls=SPGConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"corruption": "spg_block_masking", "estimator": "spg_bounds", "loss": "spg",
+                    "advantage": "group_norm", "trajectory": "final_sequence"},
+        paper="arXiv:2510.09541",
+        description="SPG: policy gradient on a lower (A > 0) or upper (A <= 0) likelihood bound",
+        recipe=RECIPE,
+    ))
