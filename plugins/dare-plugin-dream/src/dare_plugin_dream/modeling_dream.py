@@ -58,6 +58,7 @@ __all__ = [
     "DreamBaseModel",
     "DreamPreTrainedModel",
     "DreamModel",
+    "DreamOutput",
     "rotary_cos_sin",
     "apply_rotary",
     "prepare_attention_mask",
@@ -69,6 +70,15 @@ _REJECTED_IF_SET = ("labels", "cu_seqlens", "max_seqlen", "replace_position", "d
                     "cache_position", "num_logits_to_keep", "logits_to_keep")
 
 KVCache = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class DreamOutput(CausalLMOutputWithPast):
+    """``logits``, ``hidden_states`` and the KV cache (a list of ``(k, v)`` per layer), readable
+    as ``.past_key_values`` (the shared DARE contract) or ``.cache`` (transformers 5 name)."""
+
+    @property
+    def past_key_values(self):  # the base class warns that the name is deprecated
+        return self.cache
 
 
 class DreamRMSNorm(nn.Module):
@@ -391,7 +401,7 @@ class DreamModel(DreamPreTrainedModel):
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
                 use_cache: bool | None = False, inputs_embeds: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+                **kwargs: Any) -> DreamOutput | tuple:
         """Bidirectional forward.
 
         Args:
@@ -420,4 +430,4 @@ class DreamModel(DreamPreTrainedModel):
         cache = presents if use_cache else None
         if not return_dict:
             return tuple(v for v in (logits, cache, all_hidden) if v is not None)
-        return CausalLMOutputWithPast(logits=logits, past_key_values=cache, hidden_states=all_hidden)
+        return DreamOutput(logits=logits, cache=cache, hidden_states=all_hidden)

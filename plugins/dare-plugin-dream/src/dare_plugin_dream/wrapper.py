@@ -31,7 +31,7 @@ from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.modeling_dream import DreamModel
 
-CAPABILITIES = frozenset({"bidirectional", "kv_cache"})
+CAPABILITIES = frozenset({"bidirectional", "kv_cache", "packed_varlen"})
 BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 IM_END_TOKEN = "<|im_end|>"
 
@@ -68,21 +68,14 @@ class DreamWrapper(HFDiffusionWrapper):
         mask = self._padding_mask(attention_mask)
         return self.align(self._raw_logits(input_ids, mask), mask)
 
-    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
-                       past_key_values: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None,
-                       attention_mask: Optional[torch.Tensor] = None,
-                       use_cache: bool = True) -> tuple[torch.Tensor, Any]:
-        """Cached forward (shared contract): aligned logits of ``input_ids[:, 1:]`` and the cache.
+    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Aligned final hidden states (fused cross entropy): the same shift as :meth:`logits`."""
+        mask = self._padding_mask(attention_mask)
+        return self.align(self.module.forward_hidden(noisy_ids, attention_mask=mask), mask)
 
-        ``input_ids`` ``[B, Q]`` must start one look-behind position before the first wanted
-        position, and that look-behind position must not also be in ``past_key_values``. The
-        aligned logit of ``input_ids[:, j]`` (``j >= 1``) is the raw logit of ``j - 1``, so the
-        result is ``raw[:, :Q-1]`` ``[B, Q-1, V]``; ``present`` is the module's
-        ``past_key_values`` (cache then the Q new positions) when ``use_cache``, else ``None``.
-        """
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, use_cache=use_cache)
-        return out.logits[:, : input_ids.shape[1] - self.logit_shift], out.past_key_values
+    # ``forward_cached`` is the core's: with ``logit_shift = 1`` it returns the raw logits
+    # ``[:, :Q-1]``, i.e. the aligned logits of ``input_ids[:, 1:]``.
 
 
 def _check_dir(path: str) -> None:
