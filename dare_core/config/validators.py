@@ -60,3 +60,15 @@ def in_range(low: float, high: float, *, low_open: bool = False, high_open: bool
         _check(ok, f"{attr.name} must be in {lb}{low}, {high}{hb}, got {value!r}")
 
     return check
+
+
+def divides(field: str):
+    """A positive integer that divides the (integer) field ``field`` of the same config."""
+
+    def check(inst: Any, attr: Any, value: Any) -> None:
+        total = getattr(inst, field)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1 and total % value == 0
+        _check(ok, f"{attr.name} must be a positive divisor of {field}={total}, got {value!r}; "
+                   f"set {attr.name} to {field} or a divisor of it")
+
+    return check

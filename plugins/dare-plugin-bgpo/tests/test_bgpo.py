@@ -12,10 +12,11 @@ from dare_core.components import ComponentLookup
 from dare_core.components.elbo import StratifiedCountMasking
 from dare_core.config import resolve
 from dare_core.config.structure import structure
-from dare_core.interfaces import Example, Score, SequenceBatch, TaskSpec
-from dare_core.plugins import build, hookimpl
+from dare_core.interfaces import SequenceBatch
+from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.rl_probe import ProbePlugin
 from dare_core.train import train
 from dare_core.workflows.rl import _row_estimate
 from dare_plugin_bgpo.algorithm import BGPOConfig, BGPOLoss, bgpo_surrogate, build as build_bgpo
@@ -76,6 +77,18 @@ def test_row_loss_broadcasts_and_is_length_weighted():
     # row 0: ρ = 1 + 0.1 (A > 0) -> -1.1 on 3 tokens; row 1: ρ = 1 -> +1 on 1 token
     assert loss.item() == pytest.approx((3 * -1.1 + 1.0) / 4, abs=1e-6)
     assert m["ratio_max"] == pytest.approx(1.1) and m["elbo_mc_var"] == 0.0
+
+
+def test_kl_uses_one_row_against_reference_row_mean():
+    loss_fn = BGPOLoss(kl_coef=0.5, kl_type="k1")
+    lp = torch.tensor([[-1.0, -1.0]])
+    ref = torch.tensor([[-1.5, -0.5], [-1.5, -0.5]])  # row mean = [-1.5, -0.5]
+    base, _ = BGPOLoss()(lp, lp, None, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
+    loss, m = loss_fn(lp, lp, ref, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
+    # §18.2 kl_penalty oracle, k1: [log 1.5, -0.5] (log(1 + d) only where A > 0)
+    assert m["kl_loss"] == pytest.approx((0.405465 - 0.5) / 2, abs=1e-6)
+    assert loss.item() == pytest.approx(base.item() + 0.5 * m["kl_loss"], abs=1e-6)
+    assert _components(kl_coef=0.1).needs_ref and not _components().needs_ref
 
 
 def test_corruption_and_estimator_match_uniform_oracle_on_toy():
@@ -185,27 +198,10 @@ def test_config_validators():
     assert not problems and cfg.mc_num == 16 and cfg.n_l == 16
 
 
-class LetterTask:
-    name = "letter_a"
-
-    def examples(self, split, limit=None, seed=0):
-        return [Example([{"role": "user", "content": f"q{i}"}], "a", "letter_a") for i in range(limit or 8)]
-
-    def score(self, example, response):
-        frac = response.count("a") / max(1, len(response))
-        return Score(frac, float(frac == 1.0), response)
-
-
-class TaskPlugin:
-    @hookimpl
-    def dare_register_tasks(self, register):
-        register(TaskSpec("letter_a", lambda cfg: LetterTask(), "test task"))
-
-
 def test_one_rl_step_through_the_core_loop(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_bgpo, TaskPlugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_bgpo, ProbePlugin()])
     cfg = resolve(dare, algo="bgpo", model="toy", overrides=[
-        "task.name=letter_a", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
+        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
         "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
         "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "rollout.temperature=1.0",
         "algorithm.mc_num=4", "algorithm.n_l=2", "eval.before=false", "eval.after=false", "progress=false",

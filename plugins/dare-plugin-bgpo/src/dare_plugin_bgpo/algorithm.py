@@ -20,33 +20,21 @@ from dare_core.components.elbo import (
     per_row_backward,
     ratio_diagnostics,
 )
-from dare_core.components.losses import agg_loss, masked_mean
+from dare_core.components.losses import agg_loss, kl_penalty, masked_mean
+from dare_core.components.policy_options import GROUP_RL_RECIPE, ClippedObjectiveOptions
 from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.config.validators import divides, one_of, positive
 from dare_core.interfaces import Components
 
 
-def _divides_mc_num(inst, attr, value) -> None:
-    if not isinstance(value, int) or value < 1 or inst.mc_num % value:
-        raise ValueError(f"{attr.name} must be a positive divisor of mc_num={inst.mc_num}, got {value!r}; "
-                         f"set n_l to mc_num (the recipe) or a divisor of it")
-
-
 @attrs.frozen
-class BGPOConfig:
-    """BGPO options with the recipe defaults (LLaDA math recipe: mc_num = n_l = 16)."""
+class BGPOConfig(ClippedObjectiveOptions):
+    """BGPO options with the recipe defaults (LLaDA math recipe: mc_num = n_l = 16; clip, advantage
+    and KL options shared with the other clipped objectives)."""
 
     mc_num: int = option(16, "Monte-Carlo corruption rows per sequence (ELBO samples).", positive)
     n_l: int = option(16, "Rows per stratified group: each group draws k ~ U{1..L} and spreads its "
-                          "n_l mask counts evenly over 1..L; must divide mc_num.", _divides_mc_num)
-    clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
-    clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
-    clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
-                                 in_range(1.0, float("inf"), low_open=True))
-    loss_agg_mode: str = option("token-mean", "Token-loss aggregation (each row's value is broadcast "
-                                "over its response, so token-mean is a length-weighted row mean).",
-                                one_of(("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                        "seq-mean-token-sum-norm")))
+                          "n_l mask counts evenly over 1..L; must divide mc_num.", divides("mc_num"))
     length_norm: str = option(
         "auto", "ELBO normaliser: padded (R), valid (#valid response tokens), none, or auto = padded "
                 "for masked-diffusion wrappers and valid for block wrappers (the reference's choice).",
@@ -56,7 +44,6 @@ class BGPOConfig:
               "which is NaN for Δ <= -1 and makes the optimizer skip the whole step; with the guard "
               "such rows keep the linear surrogate -A(1 + Δ) (finite, gradient -A∇ℓ like every "
               "unclipped A>0 row). Counted as ratio_nonpositive either way.")
-    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
     accumulate: bool = option(
         True, "Backward after every Monte-Carlo row (memory independent of mc_num); false keeps "
               "every row's graph until one backward (same gradient, memory grows with mc_num).")
@@ -101,32 +88,46 @@ def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask
 
 class BGPOLoss:
     r"""BGPO loss over Monte-Carlo rows: ``(1/M) Σ_m bgpo_surrogate(l_m, l^{old}_m, A)`` where
-    ``l_m`` is row ``m``'s normalised ELBO broadcast over the response. ``logp``/``old_logp``:
-    ``[M, B]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``. ``accumulate`` computes the
-    same gradient with a backward per row (constant memory in ``M``)."""
+    ``l_m`` is row ``m``'s normalised ELBO broadcast over the response, plus (``kl_coef > 0``)
+    ``β (1/M) Σ_m agg(KL(l_m, mean_m l^{ref}_m, A))`` with the dLLM KL rule of
+    :func:`~dare_core.components.losses.kl_penalty` (one row against the reference's row mean, as
+    the reference does; off in every recipe). ``logp``/``old_logp``/``ref_logp``: ``[M, B]``;
+    ``advantages``: ``[B]``; ``mask``: ``[B, R]``. ``accumulate`` computes the same gradient with
+    a backward per row (constant memory in ``M``)."""
 
     def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                  clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
-                 accumulate: bool = True):
+                 accumulate: bool = True, kl_coef: float = 0.0, kl_type: str = "low_var_kl"):
         self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c,
                        nan_guard=nan_guard, agg=agg)
+        self.kl_coef = kl_coef
+        self.kl_type = kl_type
         if not accumulate:
             self.accumulate = None  # the workflow then takes the one-backward path
 
-    def row(self, l_row: torch.Tensor, old_row: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
+    def row(self, l_row: torch.Tensor, old_row: torch.Tensor, ref_mean: Optional[torch.Tensor],
+            advantages: torch.Tensor, mask: torch.Tensor):
         shape = mask.shape
         new = l_row[:, None].expand(shape)
         old = old_row[:, None].to(new.dtype).expand(shape)
         adv = advantages.to(new.dtype)[:, None].expand(shape)
         loss, metrics, ratio = bgpo_surrogate(new, old, adv, mask, **self.kw)
         metrics.update(ratio_diagnostics(ratio[:, 0], (mask.sum(-1) > 0).float()))
+        if self.kl_coef > 0:
+            if ref_mean is None:
+                raise ValueError("kl_coef > 0 needs reference ELBOs")
+            kl = agg_loss(kl_penalty(new, ref_mean[:, None].to(new.dtype).expand(shape), adv, self.kl_type),
+                          mask, self.kw["agg"])
+            loss = loss + self.kl_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
         return loss, metrics
 
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
         M = logp.shape[0]
+        ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         total, agg = 0.0, {}
         for m in range(M):
-            loss, metrics = self.row(logp[m], old_logp[m], advantages, mask)
+            loss, metrics = self.row(logp[m], old_logp[m], ref_mean, advantages, mask)
             total = total + loss / M
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + v / M
@@ -134,11 +135,12 @@ class BGPOLoss:
         return total, agg
 
     def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale):
+        ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
 
         def row_loss(e, m):
             seen.append(e.detach())
-            return self.row(e, old_logp[m], advantages, mask)
+            return self.row(e, old_logp[m], ref_mean, advantages, mask)
 
         loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale)
         metrics.update(mc_diagnostics(torch.stack(seen, 0), "elbo"))
@@ -152,15 +154,12 @@ def build(cfg: BGPOConfig, lookup) -> Components:
         estimator=lookup.estimator("sequence_elbo", norm=cfg.length_norm),
         loss=lookup.loss("bgpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                          clip_ratio_c=cfg.clip_ratio_c, nan_guard=cfg.nan_guard, agg=cfg.loss_agg_mode,
-                         accumulate=cfg.accumulate),
+                         accumulate=cfg.accumulate, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type),
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        needs_ref=cfg.kl_coef > 0,
     )
 
 
-# Recipe (8 GPUs, LLaDA-8B-Instruct): 16 prompts x 8 rollouts, lr 5e-7, AdamW wd 0.01, one optimizer
-# step per rollout batch, grad clip 1, rollout temperature 0.6.
-RECIPE = {
-    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
-                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
-    "rollout": {"temperature": 0.6},
-}
+# Recipe (8 GPUs, LLaDA-8B-Instruct): the shared group-RL recipe (16 prompts x 8 rollouts, lr 5e-7,
+# one optimizer step per rollout batch, rollout temperature 0.6).
+RECIPE = GROUP_RL_RECIPE

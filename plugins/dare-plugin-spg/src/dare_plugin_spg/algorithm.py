@@ -18,6 +18,7 @@ import torch
 
 from dare_core.components.corruptions import mask_tokens
 from dare_core.components.elbo import mc_diagnostics, random_subset, response_valid
+from dare_core.components.policy_options import GROUP_RL_RECIPE
 from dare_core.config import option
 from dare_core.config.validators import in_range, one_of, positive, probability
 from dare_core.interfaces import Components, Corrupted, SequenceBatch
@@ -230,10 +231,6 @@ def build(cfg: SPGConfig, lookup) -> Components:
     )
 
 
-# Recipe (8 GPUs, LLaDA-8B-Instruct): 16 prompts x 8 rollouts, lr 5e-7, AdamW wd 0.01, one optimizer
-# step per rollout batch, grad clip 1, rollout temperature 0.6, block 32.
-RECIPE = {
-    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
-                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
-    "rollout": {"temperature": 0.6},
-}
+# Recipe (8 GPUs, LLaDA-8B-Instruct): the shared group-RL recipe (16 prompts x 8 rollouts, lr 5e-7,
+# one optimizer step per rollout batch, rollout temperature 0.6); block 32.
+RECIPE = GROUP_RL_RECIPE
