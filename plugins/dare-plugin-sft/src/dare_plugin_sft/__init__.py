@@ -1,8 +1,9 @@
-"""dare-plugin-sft: masked-diffusion NELBO supervised fine-tuning."""
+"""dare-plugin-sft: supervised fine-tuning with the diffusion NELBO (masked and block diffusion)."""
 
 from dare_core import hookimpl
 from dare_core.interfaces import AlgorithmSpec, ComponentSpec
 
+from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO
 from dare_plugin_sft.objective import RECIPE, NELBOLoss, SFTConfig, build
 
 __version__ = "0.1.0"
@@ -13,6 +14,20 @@ def dare_register_policy_losses(register):
     register(ComponentSpec(
         "nelbo", NELBOLoss, "masked-diffusion NELBO: sum CE/t over masked tokens / #masked",
         reference="arXiv:2502.09992",
+    ))
+    register(ComponentSpec(
+        "block_diffusion_nelbo", BlockDiffusionNELBO,
+        "block-diffusion NELBO: sum CE/p over masked tokens / trained response tokens",
+        reference="arXiv:2503.09573",
+    ))
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "block_diffusion_masking", BlockDiffusionMasking,
+        "block diffusion: per-sequence p = (1-eps) t + eps, retried until >= 1 response token is masked",
+        reference="arXiv:2503.09573",
     ))
 
 
@@ -25,6 +40,6 @@ def dare_register_algorithms(register):
         build=build,
         components={"corruption": "random_ratio", "estimator": "masked_token_logprob", "loss": "nelbo"},
         paper="arXiv:2502.09992",
-        description="supervised fine-tuning with the masked-diffusion NELBO",
+        description="supervised fine-tuning with the diffusion NELBO (masked; block models: BD3LM layout)",
         recipe=RECIPE,
     ))

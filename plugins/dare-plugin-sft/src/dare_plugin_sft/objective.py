@@ -13,9 +13,11 @@ import attrs
 import torch
 
 from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, positive
+from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.interfaces import Components, Corrupted, SequenceBatch
 from dare_core.workflows.sft import default_collate
+
+from dare_plugin_sft.block import KindDispatch
 
 
 @attrs.frozen
@@ -31,6 +33,22 @@ class SFTConfig:
     response_length: int = option(
         0, "Pad every response to this many tokens (match rollout.gen_length); 0 = longest in batch.",
         non_negative)
+    # --- block-diffusion models (wrapper.kind == "block"; see dare_plugin_sft.block) -----------
+    block_t_low: float = option(
+        0.0, "Block diffusion: lower end of the per-sequence noise level t ~ U(low, high).",
+        in_range(0.0, 1.0))
+    block_t_high: float = option(
+        1.0, "Block diffusion: upper end of t ~ U(low, high); the masking probability is "
+             "(1 - eps) t + eps.", in_range(0.0, 1.0))
+    block_weighting: str = option(
+        "elbo", "Block diffusion loss: 'elbo' = sum CE / p over masked tokens / number of trained "
+                "response tokens (BD3LM/SDAR); 'none' = mean CE over masked tokens.",
+        one_of(("elbo", "none")))
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_t_low > self.block_t_high:
+            raise ValueError(f"algorithm.block_t_low ({self.block_t_low}) must not exceed "
+                             f"algorithm.block_t_high ({self.block_t_high}); swap them")
 
 
 class NELBOLoss:
@@ -68,11 +86,17 @@ def make_collate(cfg: SFTConfig):
 
 
 def build(cfg: SFTConfig, lookup) -> Components:
+    """Masked-diffusion NELBO for ``masked`` models, block-diffusion NELBO for ``block`` models
+    (chosen per call from ``wrapper.kind``; :class:`~dare_plugin_sft.block.KindDispatch`)."""
+    masked_corruption = lookup.corruption("random_ratio", eps=cfg.eps, mc_num=cfg.mc_num)
+    block_corruption = lookup.corruption("block_diffusion_masking", eps=cfg.eps, mc_num=cfg.mc_num,
+                                         low=cfg.block_t_low, high=cfg.block_t_high)
     return Components(
-        corruption=lookup.corruption("random_ratio", eps=cfg.eps, mc_num=cfg.mc_num),
+        corruption=KindDispatch(masked_corruption, block_corruption, "corruption"),
         trajectory=None,
         estimator=lookup.estimator("masked_token_logprob"),
-        loss=lookup.loss("nelbo"),
+        loss=KindDispatch(lookup.loss("nelbo"),
+                          lookup.loss("block_diffusion_nelbo", weighting=cfg.block_weighting), "loss"),
         collate=make_collate(cfg),
     )
 
