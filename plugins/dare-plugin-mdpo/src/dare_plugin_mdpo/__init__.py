@@ -1,0 +1,44 @@
+"""dare-plugin-mdpo: MDPO, Masked Diffusion Policy Optimization (arXiv:2508.13148)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_mdpo.algorithm import RECIPE, MDPOConfig, MDPOLoss, StepStateRows, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_trajectory_builders(register):
+    register(ComponentSpec(
+        "intermediate_states", StepStateRows,
+        "reward every step's predicted clean response, step-wise advantages, one training row "
+        "per (rollout, selected step): state -> predicted tokens",
+        reference="arXiv:2508.13148",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "mdpo_loss", MDPOLoss,
+        "clipped ratio x R/#masked, confidence-weighted over masked positions (no dual clip)",
+        reference="arXiv:2508.13148",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="mdpo",
+        workflow="rl",
+        config_cls=MDPOConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"trajectory": "intermediate_states", "estimator": "response_token_logprob",
+                    "loss": "mdpo_loss", "advantage": "group_norm"},
+        paper="arXiv:2508.13148",
+        description="rewards intermediate predictions of every denoising step; trains the "
+                    "denoiser on the visited states with step-wise advantages",
+        recipe=RECIPE,
+    ))
