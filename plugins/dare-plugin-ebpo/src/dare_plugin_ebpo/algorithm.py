@@ -1,0 +1,201 @@
+"""EBPO (ELBO-based Block-level Policy Optimization; LLaDA2.1 technical report, arXiv:2602.08676,
+Eq. 4–5).
+
+For block-diffusion models the sequence log-likelihood is approximated by a *composite* ELBO: the
+sum over every response block of its block-conditional ELBO term, averaged over Monte-Carlo rows
+(each row masks some tokens in **every** block at a cyclically stratified noise level). PPO
+clipping is applied once, to the sequence-level ratio of composite ELBOs, in log space.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import attrs
+import torch
+
+from dare_core.components.corruptions import mask_tokens
+from dare_core.components.elbo import (
+    RowMeanObjective,
+    cyclic_levels,
+    mc_diagnostics,
+    ratio_diagnostics,
+    response_valid,
+    sequence_kl,
+)
+from dare_core.components.policy_options import GROUP_RL_RECIPE
+from dare_core.config import option
+from dare_core.config.validators import divides, in_range, non_negative, one_of, positive
+from dare_core.errors import DareError
+from dare_core.interfaces import Components, Corrupted, SequenceBatch
+from dare_core.models.block import block_index, positions_from_mask
+
+
+@attrs.frozen
+class EBPOConfig:
+    """EBPO options with the recipe defaults (mc_num = n_l = 16)."""
+
+    mc_num: int = option(16, "Monte-Carlo corruption rows per sequence.", positive)
+    n_l: int = option(16, "Rows per stratification group: the group's (row, block) cells share one "
+                          "uniform u with levels (u + c/N_cells) mod 1; must divide mc_num.",
+                      divides("mc_num"))
+    block_length: int = option(0, "Block size of the composite ELBO; 0 = the model's block size "
+                                  "(must equal the rollout's block length).", non_negative)
+    clip_ratio_low: float = option(0.2, "Sequence-ratio clip ε below 1.", in_range(0.0, 1.0, high_open=True))
+    clip_ratio_high: float = option(0.2, "Sequence-ratio clip ε above 1.", non_negative)
+    kl_coef: float = option(0.0, "Weight of the sequence KL to the initial policy (0 = off, as the recipes).",
+                            non_negative)
+    kl_type: str = option("k3", "Sequence KL form on composite ELBOs: k1, abs, k2, k3.",
+                          one_of(("k1", "abs", "k2", "k3")))
+    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
+
+
+def block_mask_counts(levels: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Tokens masked in a block of ``n`` tokens at noise level ``τ``: ``min(⌊τ n⌋ + 1, n)``
+    (at least one, at most all). ``levels`` broadcasts against ``sizes``."""
+    return torch.minimum(torch.floor(levels * sizes).long() + 1, sizes.long())
+
+
+class BlockELBOMasking:
+    r"""Block-aware corruption for the composite ELBO, per sequence.
+
+    Response blocks are taken in compact coordinates with the global origin: the block of a
+    valid response token is ``⌊(position among the row's valid tokens) / block_length⌋``, so the
+    first response block may share its block with the prompt's tail and the first/last blocks
+    may be partial. For each group of ``n_l`` rows and the ``N = n_l · n_blocks`` (row, block)
+    cells, ``τ_c = (u + c/N) mod 1`` with one ``u ~ U(0,1)`` per group (cell ``c = row·n_blocks
+    + block``). A block of ``n`` tokens gets ``k = min(⌊τ n⌋ + 1, n)`` uniformly chosen tokens
+    masked with ``p_mask = k/n``; every block has a masked token in every row; the prompt is never
+    masked. ``extras["levels"]`` is ``[M, B, S]`` (τ of each position's cell, 0 elsewhere).
+    The model wrapper builds the block layout (``[noisy | clean]`` for block kinds).
+    """
+
+    def __init__(self, mc_num: int = 16, n_l: int = 16, block_length: int = 0):
+        if mc_num < 1 or n_l < 1 or mc_num % n_l:
+            raise ValueError(f"n_l={n_l} must divide mc_num={mc_num}")
+        self.mc_num = mc_num
+        self.n_l = n_l
+        self.block_length = block_length
+
+    def block_size(self, wrapper) -> int:
+        bl = self.block_length or getattr(wrapper, "block_size", None)
+        if not bl:
+            raise DareError("the block ELBO corruption needs a block size; the model has none, so set "
+                            "algorithm.block_length (or use a block-diffusion model)")
+        return int(bl)
+
+    def response_blocks(self, batch: SequenceBatch, block_size: int) -> torch.Tensor:
+        """``[B, S]`` block id (compact, global origin) of each valid response token, -1 elsewhere."""
+        att = batch.attention_mask
+        pos = positions_from_mask(att, tuple(att.shape), att.device)
+        ids = block_index(pos, block_size)
+        return torch.where(response_valid(batch), ids, torch.full_like(ids, -1))
+
+    def __call__(self, wrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted:
+        ids = batch.input_ids
+        B, S = ids.shape
+        M = self.mc_num
+        blocks = self.response_blocks(batch, self.block_size(wrapper)).cpu()
+        masked = torch.zeros(M, B, S, dtype=torch.bool)
+        p_mask = torch.zeros(M, B, S, dtype=torch.float32)
+        levels = torch.zeros(M, B, S, dtype=torch.float32)
+        for b in range(B):
+            uniq = blocks[b][blocks[b] >= 0].unique(sorted=True)
+            nb = len(uniq)
+            if nb == 0:
+                continue
+            members = [torch.nonzero(blocks[b] == u).flatten() for u in uniq.tolist()]
+            sizes = torch.tensor([len(x) for x in members])
+            for g in range(M // self.n_l):
+                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                tau = cyclic_levels(u, self.n_l * nb).reshape(self.n_l, nb)
+                k = block_mask_counts(tau, sizes[None])
+                for r in range(self.n_l):
+                    i = g * self.n_l + r
+                    for j, pos in enumerate(members):
+                        n = len(pos)
+                        pick = pos[torch.randperm(n, generator=generator)[: int(k[r, j])]]
+                        masked[i, b, pick] = True
+                        p_mask[i, b, pick] = float(k[r, j]) / n
+                        levels[i, b, pos] = float(tau[r, j])
+        dev = ids.device
+        masked = masked.to(dev)
+        return Corrupted(mask_tokens(ids, masked, wrapper.mask_token_id), masked, p_mask.to(dev),
+                         {"levels": levels.to(dev)})
+
+
+def ebpo_sequence_loss(elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: torch.Tensor,
+                       rows: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2):
+    r"""Sequence-level clipped objective in log space over the valid sequences ``rows`` (bool):
+
+    .. math::
+        δ = Ê − Ê_{old},\quad δ' = \begin{cases} \min(δ, \log(1+ε_{high})) & A \ge 0 \\
+        \max(δ, \log(1−ε_{low})) & A < 0 \end{cases},\quad
+        \mathcal L = \mathrm{mean}_b\,(−A_b e^{δ'_b})
+
+    (no dual clip: unbounded for ``A < 0`` and large ``δ``). Metrics: ``pg_clipfrac`` (rows whose
+    ``δ`` was clipped), ``pg_clipfrac_lower`` (clipped with ``A < 0``), ``ppo_kl`` (mean ``−δ``).
+    """
+    delta = elbo - old_elbo.to(elbo.dtype)
+    adv = advantages.to(elbo.dtype)
+    clipped = torch.where(adv >= 0, delta.clamp(max=math.log1p(eps_high)),
+                          delta.clamp(min=math.log1p(-eps_low)))
+    per_row = -adv * torch.exp(clipped)
+    w = rows.to(elbo.dtype)
+    n = w.sum().clamp_min(1.0)
+    loss = (per_row * w).sum() / n
+    with torch.no_grad():
+        was_clipped = (clipped != delta).to(w.dtype) * w
+        metrics = {
+            "pg_clipfrac": float(was_clipped.sum() / n),
+            "pg_clipfrac_lower": float((was_clipped * (adv < 0).to(w.dtype)).sum() / n),
+            "ppo_kl": float((-delta * w).sum() / n),
+        }
+        metrics.update(ratio_diagnostics(torch.exp(delta), w))
+    return loss, metrics
+
+
+class EBPOLoss(RowMeanObjective):
+    r"""EBPO on composite ELBO rows ``[M, B]``: :func:`ebpo_sequence_loss` of ``Ê = mean_m e_m``
+    over sequences with a valid response, plus ``β · mean_b KL(Ê, Ê_ref)`` when ``kl_coef > 0``.
+    The workflow's ``accumulate`` path uses the exact proxy gradient (one row's graph at a time)."""
+
+    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                 kl_coef: float = 0.0, kl_type: str = "k3"):
+        self.eps_low = clip_ratio_low
+        self.eps_high = clip_ratio_high
+        self.kl_coef = kl_coef
+        self.kl_type = kl_type
+
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):
+        valid = mask.sum(-1) > 0
+        loss, metrics = ebpo_sequence_loss(elbo, old_rows.mean(0), advantages, valid,
+                                           self.eps_low, self.eps_high)
+        if self.kl_coef > 0:
+            if ref_rows is None:
+                raise ValueError("kl_coef > 0 needs reference ELBOs")
+            w = valid.to(elbo.dtype)
+            kl = (sequence_kl(elbo, ref_rows.mean(0).to(elbo.dtype), self.kl_type) * w).sum() / w.sum().clamp_min(1)
+            loss = loss + self.kl_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
+        metrics.update(mc_diagnostics(rows, "elbo"))
+        return loss, metrics
+
+
+def build(cfg: EBPOConfig, lookup) -> Components:
+    return Components(
+        corruption=lookup.corruption("block_elbo_masking", mc_num=cfg.mc_num, n_l=cfg.n_l,
+                                     block_length=cfg.block_length),
+        trajectory=lookup.trajectory("final_sequence"),
+        estimator=lookup.estimator("sequence_elbo", norm="none"),
+        loss=lookup.loss("ebpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                         kl_coef=cfg.kl_coef, kl_type=cfg.kl_type),
+        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        needs_ref=cfg.kl_coef > 0,
+    )
+
+
+# Recipe (block-diffusion 8B, 8 GPUs): the shared group-RL trainer settings (16 prompts x 8 rollouts,
+# lr 5e-7, one optimizer step per rollout batch); the rollout temperature is the family's (1.0 / 0.6).
+RECIPE = {"trainer": dict(GROUP_RL_RECIPE["trainer"])}
