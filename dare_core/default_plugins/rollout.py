@@ -330,6 +330,48 @@ class LowConfidenceSampler:
             extras=states,
         )
 
+    def continue_from(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response: torch.Tensor,
+        *,
+        start_step: int,
+        stop_step: int,
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
+        """Resume denoising partial responses over the global steps ``[start_step, stop_step)``.
+
+        ``response`` ``[B, gen_length]`` holds committed tokens and the mask token where still to
+        decode (e.g. the state another call left after ``start_step`` steps). A block entered in
+        the middle spreads its remaining masks over its remaining steps. Positions still masked
+        at the end stay masked unless ``stop_step`` is the last step (then they become EOS).
+        ``reveal_step`` holds the global step of the tokens committed by this call, -1 elsewhere;
+        ``response_mask`` follows the backend's rule. Same random stream order as
+        :meth:`generate` for the steps run.
+        """
+        cfg = self.config
+        if not 0 <= start_step <= stop_step <= cfg.steps:
+            raise ValueError(f"need 0 <= start_step <= stop_step <= steps={cfg.steps}, got "
+                             f"{start_step}, {stop_step}")
+        if response.shape != (prompt_ids.shape[0], cfg.gen_length):
+            raise ValueError(f"response must be [B, gen_length] = "
+                             f"{(prompt_ids.shape[0], cfg.gen_length)}, got {tuple(response.shape)}")
+        module = wrapper.module
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
+        try:
+            with torch.no_grad():
+                out, reveal, nfe, _ = self._generate_chunk(
+                    wrapper, prompt_ids, prompt_mask, generator, False, response, start_step,
+                    stop_step)
+        finally:
+            for m, training in modes:
+                m.training = training
+        return RolloutBatch(prompt_ids, prompt_mask, out, self._response_mask(out, wrapper.eos_token_id),
+                            reveal_step=reveal, num_steps=cfg.steps, nfe=nfe)
+
     # ------------------------------------------------------------------ internals
     def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
         b, r = response_ids.shape
@@ -351,6 +393,9 @@ class LowConfidenceSampler:
         prompt_mask: torch.Tensor,
         generator: Optional[torch.Generator],
         want_states: bool = False,
+        response: Optional[torch.Tensor] = None,
+        start: int = 0,
+        stop: Optional[int] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, torch.Tensor]]:
         cfg = self.config
         device = prompt_ids.device
@@ -358,10 +403,10 @@ class LowConfidenceSampler:
         r, width, spb = cfg.gen_length, cfg.block_length, cfg.steps_per_block
         mask_id, eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
 
-        x = torch.cat(
-            [prompt_ids.long(), torch.full((b, r), mask_id, dtype=torch.long, device=device)],
-            dim=1,
-        )
+        if response is None:
+            response = torch.full((b, r), mask_id, dtype=torch.long, device=device)
+        x = torch.cat([prompt_ids.long(), response.long()], dim=1)
+        stop = cfg.steps if stop is None else stop
         prompt_valid = prompt_mask.bool()
         attn = None
         if not bool(prompt_valid.all()):
@@ -374,15 +419,19 @@ class LowConfidenceSampler:
             device=device,
         )
 
-        pending = torch.ones(b, r, dtype=torch.bool, device=device)
+        pending = x[:, p:] == mask_id
         reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
         nfe = 0
         inputs, preds, confs = [], [], []
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
-            quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), spb)
-            for step in range(spb):
-                k = quota[:, step]
+            first, last = max(start, blk * spb), min(stop, (blk + 1) * spb)
+            if first >= last:
+                continue  # this block's steps lie outside [start, stop)
+            # quota over the block's remaining steps (all of them when the block starts fresh)
+            quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), (blk + 1) * spb - first)
+            for step in range(first - blk * spb, last - blk * spb):
+                k = quota[:, step - (first - blk * spb)]
                 if not want_states and not bool((k > 0).any()):
                     continue  # nobody commits: the forward would change nothing
                 if want_states:
@@ -413,7 +462,7 @@ class LowConfidenceSampler:
                 reveal[:, lo:hi] = torch.where(
                     commit, torch.full_like(k, blk * spb + step)[:, None], reveal[:, lo:hi]
                 )
-        response = x[:, p:].masked_fill(pending, eos_id)
+        response = x[:, p:].masked_fill(pending, eos_id) if stop >= cfg.steps else x[:, p:]
         states: dict[str, torch.Tensor] = {}
         if want_states:
             states = {"step_inputs": torch.stack(inputs, 1), "step_predictions": torch.stack(preds, 1),

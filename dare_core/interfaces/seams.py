@@ -210,6 +210,8 @@ class Components:
 
     RL only: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout configuration
     (e.g. one token per step, left to right); evaluation keeps the run's rollout settings.
+    ``wrap_rollout(backend, run_config) -> backend`` wraps the training rollout backend (e.g. a
+    tree of partial denoising runs whose leaves are the rollout rows).
     """
 
     estimator: Any
@@ -220,6 +222,7 @@ class Components:
     needs_ref: bool = False
     collate: Any = None
     rollout_config: Any = None
+    wrap_rollout: Any = None
 
 
 @attrs.frozen

@@ -89,6 +89,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     # an algorithm may adjust the training rollout (evaluation keeps the run's settings)
     train_rollout = (ctx.rollout if comps.rollout_config is None
                      else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
+    if comps.wrap_rollout is not None:  # e.g. branch the sampler into a tree of partial states
+        train_rollout = comps.wrap_rollout(train_rollout, cfg)
     ref = _RefWrapper(wrapper) if comps.needs_ref else None
     params = list(wrapper.module.parameters())
     optimizer, scheduler = make_optimizer(params, cfg)
