@@ -1,0 +1,41 @@
+"""dare-plugin-espo: sequence-level ELBO policy optimization (arXiv:2512.03759)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_espo.algorithm import RECIPE, ComplementMasking, ESPOConfig, ESPOLoss, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "complement_masking", ComplementMasking,
+        "mask counts stratified across the batch, each mask set paired with its complement",
+        reference="arXiv:2512.03759",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "espo", ESPOLoss, "sequence-level PPO on the length-normalised ELBO, KL on raw ELBOs / R",
+        reference="arXiv:2512.03759",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="espo",
+        workflow="rl",
+        config_cls=ESPOConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"corruption": "complement_masking", "estimator": "sequence_elbo", "loss": "espo",
+                    "advantage": "rloo", "trajectory": "final_sequence"},
+        paper="arXiv:2512.03759",
+        description="ESPO: sequence-level PPO on a variance-reduced ELBO with RLOO advantages",
+        recipe=RECIPE,
+    ))

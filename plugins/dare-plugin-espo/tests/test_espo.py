@@ -1,0 +1,172 @@
+"""ESPO: loss and KL oracles (algorithms.md §18.2), the complement corruption and its uniform-logit
+oracle (§18.3/§18.4), RLOO advantages (§18.1), exact proxy-gradient accumulation, the contract and
+one step through the core loop."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import dare_plugin_espo
+from dare_core.components import ComponentLookup
+from dare_core.config import resolve
+from dare_core.config.structure import structure
+from dare_core.interfaces import SequenceBatch
+from dare_core.plugins import build
+from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.rl_probe import ProbePlugin
+from dare_core.train import train
+from dare_core.workflows.rl import _row_estimate
+from dare_plugin_espo.algorithm import ComplementMasking, ESPOConfig, ESPOLoss, build as build_espo, espo_kl
+
+
+class TestESPOContract(AlgorithmContract):
+    algorithm = "espo"
+    plugins = (dare_plugin_espo,)
+
+
+def _components(**cfg):
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_espo])
+    return build_espo(ESPOConfig(**cfg), ComponentLookup(dare.registries))
+
+
+def test_loss_oracle_sequence_ratio_no_dual_clip():
+    R = 3
+    new = torch.tensor([[-0.4, -0.3]]) * R  # raw ELBO rows; ℓ = Ê / R
+    old = torch.tensor([[-0.5, -0.2]]) * R
+    loss, m = ESPOLoss(0.2)(new, old, None, torch.tensor([1.0, -1.0]), torch.ones(2, R))
+    assert loss.item() == pytest.approx(-0.1001668, abs=1e-6)
+    assert m["pg_clipfrac"] == 0.0
+    # a large ratio with A < 0 is not capped (no dual clip)
+    loss, m = ESPOLoss(0.2)(torch.tensor([[3.0]]), torch.tensor([[0.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(math.e ** 3)
+
+
+def test_kl_oracle_and_k1_gradient():
+    e = torch.tensor([-100.0, -50.0], requires_grad=True)
+    ref = torch.tensor([-98.0, -51.0])
+    torch.testing.assert_close(espo_kl(e, ref, 256, "k2"), torch.tensor([0.0078125, 0.0019531]), atol=1e-7, rtol=0)
+    k1 = espo_kl(e, ref, 1.0, "k1")
+    torch.testing.assert_close(k1.detach(), torch.tensor([-2.0, 1.0]))
+    k1.sum().backward()
+    torch.testing.assert_close(e.grad, torch.tensor([1.0 - 2.0, 1.0 + 1.0]))  # (1 + Δ)
+
+
+def test_loss_adds_kl_on_raw_elbos_over_R():
+    R = 4
+    rows = torch.tensor([[-8.0], [-4.0]])  # mean -6
+    ref = torch.tensor([[-5.0], [-5.0]])
+    base, _ = ESPOLoss(0.2, 0.0)(rows, rows, None, torch.tensor([1.0]), torch.ones(1, R))
+    loss, m = ESPOLoss(0.2, 0.5, "k2")(rows, rows, ref, torch.tensor([1.0]), torch.ones(1, R))
+    assert m["kl_loss"] == pytest.approx(0.5 * 1.0 / R)
+    assert loss.item() == pytest.approx(base.item() + 0.5 * m["kl_loss"])
+    assert m["elbo_mc_var"] == 0.0  # one mask/complement pair
+
+
+def _batch(B=4, P=3, L=10, R=10):
+    ids = torch.randint(10, 40, (B, P + R), generator=torch.Generator().manual_seed(0))
+    att = torch.ones(B, P + R, dtype=torch.long)
+    att[:, P + L:] = 0
+    return SequenceBatch(ids, att, P)
+
+
+def test_complement_corruption_equal_lengths_is_stratified_across_the_batch():
+    w = make_toy_wrapper()
+    batch = _batch()
+    c = ComplementMasking(mc_num=3)(w, batch, torch.Generator().manual_seed(0))
+    assert c.masked.shape == (6, 4, 13)
+    assert not c.masked[:, :, :3].any()
+    counts = c.extras["counts"]
+    for m in range(3):
+        a, b = c.masked[2 * m], c.masked[2 * m + 1]
+        assert not (a & b).any() and ((a | b) == batch.attention_mask.bool() & (torch.arange(13) >= 3)).all()
+        x = counts[2 * m]
+        assert (a.sum(-1) == x).all() and (b.sum(-1) == 10 - x).all()
+        torch.testing.assert_close(c.p_mask[2 * m, :, 3], x.float() / 11)
+        torch.testing.assert_close(c.p_mask[2 * m + 1, :, 3], (10 - x).float() / 11)
+        # round(linspace(k, k + 3·11/4, 4)) mod 11: consecutive counts differ by 2 or 3 (mod 11)
+        steps = torch.remainder(torch.diff(x), 11)
+        assert set(steps.tolist()) <= {2, 3}, x
+    assert (c.p_mask[:, :, 3 + 10:] == 0).all()
+
+
+def test_unequal_lengths_draw_independent_counts():
+    w = make_toy_wrapper()
+    batch = _batch()
+    batch.attention_mask[1, 3 + 4:] = 0
+    c = ComplementMasking(mc_num=50)(w, batch, torch.Generator().manual_seed(0))
+    x = c.extras["counts"][0::2]
+    assert (x[:, 1] <= 4).all() and (x[:, 0] <= 10).all()
+    assert set(x[:, 1].tolist()) == {0, 1, 2, 3, 4}
+
+
+class UniformWrapper:
+    kind = "masked"
+    mask_token_id = 2
+
+    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None):
+        return torch.full(targets.shape, -math.log(2.0))
+
+
+def test_uniform_logits_oracle():
+    comps = _components(mc_num=40)
+    batch = _batch(B=4, L=3, R=3)
+    c = comps.corruption(UniformWrapper(), batch, torch.Generator().manual_seed(0))
+    rows = comps.estimator(UniformWrapper(), batch, c)
+    pairs = (rows[0::2] + rows[1::2]) / 2
+    x = c.extras["counts"][0::2]
+    edge = (x == 0) | (x == 3)
+    torch.testing.assert_close(pairs[edge], torch.full_like(pairs[edge], -1.3862944), atol=1e-6, rtol=0)
+    torch.testing.assert_close(pairs[~edge], torch.full_like(pairs[~edge], -2.7725887), atol=1e-6, rtol=0)
+    assert edge.any() and (~edge).any()
+
+
+def test_rloo_advantages():
+    comps = _components()
+    adv = comps.advantage(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(adv, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    assert comps.needs_ref  # the recipe's KL needs a reference model
+    assert not _components(kl_coef=0.0).needs_ref
+
+
+def test_proxy_accumulation_equals_full_gradient():
+    comps = _components(mc_num=2, kl_coef=0.05, kl_type="k1")
+    w = make_toy_wrapper()
+    batch = _batch(B=4, P=3, L=8, R=8)
+    c = comps.corruption(w, batch, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        old = comps.estimator(w, batch, c) + 0.5
+        ref = old - 1.0
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    mask = batch.response_mask.float()
+    loss, m = comps.loss(comps.estimator(w, batch, c), old, ref, adv, mask)
+    (loss * 0.25).backward()
+    full = [p.grad.clone() for p in w.module.parameters()]
+    w.module.zero_grad()
+    loss2, m2 = comps.loss.accumulate(_row_estimate(comps.estimator, w, batch, c), 4, old, ref, adv, mask, 0.25)
+    assert loss2.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert m2["elbo_mc_var"] > 0 and m2["ratio_nonfinite"] == 0.0
+    for a, p in zip(full, w.module.parameters()):
+        torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-7)
+
+
+def test_config_validators():
+    _, problems = structure(ESPOConfig, {"clip_ratio": 1.5, "kl_type": "abs", "mc_num": 0}, "algorithm")
+    assert len(problems) == 3
+
+
+def test_one_rl_step_through_the_core_loop(tmp_path):
+    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_espo, ProbePlugin()])
+    cfg = resolve(dare, algo="espo", model="toy", overrides=[
+        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
+        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
+        "trainer.ppo_epochs=1", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
+        "eval.before=false", "eval.after=false", "progress=false",
+    ])
+    assert cfg.trainer.group_size == 4 and cfg.rollout.temperature == 1.0  # recipe temperature
+    train(dare, cfg)
+    rec = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and rec["kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert rec["elbo_nonfinite"] == 0.0 and rec["grad_norm"] > 0
