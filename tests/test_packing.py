@@ -151,3 +151,37 @@ def test_packed_policy_loss_equals_padded():
     r_ref, lp_ref = _rl_loss(ref, batch)
     r_pk, lp_pk = _rl_loss(pk, batch, lp_ref.detach() - 0.05)
     assert torch.allclose(r_pk, r_ref, rtol=1e-5, atol=1e-7)
+
+
+class _ShiftedToy(type(make_toy_wrapper())):
+    """A toy wrapper with an autoregressive-style alignment (aligned i = raw i - 1)."""
+
+    logit_shift = 1
+
+    def align(self, logits):
+        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_equals_padded_for_a_shifted_alignment(fused):
+    ws = []
+    for packed in (False, True):
+        w = _toy(packed, fused)
+        w.__class__ = _ShiftedToy
+        assert w.supports_packing()
+        ws.append(w)
+    batch = _batch(ws[0])
+    l_ref, lp_ref, corr = _nelbo(ws[0], batch)
+    l_pk, lp_pk, _ = _nelbo(ws[1], batch)
+    assert torch.allclose(l_pk, l_ref, rtol=1e-5, atol=0)
+    # responses (never a row's first valid token) agree; the first token of a left-padded
+    # prompt reads a pad position in the padded layout and nothing in the packed one
+    resp = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    resp[:, batch.prompt_len:] = batch.response_mask.bool()
+    resp = resp[None].expand_as(lp_ref)
+    assert torch.allclose(lp_pk[resp], lp_ref[resp], rtol=1e-5, atol=1e-6)
+    l_ref.backward()
+    l_pk.backward()
+    g_ref, g_pk = _grads(ws[0]), _grads(ws[1])
+    for k in g_ref:
+        assert torch.allclose(g_pk[k], g_ref[k], rtol=1e-4, atol=1e-6), k

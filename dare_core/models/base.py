@@ -232,13 +232,18 @@ class HFDiffusionWrapper:
             out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=positions)
         else:
             out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-        full = self.align(plan.unpack(out))
-        where = torch.nonzero(attention_mask.bool(), as_tuple=True)
+        if type(self).align is HFDiffusionWrapper.align:
+            # unshifted: read the valid rows straight from the packed output (padded row-major order)
+            where = (plan.src_batch, plan.src_col)
+            rows = out[plan.dst_row, plan.dst_slot]
+        else:
+            where = torch.nonzero(attention_mask.bool(), as_tuple=True)
+            rows = self.align(plan.unpack(out))[where]
         if self.fused_ce:
             weight, bias, scale = self.output_head()
-            picked = fused_token_logprobs(full[where], weight, targets[where], bias, scale=scale)
+            picked = fused_token_logprobs(rows, weight, targets[where], bias, scale=scale)
         else:
-            picked = gather_logprobs(full[where], targets[where])
+            picked = gather_logprobs(rows, targets[where])
         return picked.new_zeros(targets.shape).index_put(where, picked)
 
     # -- text ---------------------------------------------------------------------------------
