@@ -180,14 +180,17 @@ class AlgorithmContract:
         core sampler recording them (``rollout_config`` of the components applied)."""
         roll = fake_rollout(wrapper)
         records = frozenset(getattr(components.trajectory, "records", None) or ())
-        if not records:
+        if not records and components.rollout_config is None and components.wrap_rollout is None:
             return roll
         from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 
         cfg = LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0)
         if components.rollout_config is not None:
             cfg = components.rollout_config(cfg)
-        return LowConfidenceSampler(cfg).generate(
+        backend = LowConfidenceSampler(cfg)
+        if components.wrap_rollout is not None:
+            backend = components.wrap_rollout(backend, None)
+        return backend.generate(
             wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
             generator=torch.Generator().manual_seed(0))
 

@@ -1,0 +1,46 @@
+"""dare-plugin-dtreerpo: d-TreeRPO, tree-structured RL over the denoising process
+(arXiv:2512.09675)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_dtreerpo.algorithm import RECIPE, DTreeConfig, TreeLoss, TreeTransitions, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_trajectory_builders(register):
+    register(ComponentSpec(
+        "tree_transitions", TreeTransitions,
+        "one training row per tree edge (parent state -> child state) with the sibling-relative "
+        "advantage of the child's value (mean leaf reward below it)",
+        reference="arXiv:2512.09675",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "tree_loss", TreeLoss,
+        "per-transition clipped objective (no dual clip) + k3 KL to the reference + "
+        "time-scheduled self-distillation towards positively rated siblings",
+        reference="arXiv:2512.09675",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="dtreerpo",
+        workflow="rl",
+        config_cls=DTreeConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"trajectory": "tree_transitions", "estimator": "response_token_logprob",
+                    "loss": "tree_loss"},
+        paper="arXiv:2512.09675",
+        description="branching rollouts over the denoising steps; each parent->child transition "
+                    "trained with a sibling-relative advantage, plus self-distillation",
+        recipe=RECIPE,
+    ))

@@ -1,0 +1,336 @@
+"""d-TreeRPO (THU-BPM/d-TreeRPO, arXiv:2512.09675).
+
+Rollouts branch at intermediate denoising steps: the root (prompt + all-MASK response) gets
+``num_tree_samples`` children, each denoised over the first segment of steps; every node of a
+deeper level gets ``branch_factor`` children denoised over the next segment, until the leaves are
+complete responses. Leaf rewards are propagated up (a node's value is the mean of its children's),
+each parent → child transition is trained with the child's value minus the mean of its siblings'
+values, and a time-scheduled self-distillation term pulls the parent's prediction towards the
+tokens of positively rated siblings.
+
+Composition:
+
+* ``Components.wrap_rollout`` → :class:`TreeRollout` around the run's sampler (needs a backend
+  with ``continue_from``, e.g. the core ``low_confidence`` sampler); its leaves are the rollout
+  rows, so ``trainer.group_size`` must equal the number of leaves per prompt;
+* trajectory ``tree_transitions`` (:class:`TreeTransitions`) — one row per tree edge;
+* estimator ``response_token_logprob`` (core) — ``ℓ_j = log p_θ(child_j | parent state)``;
+* loss ``tree_loss`` (:class:`TreeLoss`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+from dare_core.config import option
+from dare_core.config.validators import in_range, non_negative, optional, positive
+from dare_core.errors import DareError
+from dare_core.interfaces import Components, Corrupted, RolloutBatch, SequenceBatch
+
+
+@attrs.frozen
+class DTreeConfig:
+    """d-TreeRPO options with the recipe defaults (LLaDA math recipe)."""
+
+    num_tree_samples: Optional[int] = option(
+        None, "Children of the root (first branching); null = trainer.group_size / "
+        "branch_factor^(contraction-1), so the leaves are the run's rollouts per prompt (the "
+        "recipe: 16 leaves = 4 x 4).", optional(positive))
+    branch_factor: int = option(4, "Children of every deeper node.", positive)
+    contraction: int = option(
+        2, "Number of tree levels s: branch points T - int(k T / s), k = 0..s, over the T "
+        "denoising steps (s = 2: [T, T/2, 0]). Leaves per prompt = num_tree_samples * "
+        "branch_factor^(s-1).", positive)
+    clip_ratio: float = option(0.4, "Clip ε of the transition ratio (no dual clip).",
+                               in_range(0.0, 1.0, low_open=True, high_open=True))
+    kl_coef: float = option(0.01, "Weight of the k3 KL to the reference (initial) policy.", non_negative)
+    self_distillation: bool = option(True, "Add the time-scheduled self-distillation term.")
+    sd_lambda_max: float = option(3e-3, "λ_max of the self-distillation weight schedule.", non_negative)
+    sd_gamma: float = option(2.0, "γ of λ_t = λ_max (e^{γp} - 1) / (e^γ - 1).", positive)
+    sd_tau_max: float = option(2.0, "τ_max of the temperature schedule τ_t = τ_max (1 - p)^β.", positive)
+    sd_beta: float = option(0.7, "β of the temperature schedule.", positive)
+    sd_max_steps: int = option(30000, "Schedule length: p = clip(step / sd_max_steps, 0, 1).", positive)
+
+    def tree_samples(self, group_size: Optional[int]) -> int:
+        """Children of the root for a run with ``group_size`` rollouts per prompt."""
+        below = self.branch_factor ** (self.contraction - 1)
+        if self.num_tree_samples is not None:
+            if group_size is not None and group_size != self.num_tree_samples * below:
+                raise DareError(
+                    f"dtreerpo's tree has {self.num_tree_samples * below} leaves per prompt "
+                    f"(num_tree_samples x branch_factor^(contraction-1)); set "
+                    f"trainer.group_size={self.num_tree_samples * below}")
+            return self.num_tree_samples
+        if group_size is None or group_size % below:
+            raise DareError(f"trainer.group_size ({group_size}) must be a multiple of "
+                            f"branch_factor^(contraction-1) = {below} (the leaves below each "
+                            f"child of the root); or set algorithm.num_tree_samples")
+        return group_size // below
+
+
+def branch_points(total_steps: int, contraction: int) -> list[int]:
+    """Remaining-step counts where the tree branches: ``{T} ∪ {T − int(kT/s)}``, descending."""
+    return sorted({total_steps} | {total_steps - int(k * total_steps / contraction)
+                                   for k in range(1, contraction + 1)}, reverse=True)
+
+
+def sd_schedule(step: int, max_steps: int, lambda_max: float, gamma: float, tau_max: float,
+                beta: float) -> tuple[float, float]:
+    """``(λ_t, τ_t)`` of the self-distillation term at training step ``step``."""
+    p = min(1.0, max(0.0, step / max(1, max_steps)))
+    lam = lambda_max * (math.exp(gamma * p) - 1.0) / (math.exp(gamma) - 1.0)
+    tau = max(tau_max * max(0.0, 1.0 - p) ** beta, 1e-6)
+    return lam, tau
+
+
+class TreeRollout:
+    """Branching rollout around a sampler with ``continue_from``.
+
+    ``generate`` takes the run's prompt rows (``leaves`` consecutive rows per prompt, as the RL
+    loop lays them out) and returns a :class:`RolloutBatch` whose rows are the tree's leaves, in
+    the same group-major order; ``extras["tree_states"]`` lists every level's node states
+    ``[G * n_l, R]`` (level 1 first, the leaves last) and ``extras["tree_widths"]`` the children
+    per node of each level. ``reveal_step`` is the step at which each leaf token was committed.
+    """
+
+    def __init__(self, backend: Any, num_tree_samples: int, branch_factor: int, contraction: int):
+        if not callable(getattr(backend, "continue_from", None)):
+            raise DareError("dtreerpo branches partial denoising runs and needs a rollout backend "
+                            "with continue_from (e.g. low_confidence)")
+        self.backend = backend
+        self.widths = [num_tree_samples] + [branch_factor] * (contraction - 1)
+        self.contraction = contraction
+        self.leaves = math.prod(self.widths)
+
+    def generate(self, wrapper, prompt_ids, prompt_mask, *, record=frozenset(), generator=None) -> RolloutBatch:
+        B = prompt_ids.shape[0]
+        if B % self.leaves:
+            raise DareError(f"the tree has {self.leaves} leaves per prompt but the batch has {B} "
+                            f"rows; set trainer.group_size={self.leaves}")
+        cfg = self.backend.config
+        T, R = cfg.steps, cfg.gen_length
+        bounds = [T - p for p in branch_points(T, self.contraction)]  # ascending global steps
+        pid, pmask = prompt_ids[:: self.leaves], prompt_mask[:: self.leaves]
+        state = torch.full((pid.shape[0], R), wrapper.mask_token_id, dtype=torch.long, device=pid.device)
+        reveal = torch.full_like(state, -1)
+        states, nfe = [], 0
+        out = None
+        for level, width in enumerate(self.widths):
+            pid, pmask = pid.repeat_interleave(width, 0), pmask.repeat_interleave(width, 0)
+            state, reveal = state.repeat_interleave(width, 0), reveal.repeat_interleave(width, 0)
+            out = self.backend.continue_from(wrapper, pid, pmask, state, start_step=bounds[level],
+                                             stop_step=bounds[level + 1], generator=generator)
+            state = out.response_ids
+            reveal = torch.where(out.reveal_step >= 0, out.reveal_step, reveal)
+            states.append(state)
+            nfe += out.nfe
+        return RolloutBatch(pid, pmask, state, out.response_mask, reveal_step=reveal, num_steps=T,
+                            nfe=nfe, extras={"tree_states": states, "tree_widths": list(self.widths)})
+
+
+def tree_values_and_advantages(leaf_rewards: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
+    """Per level (level 1 first), the sibling-relative advantage of every node.
+
+    Leaf values are the rewards; a node's value is the mean of its children's values. The
+    advantage of a node is its value minus the mean of its siblings' values (0 without siblings);
+    no std normalisation.
+    """
+    values = [leaf_rewards.to(torch.float32)]
+    for width in reversed(widths[1:]):
+        values.insert(0, values[0].reshape(-1, width).mean(1))
+    advs = []
+    for v, width in zip(values, widths):
+        g = v.reshape(-1, width)
+        if width == 1:
+            advs.append(torch.zeros_like(v))
+            continue
+        others = (g.sum(1, keepdim=True) - g) / (width - 1)
+        advs.append((g - others).reshape(-1))
+    return advs
+
+
+class TreeTransitions:
+    """Trajectory builder: one training row per tree edge, level by level.
+
+    Row of a node at level ``l``: target ``[prompt | node state]``, model input
+    ``[prompt | parent state]`` (the all-MASK root for level 1), ``masked`` = positions the
+    transition committed (parent MASK, child not), advantage from
+    :func:`tree_values_and_advantages`, loss weights = committed positions up to the child's first
+    EOS, ``extras``: ``parent_id`` (siblings share it), ``child_tokens``, and the
+    self-distillation schedule values ``sd_lambda`` / ``sd_tau`` of the current step.
+    """
+
+    records: frozenset[str] = frozenset()
+
+    def __init__(self, schedule: Optional[dict] = None):
+        self.schedule = schedule or {}
+
+    def build(self, rollout):
+        return rollout.sequences()
+
+    def expand(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
+        if "tree_states" not in rollout.extras:
+            raise DareError("dtreerpo trains tree transitions; the training rollout must be its "
+                            "tree rollout (Components.wrap_rollout)")
+        states, widths = rollout.extras["tree_states"], rollout.extras["tree_widths"]
+        advs = tree_values_and_advantages(context.rewards, widths)
+        mask_id, eos_id = wrapper.mask_token_id, wrapper.eos_token_id
+        leaves = math.prod(widths)
+        P = rollout.prompt_ids.shape[1]
+        n_groups = rollout.prompt_ids.shape[0] // leaves
+        root = torch.full((n_groups, states[0].shape[1]), mask_id, dtype=torch.long,
+                          device=states[0].device)
+        parents, children, prompts, pmasks, parent_ids, adv = [], [], [], [], [], []
+        offset = 0
+        prev = root
+        for level, (state, width) in enumerate(zip(states, widths)):
+            n = state.shape[0]
+            per_prompt = n // n_groups
+            rows = torch.arange(n) * (leaves // per_prompt)  # a rollout row below each node
+            parents.append(prev.repeat_interleave(width, 0))
+            children.append(state)
+            prompts.append(rollout.prompt_ids[rows])
+            pmasks.append(rollout.prompt_mask[rows])
+            parent_ids.append(offset + torch.arange(n) // width)
+            offset += n // width
+            adv.append(advs[level])
+            prev = state
+        parent, child = torch.cat(parents), torch.cat(children)
+        prompt, pmask = torch.cat(prompts), torch.cat(pmasks)
+        moved = (parent == mask_id) & (child != mask_id)
+        is_eos = child == eos_id
+        first = torch.where(is_eos.any(1), is_eos.long().argmax(1), torch.full_like(is_eos[:, 0], child.shape[1], dtype=torch.long))
+        upto = torch.arange(child.shape[1], device=child.device)[None] <= first[:, None]
+        active = moved & upto
+        attention = torch.cat([pmask, torch.ones_like(child)], 1)
+        batch = SequenceBatch(torch.cat([prompt, child], 1), attention, P)
+        noisy = torch.cat([prompt, parent], 1)
+        masked = torch.zeros_like(noisy, dtype=torch.bool)
+        masked[:, P:] = moved
+        corrupted = Corrupted(noisy[None], masked[None], masked[None].float())
+        lam, tau = sd_schedule(context.step, **self.schedule) if self.schedule else (0.0, 1.0)
+        N = child.shape[0]
+        extras = {"parent_id": torch.cat(parent_ids).to(child.device), "child_tokens": child,
+                  "sd_lambda": torch.full((N,), lam, dtype=torch.float64),
+                  "sd_tau": torch.full((N,), tau, dtype=torch.float64)}
+        metrics = {"tree_rows": float(N), "sd_lambda": lam}
+        return TrainingRows(batch, torch.cat(adv), corrupted, active.float(), extras, metrics)
+
+
+class TreeLoss:
+    r"""d-TreeRPO objective over a micro-batch of transitions (``a`` = active positions,
+    ``L_b = max(1, Σ_j a_bj)``, ``r = e^{ℓ − ℓ_old}``, ε = ``clip_ratio``):
+
+    .. math::
+        \mathcal L_{pg} = -\mathrm{mean}_b \Big(Σ_j \min(r A_b, \mathrm{clip}(r, 1-ε, 1+ε) A_b)\, a_{bj} / L_b\Big)
+
+    .. math::
+        \mathcal L_{kl} = β\, \mathrm{mean}_b \Big(Σ_j (e^{ℓ_{ref}-ℓ} - (ℓ_{ref}-ℓ) - 1)\, a_{bj} / L_b\Big)
+
+    and, for every group of siblings (same ``parent_id``) in the micro-batch with at least two rows
+    and a positive advantage, at every position ``j`` where a positive sibling is active:
+    ``q_j(v) ∝ Σ_{s: A_s>0, a_sj, y_sj=v} softmax(A/τ_t)_s`` and
+    ``KL_j = Σ_v q_j(v) (log q_j(v) − log p_θ(v | parent))`` — the siblings share the parent
+    state, so ``log p_θ(y_sj | parent)`` is sibling ``s``'s own ``ℓ_sj``;
+    ``\mathcal L_{sd} = λ_t \mathrm{mean}_{(group, j)} KL_j``. Total = pg + kl + sd.
+    """
+
+    def __init__(self, clip_ratio: float = 0.4, kl_coef: float = 0.01, self_distillation: bool = True):
+        self.eps = clip_ratio
+        self.kl_coef = kl_coef
+        self.self_distillation = self_distillation
+
+    def __call__(self, logp, old_logp, ref_logp, advantages, mask, extras: Optional[dict] = None):
+        if logp.dim() == 3:
+            logp, old_logp = logp[0], old_logp[0]
+            ref_logp = ref_logp[0] if ref_logp is not None else None
+        a = mask.to(logp.dtype)
+        L = a.sum(-1).clamp_min(1.0)
+        A = advantages.to(logp.dtype)[:, None]
+        ratio = torch.exp(logp - old_logp)
+        clipped = ratio.clamp(1 - self.eps, 1 + self.eps)
+        obj = torch.minimum(ratio * A, clipped * A)
+        policy = -((obj * a).sum(-1) / L).mean()
+        total = policy
+        metrics: dict[str, float] = {"pg_loss": float(policy.detach())}
+        if self.kl_coef > 0:
+            if ref_logp is None:
+                raise ValueError("kl_coef > 0 needs reference log-probabilities")
+            d = ref_logp - logp
+            kl = ((torch.exp(d) - d - 1.0) * a).sum(-1) / L
+            total = total + self.kl_coef * kl.mean()
+            metrics["kl_loss"] = float(kl.mean().detach())
+        if self.self_distillation and extras is not None and "parent_id" in extras:
+            lam = float(extras["sd_lambda"][0])
+            if lam > 0:
+                sd = self.distill(logp, a, advantages, extras["parent_id"], extras["child_tokens"],
+                                  float(extras["sd_tau"][0]))
+                total = total + lam * sd
+                metrics["sd_loss"] = float(sd.detach())
+        with torch.no_grad():
+            denom = a.sum() + 1e-8
+            metrics["pg_clipfrac"] = float((((ratio > 1 + self.eps) | (ratio < 1 - self.eps)).to(a.dtype) * a).sum() / denom)
+            metrics["ppo_kl"] = float(((torch.exp(old_logp - logp) - (old_logp - logp) - 1) * a).sum() / denom)
+            metrics["ratio_mean"] = float((ratio * a).sum() / denom) if a.sum() > 0 else 1.0
+            metrics["ratio_max"] = float(ratio[a > 0].max()) if a.sum() > 0 else 1.0
+        return total, metrics
+
+    @staticmethod
+    def distill(logp, active, advantages, parent_id, tokens, tau: float, eps: float = 1e-8) -> torch.Tensor:
+        """Mean over (sibling group, position) of ``KL(q_j ‖ p_θ(· | parent))`` on ``supp q_j``."""
+        terms = []
+        for g in torch.unique(parent_id).tolist():
+            idx = (parent_id == g).nonzero().squeeze(-1)
+            if idx.numel() <= 1:
+                continue
+            A = torch.nan_to_num(advantages[idx].detach().to(torch.float64))
+            pos = idx[A > 0]
+            if pos.numel() == 0:
+                continue
+            w = torch.softmax(A[A > 0] / tau, 0)  # [g]
+            act = active[pos] > 0  # [g, R]
+            tok = tokens[pos]
+            wa = w[:, None] * act  # [g, R]
+            W = wa.sum(0)  # [R]
+            same = (tok[:, None, :] == tok[None, :, :]) & act[None] & act[:, None]  # [g, g, R]
+            q_own = (same * wa[None]).sum(1) / (W + eps)  # q_j(y_sj) for each active s
+            share = wa / (W + eps)  # weight of s in the sum over tokens
+            kl = (share * (torch.log(q_own + eps) - logp[pos].to(torch.float64)) * act).sum(0)  # [R]
+            has = W > 0
+            if bool(has.any()):
+                terms.append(kl[has])
+        if not terms:
+            return logp.new_zeros(())
+        return torch.cat(terms).mean().to(logp.dtype)
+
+
+def build(cfg: DTreeConfig, lookup) -> Components:
+    schedule = dict(max_steps=cfg.sd_max_steps, lambda_max=cfg.sd_lambda_max, gamma=cfg.sd_gamma,
+                    tau_max=cfg.sd_tau_max, beta=cfg.sd_beta)
+
+    def wrap(backend: Any, run_config: Any) -> TreeRollout:
+        group = run_config.trainer.group_size if run_config is not None else None
+        return TreeRollout(backend, cfg.tree_samples(group), cfg.branch_factor, cfg.contraction)
+
+    return Components(
+        trajectory=lookup.trajectory("tree_transitions", schedule=schedule),
+        estimator=lookup.estimator("response_token_logprob"),
+        loss=lookup.loss("tree_loss", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef,
+                         self_distillation=cfg.self_distillation),
+        needs_ref=cfg.kl_coef > 0,
+        wrap_rollout=wrap,
+    )
+
+
+# Recipe (LLaDA-8B-Instruct, LoRA r128 α64): lr 3e-5, wd 0.1, betas (0.9, 0.99), grad clip 0.2,
+# 12 PPO epochs per rollout batch, 16 prompts x 16 leaves, rollout temperature 0.9.
+RECIPE = {
+    "trainer": {"lr": 3e-5, "weight_decay": 0.1, "beta2": 0.99, "grad_clip": 0.2, "ppo_epochs": 12,
+                "batch_size": 16, "group_size": 16, "mini_batch_size": 0},
+    "rollout": {"temperature": 0.9},
+}

@@ -1,0 +1,187 @@
+"""d-TreeRPO: branch-point / schedule / tree-advantage oracles (spec §18.1, §18.5), the tree
+rollout (resumed partial denoising = one uninterrupted run), the transition rows, hand-computed
+losses (clip without dual clip, k3 KL, self-distillation), contract, states once per batch."""
+
+import math
+
+import pytest
+import torch
+
+import dare_plugin_dtreerpo
+from dare_core.components.trajectory_rows import TrajectoryContext
+from dare_core.config import resolve
+from dare_core.config.structure import structure
+from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_core.errors import DareError
+from dare_core.plugins import build
+from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
+from dare_core.train import train
+from dare_plugin_dtreerpo.algorithm import (
+    DTreeConfig,
+    TreeLoss,
+    TreeRollout,
+    TreeTransitions,
+    branch_points,
+    sd_schedule,
+    tree_values_and_advantages,
+)
+
+
+class TestDTreeContract(AlgorithmContract):
+    algorithm = "dtreerpo"
+    plugins = (dare_plugin_dtreerpo,)
+
+    @pytest.fixture(scope="class")
+    def config(self, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
+        cfg, problems = structure(spec.config_cls, {"num_tree_samples": 2, "branch_factor": 2})
+        assert not problems, problems
+        return cfg
+
+
+def test_branch_points_and_schedule_oracles():
+    assert branch_points(128, 2) == [128, 64, 0]
+    assert branch_points(20, 3) == [20, 14, 7, 0]
+    kw = dict(max_steps=30000, lambda_max=3e-3, gamma=2.0, tau_max=2.0, beta=0.7)
+    for step, lam, tau in [(0, 0.0, 2.0), (100, 3.1408e-6, 1.99533), (1000, 3.2371e-5, 1.95310),
+                           (30000, 3e-3, 1e-6)]:
+        got = sd_schedule(step, **kw)
+        assert got[0] == pytest.approx(lam, rel=1e-4, abs=1e-12)
+        assert got[1] == pytest.approx(tau, rel=1e-5)
+
+
+def test_tree_advantage_oracle():
+    """root → c1, c2; c1 leaves [1, 0], c2 leaves [1, 1]."""
+    level1, leaves = tree_values_and_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), [2, 2])
+    torch.testing.assert_close(level1, torch.tensor([-0.5, 0.5]))
+    torch.testing.assert_close(leaves, torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    # no std normalisation, mean of the *other* siblings as baseline (3 siblings)
+    (adv,) = tree_values_and_advantages(torch.tensor([1.0, 0.0, 0.0]), [3])
+    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5]))
+
+
+def test_resumed_partial_denoising_equals_one_run():
+    w = make_toy_wrapper()
+    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=6, temperature=1.0))
+    prompts = torch.randint(4, 60, (2, 4), generator=torch.Generator().manual_seed(0))
+    pmask = torch.ones_like(prompts)
+    pmask[0, 0] = 0
+    full = sampler.generate(w, prompts, pmask, record=frozenset({"reveal_step"}),
+                            generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    start = torch.full((2, 8), w.mask_token_id)
+    half = sampler.continue_from(w, prompts, pmask, start, start_step=0, stop_step=4, generator=g)
+    assert (half.response_ids == w.mask_token_id).any()  # block 1 entered mid-way: masks left
+    rest = sampler.continue_from(w, prompts, pmask, half.response_ids, start_step=4, stop_step=6, generator=g)
+    assert torch.equal(rest.response_ids, full.response_ids)
+    reveal = torch.where(rest.reveal_step >= 0, rest.reveal_step, half.reveal_step)
+    assert torch.equal(reveal, full.reveal_step)
+
+
+def _tree(widths=(2, 2), steps=4):
+    w = make_toy_wrapper()
+    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=8, steps=steps, temperature=1.0))
+    tree = TreeRollout(sampler, widths[0], widths[1], 2)
+    leaves = widths[0] * widths[1]
+    prompts = torch.randint(4, 60, (2, 5), generator=torch.Generator().manual_seed(0)).repeat_interleave(leaves, 0)
+    pmask = torch.ones_like(prompts)
+    roll = tree.generate(w, prompts, pmask, generator=torch.Generator().manual_seed(1))
+    return w, roll, prompts
+
+
+def test_tree_rollout_structure():
+    w, roll, prompts = _tree()
+    level1, leaves = roll.extras["tree_states"]
+    assert level1.shape == (4, 8) and leaves.shape == (8, 8)
+    assert torch.equal(roll.response_ids, leaves) and torch.equal(roll.prompt_ids, prompts)
+    # half of the tokens are decided at the branch point; every leaf keeps its parent's tokens
+    assert ((level1 != w.mask_token_id).sum(1) == 4).all()
+    parent = level1.repeat_interleave(2, 0)
+    kept = parent != w.mask_token_id
+    assert torch.equal(leaves[kept], parent[kept]) and not (leaves == w.mask_token_id).any()
+    assert (roll.reveal_step[kept] < 2).all() and (roll.reveal_step[~kept] >= 2).all()
+    small = TreeRollout(LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=8, steps=4)), 2, 2, 2)
+    with pytest.raises(DareError, match="group_size"):
+        small.generate(w, prompts[:6], torch.ones_like(prompts[:6]))
+
+
+def test_transition_rows():
+    w, roll, prompts = _tree()
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    ctx = TrajectoryContext(rewards, torch.zeros(8), torch.arange(8) // 4, lambda *a: None, step=100)
+    sched = dict(max_steps=30000, lambda_max=3e-3, gamma=2.0, tau_max=2.0, beta=0.7)
+    rows = TreeTransitions(sched).expand(w, roll, ctx)
+    level1, leaves = roll.extras["tree_states"]
+    P = rows.batch.prompt_len
+    assert rows.num_rows == 4 + 8
+    # level-1 rows: parent = all MASK, child = level-1 state; leaf rows: parent = level-1 node
+    assert (rows.corrupted.noisy_ids[0, :4, P:] == w.mask_token_id).all()
+    assert torch.equal(rows.batch.input_ids[:4, P:], level1)
+    assert torch.equal(rows.corrupted.noisy_ids[0, 4:, P:], level1.repeat_interleave(2, 0))
+    assert torch.equal(rows.batch.input_ids[4:, P:], leaves)
+    torch.testing.assert_close(rows.advantages, torch.tensor([-0.5, 0.5, -0.5, 0.5, 1, -1, 0, 0, 0, 0, -1, 1.0]))
+    assert rows.extras["parent_id"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    moved = rows.corrupted.masked[0, :, P:]
+    assert torch.equal(moved, (rows.corrupted.noisy_ids[0, :, P:] == w.mask_token_id)
+                       & (rows.batch.input_ids[:, P:] != w.mask_token_id))
+    assert not (rows.weights.bool() & ~moved).any()
+    assert rows.extras["sd_lambda"][0].item() == pytest.approx(3.1408e-6, rel=1e-4)
+
+
+def test_policy_and_kl_hand_computed():
+    loss = TreeLoss(clip_ratio=0.4, kl_coef=0.5, self_distillation=False)
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[math.log(2.0), 0.0, 0.0], [math.log(0.5), 0.0, 0.0]])
+    active = torch.tensor([[1.0, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    total, m = loss(new, old, new, adv, active)  # ref = new: KL 0
+    # row 0: min(2·1, 1.4·1) = 1.4 and 1 → mean 1.2; row 1: min(0.5·-1, 0.6·-1) = -0.6 (no dual clip)
+    assert total.item() == pytest.approx(-(1.2 + -0.6) / 2, abs=1e-6)
+    total_kl, m = loss(old, old, old - 1.0, adv, active)  # d = -1: e^-1 + 1 - 1
+    kl = math.exp(-1.0)
+    assert m["kl_loss"] == pytest.approx(kl, abs=1e-6)
+    assert total_kl.item() == pytest.approx(-(1.0 - 1.0) / 2 + 0.5 * kl, abs=1e-6)
+
+
+def test_self_distillation_hand_computed():
+    """Two positive siblings with advantages a and b (τ = 1) agree at position 0 and differ at 1."""
+    logp = torch.tensor([[-0.5, -1.0], [-0.5, -2.0], [-3.0, -3.0]])
+    tokens = torch.tensor([[7, 8], [7, 9], [5, 5]])
+    active = torch.ones(3, 2)
+    adv = torch.tensor([1.0, 0.5, -1.5])
+    parent = torch.tensor([0, 0, 0])
+    sd = TreeLoss.distill(logp, active, adv, parent, tokens, tau=1.0)
+    wa, wb = torch.softmax(torch.tensor([1.0, 0.5]), 0).tolist()
+    kl0 = 1.0 * (0.0 - (-0.5))  # q = 1 on token 7
+    kl1 = wa * (math.log(wa) + 1.0) + wb * (math.log(wb) + 2.0)
+    assert sd.item() == pytest.approx((kl0 + kl1) / 2, abs=1e-6)
+    # singleton groups and groups without a positive sibling contribute nothing
+    assert TreeLoss.distill(logp, active, -adv.abs(), parent, tokens, 1.0).item() == 0.0
+    assert TreeLoss.distill(logp[:1], active[:1], adv[:1], parent[:1], tokens[:1], 1.0).item() == 0.0
+
+
+def test_config_and_group_size_errors():
+    cfg = DTreeConfig()
+    assert cfg.tree_samples(16) == 4 and cfg.tree_samples(8) == 2
+    with pytest.raises(DareError, match="multiple"):
+        cfg.tree_samples(6)
+    with pytest.raises(DareError, match="group_size=16"):
+        DTreeConfig(num_tree_samples=4).tree_samples(8)
+    _, problems = structure(DTreeConfig, {"clip_ratio": 0.0, "branch_factor": 0}, "algorithm")
+    assert len(problems) == 2
+
+
+def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
+    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_dtreerpo])
+    spy, log = spy_algorithm(base.registries.algorithms.get("dtreerpo"))
+    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_dtreerpo, ProbePlugin(spy)])
+    cfg = resolve(dare, algo=spy.name, model="toy", overrides=[
+        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
+        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
+        "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4", "trainer.ppo_epochs=2",
+        "trainer.micro_batch_size=5", "trainer.save_final=false", "rollout.gen_length=4",
+        "rollout.block_length=4", "rollout.steps=4", "algorithm.branch_factor=2",
+        "algorithm.sd_max_steps=4"])
+    train(dare, cfg)
+    assert_one_draw_per_batch(log, steps=2)
