@@ -142,7 +142,11 @@ class HFDiffusionWrapper:
         # raw position j of a shifted family predicts token j + 1: aligned logits of
         # input_ids[:, s:] are raw[:, : Q - s] (what ``align`` computes for a full sequence)
         logits = raw[:, : raw.shape[1] - shift] if shift else raw
-        return logits, (out.past_key_values if use_cache else None)
+        if not use_cache:
+            return logits, None
+        # transformers 5 output classes call the field ``cache`` (``past_key_values`` warns)
+        present = getattr(out, "cache", None)
+        return logits, (present if present is not None else out.past_key_values)
 
     def denoise_logits(
         self,

@@ -32,6 +32,7 @@ mask is a bool ``[B, 1, Q, P+Q]`` (True = may attend) or a 2-D ``[B, P+Q]`` key-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -44,6 +45,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_llada import SUPPORTED_ATTN_IMPLEMENTATIONS, LLaDAConfig
+
+# transformers 5 renamed the output field ``past_key_values`` to ``cache`` (the old name still
+# works but warns); returned under whichever name this transformers version declares.
+_CACHE_FIELD = ("cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+                else "past_key_values")
 
 __all__ = [
     "LLaDARMSNorm",
@@ -478,4 +484,6 @@ class LLaDAModelLM(LLaDAPreTrainedModel):
         if not return_dict:
             extra = tuple(t for t in (present, hidden) if t is not None)
             return (logits,) + extra
-        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden, past_key_values=present)
+        if present is None:
+            return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
+        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden, **{_CACHE_FIELD: present})
