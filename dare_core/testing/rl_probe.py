@@ -133,3 +133,43 @@ def assert_one_draw_per_batch(log: SpyLog, steps: int) -> None:
         assert rows <= current, "an estimator call used states that were not drawn for its batch"
         seen[-1].add(bool(grad))
     assert all(s == {True, False} for s in seen), f"old/new log-likelihood calls per batch: {seen}"
+
+
+def components_of(plugin: Any, algorithm: str, **options: Any):
+    """The :class:`~dare_core.interfaces.Components` of ``algorithm`` (registered by ``plugin``)
+    built from its config class with ``options``."""
+    from dare_core.components import ComponentLookup
+    from dare_core.plugins import build
+
+    dare = build(load_entrypoints=False, extra_plugins=[plugin])
+    spec = dare.registries.algorithms.get(algorithm)
+    return spec.build(spec.config_cls(**options), ComponentLookup(dare.registries))
+
+
+def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", overrides=(),
+                steps: int = 2) -> dict:
+    """Train ``algo`` for ``steps`` tiny steps on the ``parity`` task (no evaluation, nothing
+    saved): 2 prompts x 4 rollouts, micro-batches of 3. ``plugins`` must include a
+    :class:`ProbePlugin` and the model family."""
+    from dare_core.config import resolve
+    from dare_core.plugins import build
+    from dare_core.train import train
+
+    dare = build(load_entrypoints=False, extra_plugins=list(plugins))
+    cfg = resolve(dare, algo=algo, model=model, overrides=[
+        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
+        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
+        f"trainer.steps={steps}", "trainer.batch_size=2", "trainer.group_size=4",
+        "trainer.micro_batch_size=3", "trainer.save_final=false", *overrides])
+    return train(dare, cfg)
+
+
+def spy_run(tmp_path: Any, plugin: Any, algorithm: str, family: Any, overrides=(),
+            steps: int = 2) -> SpyLog:
+    """:func:`tiny_rl_run` of a spy of ``algorithm``; returns its :class:`SpyLog`."""
+    from dare_core.plugins import build
+
+    base = build(load_entrypoints=False, extra_plugins=[plugin])
+    spy, log = spy_algorithm(base.registries.algorithms.get(algorithm))
+    tiny_rl_run(tmp_path, [family, plugin, ProbePlugin(spy)], spy.name, overrides=overrides, steps=steps)
+    return log

@@ -6,29 +6,28 @@ import pytest
 import torch
 
 import dare_plugin_cj_grpo
-from dare_core.components import ComponentLookup
 from dare_core.components.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
 from dare_core.components.trajectory_replay import (
     StepReplay,
     block_local_steps,
-    replay_states,
     response_block_ids,
     transition_weights,
 )
 from dare_core.components.trajectory_rows import TrajectoryContext
-from dare_core.config import resolve
 from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch, SequenceBatch
-from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing import toy_block
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
+from dare_core.testing.rl_probe import (
+    ProbePlugin,
+    assert_one_draw_per_batch,
+    components_of,
+    spy_run,
+    tiny_rl_run,
+)
 from dare_core.testing.toy_block import make_toy_block_wrapper
-from dare_core.train import train
-from dare_plugin_cj_grpo.algorithm import CJConfig
-from dare_plugin_cj_grpo.algorithm import build as build_cj
 
 # the "231" fixture: three blocks of four response tokens with these block-local steps
 LOCAL = torch.tensor([[0, 0, 1, 1, 0, 1, 2, 2, 0, 0, 0, 0]])
@@ -41,8 +40,7 @@ class TestCJContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_cj_grpo])
-    return build_cj(CJConfig(**cfg), ComponentLookup(dare.registries))
+    return components_of(dare_plugin_cj_grpo, "cj_grpo", **cfg)
 
 
 def _context(B, adv=None):
@@ -245,27 +243,15 @@ def _rows(c, r):
     return select_samples(c, r)
 
 
-def _run(tmp_path, dare, algo, model, extra):
-    cfg = resolve(dare, algo=algo, model=model, overrides=[
-        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
-        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4",
-        "trainer.micro_batch_size=3", "trainer.save_final=false", *extra])
-    return train(dare, cfg)
-
-
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_cj_grpo])
-    spy, log = spy_algorithm(base.registries.algorithms.get("cj_grpo"))
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_cj_grpo, ProbePlugin(spy)])
-    _run(tmp_path, dare, spy.name, "toy", ["rollout.gen_length=4", "rollout.block_length=4",
-                                           "rollout.steps=4", "algorithm.kl_coef=0.1"])
+    log = spy_run(tmp_path, dare_plugin_cj_grpo, "cj_grpo", toy, [
+        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1"])
     assert_one_draw_per_batch(log, steps=2)
 
 
 def test_block_model_trains_through_the_workflow(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy_block, dare_plugin_cj_grpo, ProbePlugin()])
-    summary = _run(tmp_path, dare, "cj_grpo", "block_toy", ["rollout.gen_length=8", "rollout.steps=2",
-                                                            "rollout.truncate_at_eos=true"])
+    summary = tiny_rl_run(tmp_path, [toy_block, dare_plugin_cj_grpo, ProbePlugin()], "cj_grpo",
+                          "block_toy", ["rollout.gen_length=8", "rollout.steps=2",
+                                        "rollout.truncate_at_eos=true"])
     metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
     assert '"replay_rows"' in metrics and summary["train"]["steps"] == 2

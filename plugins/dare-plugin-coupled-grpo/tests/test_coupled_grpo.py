@@ -8,17 +8,12 @@ import pytest
 import torch
 
 import dare_plugin_coupled_grpo
-from dare_core.components import ComponentLookup
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
-from dare_core.train import train
+from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
 from dare_plugin_coupled_grpo.algorithm import CoupledConfig, CoupledMasking, CoupledTokenLogProb
-from dare_plugin_coupled_grpo.algorithm import build as build_coupled
 
 T42 = 0.5836560790747303
 
@@ -29,8 +24,7 @@ class TestCoupledContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_coupled_grpo])
-    return build_coupled(CoupledConfig(**cfg), ComponentLookup(dare.registries))
+    return components_of(dare_plugin_coupled_grpo, "coupled_grpo", **cfg)
 
 
 def _batch(B=3, P=6, R=8, pad=2, seed=0):
@@ -178,17 +172,9 @@ def test_config_invariants_are_validators():
 
 
 def test_masks_drawn_once_per_rollout_batch_shared_by_old_ref_new(tmp_path):
-    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_coupled_grpo])
-    spy, log = spy_algorithm(base.registries.algorithms.get("coupled_grpo"))
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_coupled_grpo, ProbePlugin(spy)])
-    cfg = resolve(dare, algo=spy.name, model="toy", overrides=[
-        "task.name=parity", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
-        "rollout.steps=4", "eval.before=false", "eval.after=false", "progress=false",
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=2",
-        "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=3",
-        "algorithm.seed_mode=stream", "algorithm.kl_coef=0.1", "trainer.save_final=false",
-    ])
-    train(dare, cfg)
+    log = spy_run(tmp_path, dare_plugin_coupled_grpo, "coupled_grpo", toy, [
+        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
+        "algorithm.seed_mode=stream", "algorithm.kl_coef=0.1"])
     assert_one_draw_per_batch(log, steps=2)
     # with a reference model: old, ref (no grad) and new (grad) calls per micro-batch
     n_nograd = sum(1 for e in log.events if e[0] == "estimate" and not e[1])

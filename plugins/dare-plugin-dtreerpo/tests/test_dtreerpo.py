@@ -9,15 +9,12 @@ import torch
 
 import dare_plugin_dtreerpo
 from dare_core.components.trajectory_rows import TrajectoryContext
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
-from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
-from dare_core.train import train
+from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
 from dare_plugin_dtreerpo.algorithm import (
     DTreeConfig,
     TreeLoss,
@@ -173,15 +170,8 @@ def test_config_and_group_size_errors():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_dtreerpo])
-    spy, log = spy_algorithm(base.registries.algorithms.get("dtreerpo"))
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_dtreerpo, ProbePlugin(spy)])
-    cfg = resolve(dare, algo=spy.name, model="toy", overrides=[
-        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
-        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4", "trainer.ppo_epochs=2",
-        "trainer.micro_batch_size=5", "trainer.save_final=false", "rollout.gen_length=4",
+    log = spy_run(tmp_path, dare_plugin_dtreerpo, "dtreerpo", toy, [
+        "trainer.ppo_epochs=2", "trainer.micro_batch_size=5", "rollout.gen_length=4",
         "rollout.block_length=4", "rollout.steps=4", "algorithm.branch_factor=2",
         "algorithm.sd_max_steps=4"])
-    train(dare, cfg)
     assert_one_draw_per_batch(log, steps=2)

@@ -8,19 +8,15 @@ import pytest
 import torch
 
 import dare_plugin_justgrpo
-from dare_core.components import ComponentLookup
 from dare_core.components.trajectory_rows import TrajectoryContext
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
 from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy, toy_block
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
-from dare_core.train import train
+from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
 from dare_plugin_justgrpo.algorithm import JustConfig
-from dare_plugin_justgrpo.algorithm import build as build_just
 
 
 class TestJustContract(AlgorithmContract):
@@ -29,8 +25,7 @@ class TestJustContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_justgrpo])
-    return build_just(JustConfig(**cfg), ComponentLookup(dare.registries))
+    return components_of(dare_plugin_justgrpo, "justgrpo", **cfg)
 
 
 def _rollout(comps, w, temperature=1.0, R=6, record=frozenset({"reveal_step", "step_states"})):
@@ -120,14 +115,6 @@ def test_config_invariants_are_validators():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_justgrpo])
-    spy, log = spy_algorithm(base.registries.algorithms.get("justgrpo"))
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_justgrpo, ProbePlugin(spy)])
-    cfg = resolve(dare, algo=spy.name, model="toy", overrides=[
-        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
-        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4",
-        "trainer.micro_batch_size=3", "trainer.save_final=false", "rollout.gen_length=4",
-        "rollout.block_length=4", "rollout.steps=2", "algorithm.kl_coef=0.1"])
-    train(dare, cfg)
+    log = spy_run(tmp_path, dare_plugin_justgrpo, "justgrpo", toy, [
+        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2", "algorithm.kl_coef=0.1"])
     assert_one_draw_per_batch(log, steps=2)

@@ -2,23 +2,22 @@
 its branches, the intermediate-state rows built from a real recorded rollout, contract, states
 built once per rollout batch."""
 
+import json
 import math
 
 import pytest
 import torch
 
 import dare_plugin_mdpo
-from dare_core.components import ComponentLookup, GroupNormAdvantage
+from dare_core.components import GroupNormAdvantage
 from dare_core.components.trajectory_rows import TrajectoryContext
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
 from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy, toy_block
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin, assert_one_draw_per_batch, spy_algorithm
-from dare_core.train import train
+from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
 from dare_plugin_mdpo.algorithm import (
     MDPOConfig,
     MDPOLoss,
@@ -27,7 +26,6 @@ from dare_plugin_mdpo.algorithm import (
     step_advantages,
     step_scores,
 )
-from dare_plugin_mdpo.algorithm import build as build_mdpo
 
 
 class TestMDPOContract(AlgorithmContract):
@@ -164,20 +162,10 @@ def test_config_invariants_are_validators():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    base = build(load_entrypoints=False, extra_plugins=[dare_plugin_mdpo])
-    spy, log = spy_algorithm(base.registries.algorithms.get("mdpo"))
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_mdpo, ProbePlugin(spy)])
-    cfg = resolve(dare, algo=spy.name, model="toy", overrides=[
-        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
-        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=2", "trainer.batch_size=2", "trainer.group_size=4",
-        "trainer.micro_batch_size=3", "trainer.save_final=false", "rollout.gen_length=4",
-        "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1",
+    log = spy_run(tmp_path, dare_plugin_mdpo, "mdpo", toy, [
+        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1",
         "algorithm.sample_train_steps=2"])
-    train(dare, cfg)
     assert_one_draw_per_batch(log, steps=2)
-    import json
-
     lines = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     first = [l for l in lines if "reward" in l][0]
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # same states for old and new
