@@ -118,7 +118,7 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
     dare = _dare()
     overrides = ("rollout.temperature=0",) + tuple(overrides)
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
-    wrapper = load_model(dare, config)
+    wrapper = load_model(dare, config, trainable=False)
     backend = build_rollout(dare, config)
     ids = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": p}])) for p in prompts]
     pid, pmask = left_pad(ids, wrapper.pad_token_id)
@@ -146,7 +146,7 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
     gen = seed_everything(config.seed)
-    wrapper = load_model(dare, config)
+    wrapper = load_model(dare, config, trainable=False)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
     ctx = Context(dare, config, None, dare.registries.models.get(model), wrapper,
                   None, build_rollout(dare, config, eval_rollout_config(config)), task, None,

@@ -120,13 +120,18 @@ class RunDir:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
 
-    def save_model(self, wrapper: Any, name: str, extra_files: tuple[str, ...] = ()) -> str:
+    def save_model(self, wrapper: Any, name: str, extra_files: tuple[str, ...] = (),
+                   writer: Optional[Callable[[Any, str], None]] = None) -> str:
         """Save ``wrapper`` in HF layout under ``name`` (atomically), with ``extra_files`` copied
-        in beside it (e.g. the source checkpoint's run presets)."""
+        in beside it (e.g. the source checkpoint's run presets). ``writer(wrapper, dir)``
+        replaces ``wrapper.save_pretrained(dir)`` (e.g. LoRA adapters in PEFT layout)."""
         target = self.path(name)
 
         def write(tmp: str) -> None:
-            wrapper.save_pretrained(tmp)
+            if writer is not None:
+                writer(wrapper, tmp)
+            else:
+                wrapper.save_pretrained(tmp)
             for path in extra_files:
                 if os.path.isfile(path):
                     shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))

@@ -9,10 +9,11 @@ from dare_core.config import RunConfig
 from dare_core.errors import DareError
 from dare_core.rundir import RunDir
 from dare_core.workflows.common import setup
+from dare_core.workflows.preference import run_preference
 from dare_core.workflows.rl import run_rl
 from dare_core.workflows.sft import run_sft
 
-WORKFLOWS = {"rl": run_rl, "sft": run_sft}
+WORKFLOWS = {"rl": run_rl, "sft": run_sft, "preference": run_preference}
 
 
 def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> dict[str, Any]:

@@ -26,6 +26,41 @@ def section(cls: type, help: str) -> Any:
     return attrs.field(factory=cls, metadata={"help": help})
 
 
+def _target_modules(_inst: Any, attr: Any, value: Any) -> None:
+    if value is not None and (not value or any(not str(v).strip() for v in value)):
+        raise ValueError(f"{attr.name} must be null (the family's default) or a non-empty list "
+                         f"of module names, got {list(value)!r}")
+
+
+def _rank(_inst: Any, attr: Any, value: Any) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attr.name} must be a positive integer (null = no LoRA), got {value!r}")
+
+
+@attrs.frozen
+class LoRAConfig:
+    """Low-rank adapters (PEFT LoRA) on the model; off unless ``rank`` or ``adapter`` is set."""
+
+    rank: Optional[int] = option(
+        None, "LoRA rank r; null = no LoRA (full fine-tuning) unless an adapter is loaded.", _rank)
+    alpha: float = option(16.0, "LoRA scaling numerator (the update is scaled by alpha / rank).", positive)
+    dropout: float = option(0.0, "Dropout on the LoRA input (training mode only).",
+                            in_range(0.0, 1.0, high_open=True))
+    target_modules: Optional[tuple[str, ...]] = option(
+        None, "Module names (suffixes) to adapt; null = the model family's default "
+              "(wrapper.lora_target_modules), else every linear layer except the output head.",
+        _target_modules)
+    adapter: Optional[str] = option(
+        None, "Load this saved adapter (a PEFT adapter directory, or a run checkpoint holding "
+              "lora_adapter/) instead of creating a new one; training continues it.")
+    merge_on_save: bool = option(
+        False, "Also write the merged full model (HF layout) next to the adapter in checkpoints.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None or self.adapter is not None
+
+
 @attrs.frozen
 class ModelConfig:
     family: str = option("", "Model family (a registered model plugin, e.g. the one given by --model).")
@@ -52,6 +87,8 @@ class ModelConfig:
                 "(never builds [tokens, vocab] logits); naive = full logits; auto = fused when the "
                 "model exposes forward_hidden."
     )
+    lora: LoRAConfig = attrs.field(
+        factory=LoRAConfig, metadata={"help": "LoRA adapters (PEFT); off by default."})
 
 
 @attrs.frozen
@@ -98,6 +135,34 @@ class EngineConfig:
 
 
 @attrs.frozen
+class PreferenceConfig:
+    """Where the preference workflow's (prompt, chosen, rejected) pairs come from."""
+
+    train_path: Optional[str] = option(
+        None, "Training pairs: .parquet/.jsonl with prompt, chosen, rejected (UltraFeedback style); "
+              "null = generate pairs from the model's own rollouts on task.name.")
+    eval_path: Optional[str] = option(
+        None, "Held-out pairs; null = generated from the task's eval prompts (or, with train_path, "
+              "the last num_eval pairs of the training file, held out from training).")
+    num_eval: int = option(64, "Held-out pairs used for the validation DPO loss and margin; 0 = none.",
+                           non_negative)
+    gen_prompts: int = option(256, "Training prompts used to generate pairs (null train_path).", positive)
+    gen_eval_prompts: int = option(128, "Eval prompts used to generate held-out pairs (null eval_path).",
+                                   positive)
+    gen_samples: int = option(8, "Sampled rollouts per prompt when generating pairs (best vs worst).",
+                              in_range(2, 1_000_000))
+    gen_temperature: float = option(1.0, "Sampling temperature of the pair-generating rollouts.", non_negative)
+    require_correct: bool = option(
+        False, "Generated pairs: chosen must be fully correct and rejected not (else best vs worst score).")
+    response_length: int = option(
+        0, "Pad every response to this many tokens (0 = the longest in the batch); longer ones are cut.",
+        non_negative)
+    pad_with_eos: bool = option(
+        False, "Pad responses with EOS that is attended and scored (false = pad id, not attended).")
+    eval_seed: int = option(1234, "Seed of the fixed corruption used for every validation pass.")
+
+
+@attrs.frozen
 class RunConfig:
     algo: str = option("", "Algorithm (a registered algorithm plugin, e.g. given by --algo).")
     seed: int = option(0, "Seed of every random stream of the run.")
@@ -108,6 +173,7 @@ class RunConfig:
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and batching.")
     task: TaskConfig = section(TaskConfig, "Dataset and reward.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
+    preference: PreferenceConfig = section(PreferenceConfig, "Preference pairs (preference workflow only).")
     engine: EngineConfig = section(EngineConfig, "Execution engine.")
     algorithm: Any = attrs.field(
         factory=dict, metadata={"help": "Algorithm options (the algorithm plugin's config class)."}

@@ -44,17 +44,26 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def load_model(dare: Any, config: RunConfig):
+def load_model(dare: Any, config: RunConfig, *, trainable: bool = True):
+    """Load the family's checkpoint; with ``model.lora`` (or a LoRA checkpoint as
+    ``model.path``) wrap it in PEFT adapters (trainable adapters when ``trainable``)."""
+    from dare_core.models import lora
+
     family = dare.registries.models.get(config.model.family)
     device = resolve_device(config.model.device)
+    base_path, saved_adapter = lora.resolve_checkpoint(config.model.path)
     wrapper = family.load(
-        config.model.path,
+        base_path,
         dtype=DTYPES[config.model.dtype],
         device=device,
         attn_implementation=config.model.attn_implementation,
     )
     if config.model.gradient_checkpointing:
         wrapper.module.gradient_checkpointing_enable()
+    lcfg = config.model.lora
+    if lcfg.enabled or saved_adapter is not None:
+        lora.apply_lora(wrapper, lcfg, base_path=base_path,
+                        adapter=lcfg.adapter or saved_adapter, trainable=trainable)
     return wrapper
 
 
@@ -333,6 +342,13 @@ class Tracker:
 
         # a saved model keeps the run presets of the checkpoint it started from
         preset = os.path.join(str(self.ctx.config.model.path), PRESET_FILE)
+        from dare_core.models import lora
+
+        if lora.is_lora(self.ctx.wrapper):  # the adapter (PEFT layout), merged weights on request
+            merge = self.ctx.config.model.lora.merge_on_save
+            return self.ctx.rundir.save_model(
+                self.ctx.wrapper, name, extra_files=(preset,),
+                writer=lambda w, tmp: lora.save_checkpoint(w, tmp, merge=merge))
         return self.ctx.rundir.save_model(self.ctx.wrapper, name, extra_files=(preset,))
 
     def finish(self, train_summary: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,297 @@
+"""The preference loop (DPO-style objectives on likelihood surrogates).
+
+Data: (prompt, chosen, rejected) pairs from ``preference.train_path`` or generated from the
+model's own rollouts on ``task.name`` (:mod:`dare_core.tasks.preference`). A training batch of
+``N = trainer.batch_size`` pairs is one :class:`SequenceBatch` of ``2N`` rows in interleaved
+order ``[c0, r0, c1, r1, ...]`` (row ``2i`` = prompt + chosen, row ``2i+1`` = prompt + rejected).
+
+Per optimizer step:
+
+1. the algorithm's corruption is drawn **once** for the ``2N`` rows;
+2. the reference log-likelihoods are computed under exactly that corruption (the same
+   timesteps and the same masked positions as the policy will see: shared, antithetic noise),
+   without gradients;
+3. for each micro-batch of whole pairs (``trainer.micro_batch_size`` rows, which must be even,
+   so a chosen row never leaves its rejected partner): estimator → loss → backward weighted by
+   the micro-batch's share of the pairs;
+4. clip → optimizer step.
+
+The loss seam of this workflow is ``loss(logp, ref_logp, batch) -> (loss, metrics)``, where
+``logp``/``ref_logp`` have the estimator's shape with the rows on dim 1 and ``batch`` is the
+micro-batch (interleaved as above).
+
+The reference policy is a frozen copy of the initial model; with fresh LoRA adapters it is the
+same network with the adapters switched off (which equals the initial policy) and no copy is made.
+
+Validation: the held-out pairs are scored before training, every ``eval.every`` steps and after
+training under one fixed corruption (seeded by ``preference.eval_seed``), so before/after
+numbers differ only through the weights. The loss's metrics (e.g. DPO loss, reward margin,
+likelihood margin) are averaged over pairs. Task accuracy by generation is measured as in the
+other workflows (``eval.before`` / ``eval.after``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Optional, Sequence
+
+import attrs
+import torch
+
+from dare_core.errors import DareError
+from dare_core.interfaces import SequenceBatch
+from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
+from dare_core.tasks.preference import PreferencePair, generate_pairs, load_pairs, save_pairs
+from dare_core.workflows.common import (
+    Context,
+    Tracker,
+    build_rollout,
+    chunks,
+    clip_and_step,
+    cycle_batches,
+    encode_prompts,
+    make_optimizer,
+)
+from dare_core.workflows.sft import default_collate
+
+
+def collate_pairs(pairs: Sequence[PreferencePair], wrapper: Any, *, max_prompt_length: int,
+                  max_response_length: int, response_length: int = 0,
+                  pad_with_eos: bool = False) -> SequenceBatch:
+    """``2N`` rows ``[c0, r0, c1, r1, ...]``: left-padded prompt, response + EOS right padded.
+
+    Responses are ``encode(text) + [eos]`` cut to ``max_response_length``; padding uses the pad
+    id with attention 0, or EOS with attention 1 when ``pad_with_eos``.
+    """
+    prompts = encode_prompts(wrapper, [_as_example(p) for p in pairs], max_prompt_length)
+    eos = wrapper.eos_token_id
+    p_rows, r_rows = [], []
+    for p, ids in zip(pairs, prompts):
+        for text in (p.chosen, p.rejected):
+            p_rows.append(ids)
+            r_rows.append((wrapper.encode(text) + [eos])[:max_response_length])
+    fill = eos if pad_with_eos else None
+    return default_collate(p_rows, r_rows, wrapper, response_length, fill, train_padding=pad_with_eos)
+
+
+class _PromptOnly:
+    def __init__(self, prompt):
+        self.prompt = prompt
+
+
+def _as_example(pair: PreferencePair) -> Any:
+    return _PromptOnly(pair.prompt)
+
+
+def pair_rows(pair_idx: torch.Tensor) -> torch.Tensor:
+    """Row indices ``[2i, 2i+1, ...]`` of the pairs ``pair_idx`` in an interleaved batch."""
+    return torch.stack([2 * pair_idx, 2 * pair_idx + 1], 1).reshape(-1)
+
+
+class Reference:
+    """The reference policy: adapters switched off (fresh LoRA) or a frozen copy."""
+
+    def __init__(self, wrapper: Any):
+        self.policy = wrapper
+        self.shared = is_lora(wrapper) and starts_from_base(wrapper)
+        self.copy = None
+        if not self.shared:
+            self.copy = copy.copy(wrapper)
+            self.copy.module = copy.deepcopy(wrapper.module).eval()
+            for p in self.copy.module.parameters():
+                p.requires_grad_(False)
+
+    def estimate(self, estimator: Any, batch: SequenceBatch, corrupted: Any, micro: int) -> torch.Tensor:
+        if self.shared:
+            with adapters_disabled(self.policy) as w:
+                return estimate_no_grad(estimator, w, batch, corrupted, micro)
+        return estimate_no_grad(estimator, self.copy, batch, corrupted, micro)
+
+
+def estimate_no_grad(estimator: Any, wrapper: Any, batch: SequenceBatch, corrupted: Any,
+                     micro: int) -> torch.Tensor:
+    """``estimator`` over all rows in micro-batches, eval mode, no gradients; rows on dim 1."""
+    outs = []
+    was_training = wrapper.module.training
+    wrapper.module.eval()
+    try:
+        with torch.no_grad():
+            for sl in chunks(batch.batch_size, micro):
+                idx = torch.arange(sl.start, sl.stop)
+                outs.append(estimator(wrapper, batch.select(idx),
+                                      corrupted.select(idx) if corrupted is not None else None))
+    finally:
+        wrapper.module.train(was_training)
+    return torch.cat(outs, dim=1)
+
+
+def _generation_rollout(ctx: Context) -> Any:
+    rc = ctx.config.rollout
+    names = {f.name for f in attrs.fields(type(rc))}
+    if "temperature" in names:
+        rc = attrs.evolve(rc, temperature=ctx.config.preference.gen_temperature)
+    return build_rollout(ctx.dare, ctx.config, rc)
+
+
+def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[PreferencePair], dict[str, Any]]:
+    """Training and held-out pairs as ``preference.*`` says; generated pairs are written to
+    ``<run>/pairs/{train,eval}.parquet`` (reuse them with ``preference.train_path=...``)."""
+    cfg = ctx.config
+    pc = cfg.preference
+    info: dict[str, Any] = {}
+    rollout = None
+
+    def generate(split: str, limit: int) -> list[PreferencePair]:
+        nonlocal rollout
+        rollout = rollout or _generation_rollout(ctx)
+        examples = ctx.task.examples(split, limit=limit, seed=cfg.seed)
+        ctx.log(f"generating preference pairs from {len(examples)} {split} prompts "
+                f"x {pc.gen_samples} rollouts ...")
+        t0 = time.perf_counter()
+        pairs, stats = generate_pairs(
+            ctx.wrapper, rollout, ctx.task, examples, samples=pc.gen_samples,
+            max_prompt_length=cfg.trainer.max_prompt_length, batch_size=cfg.eval.batch_size,
+            generator=torch.Generator().manual_seed(cfg.seed + (11 if split == "train" else 13)),
+            require_correct=pc.require_correct,
+        )
+        stats["seconds"] = round(time.perf_counter() - t0, 2)
+        info[f"generated_{split}"] = stats
+        ctx.log(f"{split}: {len(pairs)} pairs (rollout accuracy {stats['rollout_accuracy']:.3f}, "
+                f"{stats['seconds']} s)")
+        if ctx.rundir is not None and ctx.engine.is_main:
+            save_pairs(ctx.rundir.path("pairs", f"{split}.parquet"), pairs)
+        return pairs
+
+    if pc.train_path:
+        train = load_pairs(pc.train_path)
+        if pc.eval_path:
+            held = load_pairs(pc.eval_path, limit=pc.num_eval) if pc.num_eval else []
+        else:
+            k = min(pc.num_eval, max(0, len(train) - 1))
+            held, train = (train[len(train) - k:], train[: len(train) - k]) if k else ([], train)
+    else:
+        train = generate("train", pc.gen_prompts)
+        if pc.eval_path:
+            held = load_pairs(pc.eval_path, limit=pc.num_eval) if pc.num_eval else []
+        else:
+            held = generate("eval", pc.gen_eval_prompts)[: pc.num_eval] if pc.num_eval else []
+    if not train:
+        raise DareError(
+            "no training preference pairs: every prompt's rollouts scored the same; raise "
+            "preference.gen_samples or preference.gen_temperature, or pass preference.train_path"
+        )
+    info.update(train_pairs=len(train), eval_pairs=len(held))
+    return train, held, info
+
+
+def run_preference(ctx: Context) -> dict[str, Any]:
+    cfg = ctx.config
+    tr = cfg.trainer
+    pc = cfg.preference
+    comps = ctx.components
+    wrapper = ctx.wrapper
+    device = wrapper.device
+    gen = ctx.generator
+    if tr.micro_batch_size % 2:
+        raise DareError(f"trainer.micro_batch_size={tr.micro_batch_size} must be even in the "
+                        f"preference workflow (a chosen row and its rejected row stay together)")
+    pairs_per_micro = tr.micro_batch_size // 2
+
+    def collate(items: Sequence[PreferencePair]) -> SequenceBatch:
+        return collate_pairs(items, wrapper, max_prompt_length=tr.max_prompt_length,
+                             max_response_length=tr.max_response_length,
+                             response_length=pc.response_length, pad_with_eos=pc.pad_with_eos).to(device)
+
+    def corrupt(batch: SequenceBatch, generator: torch.Generator):
+        return comps.corruption(wrapper, batch, generator) if comps.corruption is not None else None
+
+    train_pairs, held_pairs, info = load_or_generate_pairs(ctx)
+    train_pairs = ctx.engine.shard(train_pairs)
+    reference = Reference(wrapper)
+
+    # validation: one fixed corruption, reference values computed once
+    held = None
+    if held_pairs:
+        h_batch = collate(held_pairs)
+        h_corr = corrupt(h_batch, torch.Generator().manual_seed(pc.eval_seed))
+        h_ref = reference.estimate(comps.estimator, h_batch, h_corr, tr.micro_batch_size)
+        held = (h_batch, h_corr, h_ref)
+
+    tracker = Tracker(ctx, ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed))
+
+    def validate(label: str, step: int) -> Optional[dict[str, float]]:
+        if held is None:
+            return None
+        h_batch, h_corr, h_ref = held
+        n_pairs = h_batch.batch_size // 2
+        was_training = wrapper.module.training
+        wrapper.module.eval()
+        agg: dict[str, float] = {}
+        try:
+            with torch.no_grad():
+                for sl in chunks(n_pairs, pairs_per_micro):
+                    rows = pair_rows(torch.arange(sl.start, sl.stop))
+                    logp = comps.estimator(wrapper, h_batch.select(rows),
+                                           h_corr.select(rows) if h_corr is not None else None)
+                    _, metrics = comps.loss(logp, h_ref.index_select(1, rows.to(h_ref.device)),
+                                            h_batch.select(rows))
+                    for k, v in metrics.items():
+                        agg[k] = agg.get(k, 0.0) + float(v) * (sl.stop - sl.start) / n_pairs
+        finally:
+            wrapper.module.train(was_training)
+        agg["n_pairs"] = float(n_pairs)
+        tracker.log({"step": step, "eval_pairs": agg})
+        shown = " ".join(f"{k}={v:.4g}" for k, v in agg.items() if k in
+                         ("dpo_loss", "reward_margin", "reward_accuracy", "logp_margin"))
+        ctx.log(f"held-out pairs {label}: {shown}")
+        return agg
+
+    before = validate("before", 0)
+    if before is not None:
+        tracker.summary["eval"]["pairs_before"] = before
+    tracker.begin()
+
+    batches = cycle_batches(train_pairs, tr.batch_size, gen)
+    params = list(wrapper.module.parameters())
+    optimizer, scheduler = make_optimizer(params, cfg)
+    wrapper.module.train()
+    last: list[float] = []
+    for step in range(1, tr.steps + 1):
+        t0 = time.perf_counter()
+        items = next(batches)
+        batch = collate(items)
+        corrupted = corrupt(batch, gen)
+        ref_logp = reference.estimate(comps.estimator, batch, corrupted, tr.micro_batch_size)
+        t_ref = time.perf_counter()
+        n_pairs = len(items)
+        loss_sum = 0.0
+        agg: dict[str, float] = {}
+        for sl in chunks(n_pairs, pairs_per_micro):
+            share = (sl.stop - sl.start) / n_pairs
+            rows = pair_rows(torch.arange(sl.start, sl.stop))
+            micro = batch.select(rows)
+            logp = comps.estimator(wrapper, micro, corrupted.select(rows) if corrupted is not None else None)
+            loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro)
+            (loss * share).backward()
+            loss_sum += float(loss.detach()) * share
+            for k, v in metrics.items():
+                agg[k] = agg.get(k, 0.0) + float(v) * share
+        norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
+        scheduler.step()
+        record = {
+            "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
+            "lr": scheduler.get_last_lr()[0], "pairs": n_pairs,
+            "time_ref": round(t_ref - t0, 3), "time_step": round(time.perf_counter() - t0, 3),
+        }
+        record.update(agg)
+        record = tracker.step_end(step, record, loss=f"{loss_sum:.4f}")
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
+            validate(f"step-{step}", step)
+        last = (last + [record["loss"]])[-20:]
+
+    after = validate("after", tr.steps)
+    if after is not None:
+        tracker.summary["eval"]["pairs_after"] = after
+    info.update(steps=tr.steps, final_loss_mean_last20=sum(last) / max(1, len(last)))
+    return tracker.finish(info)
