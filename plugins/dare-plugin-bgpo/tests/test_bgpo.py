@@ -1,25 +1,20 @@
 """BGPO: loss oracles (algorithms.md §18.2), the NaN guard, exact per-row accumulation, a peak
 memory measurement over mc_num, the contract, and one RL step through the core loop."""
 
-import json
 import math
 
 import pytest
 import torch
 
 import dare_plugin_bgpo
-from dare_core.components import ComponentLookup
 from dare_core.components.elbo import StratifiedCountMasking
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin
-from dare_core.train import train
+from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
 from dare_core.workflows.rl import _row_estimate
-from dare_plugin_bgpo.algorithm import BGPOConfig, BGPOLoss, bgpo_surrogate, build as build_bgpo
+from dare_plugin_bgpo.algorithm import BGPOConfig, BGPOLoss, bgpo_surrogate
 
 A = torch.tensor([[0.5] * 3, [-1.0] * 3])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -32,8 +27,7 @@ class TestBGPOContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_bgpo])
-    return build_bgpo(BGPOConfig(**cfg), ComponentLookup(dare.registries))
+    return algorithm_components((dare_plugin_bgpo,), "bgpo", **cfg)
 
 
 def test_ratio_one_gives_minus_token_mean_advantage():
@@ -120,16 +114,8 @@ def _setup(M, seed=0):
 
 def test_accumulate_equals_one_backward_gradient():
     w, batch, c, comps, old, adv = _setup(4)
-    mask = batch.response_mask.float()
-    loss, _ = comps.loss(comps.estimator(w, batch, c), old, None, adv, mask)
-    (loss * 0.5).backward()
-    full = [p.grad.clone() for p in w.module.parameters()]
-    w.module.zero_grad()
-    loss2, metrics = comps.loss.accumulate(_row_estimate(comps.estimator, w, batch, c), 4, old, None, adv, mask, 0.5)
-    assert loss2.item() == pytest.approx(loss.item(), rel=1e-5)
+    _, metrics = check_accumulate_matches_backward(comps, w, batch, c, old, None, adv)
     assert metrics["elbo_mc_var"] > 0
-    for a, p in zip(full, w.module.parameters()):
-        torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-7)
 
 
 class SavedTensorMeter:
@@ -199,15 +185,7 @@ def test_config_validators():
 
 
 def test_one_rl_step_through_the_core_loop(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_bgpo, ProbePlugin()])
-    cfg = resolve(dare, algo="bgpo", model="toy", overrides=[
-        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "rollout.temperature=1.0",
-        "algorithm.mc_num=4", "algorithm.n_l=2", "eval.before=false", "eval.after=false", "progress=false",
-    ])
-    train(dare, cfg)
-    rec = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    rec = one_rl_step((toy, dare_plugin_bgpo), "bgpo", "toy", tmp_path, ["algorithm.mc_num=4", "algorithm.n_l=2"])
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # shared corruption: ratio 1 at the first update
     assert rec["elbo_nonfinite"] == 0.0 and rec["ratio_nonpositive"] == 0.0 and "elbo_mc_var" in rec
     assert rec["grad_norm"] > 0

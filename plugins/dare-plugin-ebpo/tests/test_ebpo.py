@@ -2,31 +2,23 @@
 the composite ELBO under uniform logits (§18.3), the corruption and estimator on the family-free
 block-diffusion toy (BD3LM layout), exact proxy-gradient accumulation, the contract."""
 
-import json
 import math
 
 import pytest
 import torch
 
 import dare_plugin_ebpo
-from dare_core.components import ComponentLookup
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
 from dare_core.testing import contracts, toy_block
+from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin
 from dare_core.testing.toy_block import make_toy_block_wrapper
-from dare_core.train import train
-from dare_core.workflows.rl import _row_estimate
 from dare_plugin_ebpo.algorithm import (
     BlockELBOMasking,
     EBPOConfig,
-    EBPOLoss,
     block_mask_counts,
-    build as build_ebpo,
     ebpo_sequence_loss,
 )
 
@@ -43,8 +35,7 @@ class TestEBPOContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_ebpo])
-    return build_ebpo(EBPOConfig(**cfg), ComponentLookup(dare.registries))
+    return algorithm_components((dare_plugin_ebpo,), "ebpo", **cfg)
 
 
 def test_sequence_loss_oracle():
@@ -164,17 +155,8 @@ def test_proxy_accumulation_equals_full_gradient_on_block_toy():
     with torch.no_grad():
         old = comps.estimator(w, batch, c) + 0.1
         ref = old - 0.3
-    adv = torch.tensor([1.0, -0.7])
-    mask = batch.response_mask.float()
-    loss, m = comps.loss(comps.estimator(w, batch, c), old, ref, adv, mask)
-    (loss * 0.5).backward()
-    full = [p.grad.clone() for p in w.module.parameters()]
-    w.module.zero_grad()
-    loss2, m2 = comps.loss.accumulate(_row_estimate(comps.estimator, w, batch, c), 4, old, ref, adv, mask, 0.5)
-    assert loss2.item() == pytest.approx(loss.item(), rel=1e-5)
+    m, m2 = check_accumulate_matches_backward(comps, w, batch, c, old, ref, torch.tensor([1.0, -0.7]))
     assert m2["kl_loss"] == pytest.approx(m["kl_loss"], rel=1e-5) and m2["elbo_mc_var"] > 0
-    for a, p in zip(full, w.module.parameters()):
-        torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-7)
 
 
 def test_needs_a_block_size():
@@ -190,14 +172,7 @@ def test_config_validators():
 
 
 def test_one_rl_step_on_the_block_toy(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy_block, dare_plugin_ebpo, ProbePlugin()])
-    cfg = resolve(dare, algo="ebpo", model="block_toy", overrides=[
-        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
-        "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=8", "rollout.temperature=1.0",
-        "algorithm.mc_num=4", "algorithm.n_l=2", "eval.before=false", "eval.after=false", "progress=false",
-    ])
-    train(dare, cfg)
-    rec = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    rec = one_rl_step((toy_block, dare_plugin_ebpo), "ebpo", "block_toy", tmp_path,
+                      ["algorithm.mc_num=4", "algorithm.n_l=2"], gen_length=8)
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert rec["pg_clipfrac"] == 0.0 and rec["elbo_nonfinite"] == 0.0 and rec["grad_norm"] > 0

@@ -2,24 +2,18 @@
 oracle (§18.3/§18.4), RLOO advantages (§18.1), exact proxy-gradient accumulation, the contract and
 one step through the core loop."""
 
-import json
 import math
 
 import pytest
 import torch
 
 import dare_plugin_espo
-from dare_core.components import ComponentLookup
-from dare_core.config import resolve
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
 from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.rl_probe import ProbePlugin
-from dare_core.train import train
-from dare_core.workflows.rl import _row_estimate
-from dare_plugin_espo.algorithm import ComplementMasking, ESPOConfig, ESPOLoss, build as build_espo, espo_kl
+from dare_plugin_espo.algorithm import ComplementMasking, ESPOConfig, ESPOLoss, espo_kl
 
 
 class TestESPOContract(AlgorithmContract):
@@ -28,8 +22,7 @@ class TestESPOContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_espo])
-    return build_espo(ESPOConfig(**cfg), ComponentLookup(dare.registries))
+    return algorithm_components((dare_plugin_espo,), "espo", **cfg)
 
 
 def test_loss_oracle_sequence_ratio_no_dual_clip():
@@ -139,17 +132,8 @@ def test_proxy_accumulation_equals_full_gradient():
     with torch.no_grad():
         old = comps.estimator(w, batch, c) + 0.5
         ref = old - 1.0
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    mask = batch.response_mask.float()
-    loss, m = comps.loss(comps.estimator(w, batch, c), old, ref, adv, mask)
-    (loss * 0.25).backward()
-    full = [p.grad.clone() for p in w.module.parameters()]
-    w.module.zero_grad()
-    loss2, m2 = comps.loss.accumulate(_row_estimate(comps.estimator, w, batch, c), 4, old, ref, adv, mask, 0.25)
-    assert loss2.item() == pytest.approx(loss.item(), rel=1e-5)
+    _, m2 = check_accumulate_matches_backward(comps, w, batch, c, old, ref, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert m2["elbo_mc_var"] > 0 and m2["ratio_nonfinite"] == 0.0
-    for a, p in zip(full, w.module.parameters()):
-        torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-7)
 
 
 def test_config_validators():
@@ -158,15 +142,6 @@ def test_config_validators():
 
 
 def test_one_rl_step_through_the_core_loop(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, dare_plugin_espo, ProbePlugin()])
-    cfg = resolve(dare, algo="espo", model="toy", overrides=[
-        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
-        "trainer.ppo_epochs=1", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
-        "eval.before=false", "eval.after=false", "progress=false",
-    ])
-    assert cfg.trainer.group_size == 4 and cfg.rollout.temperature == 1.0  # recipe temperature
-    train(dare, cfg)
-    rec = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    rec = one_rl_step((toy, dare_plugin_espo), "espo", "toy", tmp_path, ["trainer.ppo_epochs=1"])
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and rec["kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert rec["elbo_nonfinite"] == 0.0 and rec["grad_norm"] > 0

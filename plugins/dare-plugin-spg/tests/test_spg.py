@@ -58,8 +58,7 @@ def test_eubo_averages_rows_inside_the_log():
 @pytest.mark.parametrize("adv,mask_sum,branch", [(1.0, 4, "elbo"), (0.0, 4, "lower"), (-1.0, 4, "lower"),
                                                   (1.0, 0, "lower")])
 def test_sign_rule(adv, mask_sum, branch):
-    logp = _rows([-1.0], [-3.0])  # mix = -2
-    mask = torch.zeros(1, 4)
+    mask = torch.zeros(1, 4)  # bounds: ELBO -1, EUBO -3, mix -2
     mask[0, :mask_sum] = 1
     loss_fn = SPGLoss("mix", 0.5)
     ell = torch.tensor([-1.0, -3.0], requires_grad=True)

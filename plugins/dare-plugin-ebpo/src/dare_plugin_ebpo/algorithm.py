@@ -10,7 +10,6 @@ clipping is applied once, to the sequence-level ratio of composite ELBOs, in log
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import attrs
 import torch

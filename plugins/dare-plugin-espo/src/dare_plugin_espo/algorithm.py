@@ -8,7 +8,6 @@ leave-one-out (RLOO).
 
 from __future__ import annotations
 
-from typing import Optional
 
 import attrs
 import torch
