@@ -37,7 +37,7 @@ def dare_register_model_wrappers(register):
         model_types=("llada2_moe",),
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="llada2_threshold",
-        rollouts=("llada2_threshold", "llada2_editing"),
+        rollouts=("llada2_threshold", "llada2_editing", "block"),
         block_size=DEFAULT_BLOCK_SIZE,
         description="LLaDA2.0/2.1-mini: block diffusion, group-limited sigmoid MoE (inclusionAI 2025)",
     ))

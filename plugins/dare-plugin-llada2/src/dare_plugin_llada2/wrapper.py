@@ -39,6 +39,8 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
     """Block-causal, unshifted: position ``i`` of the logits predicts token ``i``."""
 
     logit_shift = 0
+    #: drop noisy-copy blocks that equal their clean blocks from the training layout (exact)
+    compact_layout = True
 
     def _module_logits(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
@@ -48,18 +50,70 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
         mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
         return self._module_logits(input_ids, mask, pos)
 
+    def _layout(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                clean_ids: Optional[torch.Tensor]) -> tuple:
+        """The ``[noisy | clean]`` input, its positions and mask, and where each output comes from.
+
+        With ``compact_layout`` (default) the noisy copy keeps only the columns lying in a block
+        in which some row's noisy tokens differ from its clean ones. This is exact: a noisy query
+        in a block equal to its clean block sees the same keys with the same states as the clean
+        query at that position (its own block of clean tokens and the earlier clean blocks), so
+        its output is read from the clean copy instead. Returns ``(ids, pos, mask, src)`` with
+        ``src`` ``[B, L]`` the column of the model output that position ``i`` uses.
+        """
+        clean = noisy_ids if clean_ids is None else clean_ids
+        mask2d = self._padding_mask(attention_mask)
+        b, length = noisy_ids.shape
+        if not self.compact_layout:
+            ids, pos, mask = bd3lm_layout(noisy_ids, clean, self.block_size, mask2d)
+            return ids, pos, mask, torch.arange(length, device=ids.device).expand(b, length)
+        dev = noisy_ids.device
+        valid = torch.ones(b, length, dtype=torch.bool, device=dev) if mask2d is None else mask2d.bool()
+        pos = positions_from_mask(mask2d, (b, length), dev)
+        blk = block_index(pos, self.block_size)
+        differs = (noisy_ids != clean) & valid
+        n_blocks = int(blk.max()) + 1 if length else 1
+        hot = torch.zeros(b, n_blocks, dtype=torch.bool, device=dev)
+        hot.scatter_reduce_(1, blk, differs, reduce="amax")
+        needed = hot.gather(1, blk) & valid  # [B, L]: positions whose noisy output differs
+        keep = needed.any(dim=0).nonzero(as_tuple=True)[0]  # noisy columns kept (shared by rows)
+        n = keep.numel()
+        nb, npos, nvalid = blk[:, keep], pos[:, keep], valid[:, keep]
+        ids = torch.cat([noisy_ids[:, keep], clean], dim=1)
+        positions = torch.cat([npos, pos], dim=1)
+        kv = torch.cat([nvalid, valid], dim=1)
+        q_noisy_k_noisy = nb[:, :, None] == nb[:, None, :]
+        q_noisy_k_clean = blk[:, None, :] < nb[:, :, None]
+        q_clean_k_clean = blk[:, None, :] <= blk[:, :, None]
+        top = torch.cat([q_noisy_k_noisy, q_noisy_k_clean], dim=2)
+        bottom = torch.cat([torch.zeros(b, length, n, dtype=torch.bool, device=dev), q_clean_k_clean], dim=2)
+        allowed = torch.cat([top, bottom], dim=1) & kv[:, None, :]
+        eye = torch.eye(n + length, dtype=torch.bool, device=dev)[None]
+        allowed = torch.where(kv[:, :, None], allowed, eye)  # padded queries see only themselves
+        slot = torch.full((length,), -1, dtype=torch.long, device=dev)
+        slot[keep] = torch.arange(n, device=dev)
+        clean_src = n + torch.arange(length, device=dev).expand(b, length)
+        src = torch.where(needed, slot.expand(b, length), clean_src)
+        return ids, positions, allowed[:, None], src
+
     def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                        clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask.
 
         ``clean_ids`` defaults to ``noisy_ids`` (exact when they hold no MASK, e.g. scoring a
         clean sequence). Padding (``attention_mask`` 0) is never attended; blocks are counted
-        from each row's first real token.
+        from each row's first real token. See :meth:`_layout` for the compact form.
         """
-        clean = noisy_ids if clean_ids is None else clean_ids
-        mask2d = self._padding_mask(attention_mask)
-        ids, pos, mask = bd3lm_layout(noisy_ids, clean, self.block_size, mask2d)
-        return self._module_logits(ids, mask, pos)[:, : noisy_ids.shape[1]]
+        ids, pos, mask, src = self._layout(noisy_ids, attention_mask, clean_ids)
+        out = self._module_logits(ids, mask, pos)
+        return out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))
+
+    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states of the noisy half (what :meth:`denoise_logits` feeds the head)."""
+        ids, pos, mask, src = self._layout(noisy_ids, attention_mask, clean_ids)
+        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
+        return out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))
 
     def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
                        past_key_values: Optional[list] = None, attention_mask: Optional[torch.Tensor] = None,
