@@ -19,6 +19,7 @@ import torch
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
 from dare_core.components.elbo import select_samples
+from dare_core.errors import DareError
 from dare_core.workflows.common import (
     Context,
     chunks,
@@ -86,6 +87,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
     records = frozenset(getattr(trajectory, "records", frozenset()))
+    _check_records(ctx, records)
     # an algorithm may adjust the training rollout (evaluation keeps the run's settings)
     train_rollout = (ctx.rollout if comps.rollout_config is None
                      else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
@@ -194,6 +196,19 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         "steps": tr.steps,
         "final_reward_mean_last5": sum(r["reward"] for r in last) / max(1, len(last)),
     })
+
+
+def _check_records(ctx: Context, records: frozenset) -> None:
+    """Refuse, before any work, a rollout backend that cannot record what the trajectory needs."""
+    spec = ctx.dare.registries.rollouts.get(ctx.config.rollout_backend)
+    missing = sorted(records - set(spec.records))
+    if missing:
+        able = [n for n, s in ctx.dare.registries.rollouts.items()
+                if records <= set(s.records) and (not s.kinds or ctx.family.kind in s.kinds)]
+        hint = f"set rollout.backend={able[0]}" if able else "no registered backend records it"
+        raise DareError(
+            f"algorithm {ctx.config.algo!r} needs the rollout to record {', '.join(missing)}, which "
+            f"rollout backend {spec.name!r} does not; {hint}")
 
 
 def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, group_ids,

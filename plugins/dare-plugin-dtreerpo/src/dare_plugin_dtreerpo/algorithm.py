@@ -101,7 +101,7 @@ class TreeRollout:
     def __init__(self, backend: Any, num_tree_samples: int, branch_factor: int, contraction: int):
         if not callable(getattr(backend, "continue_from", None)):
             raise DareError("dtreerpo branches partial denoising runs and needs a rollout backend "
-                            "with continue_from (e.g. low_confidence)")
+                            "with continue_from (e.g. set rollout.backend=low_confidence)")
         self.backend = backend
         self.widths = [num_tree_samples] + [branch_factor] * (contraction - 1)
         self.contraction = contraction

@@ -93,7 +93,8 @@ def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
         if not need <= names:
             raise DareError(
                 f"justgrpo needs a rollout backend with {', '.join(sorted(need))} options to "
-                f"decode left to right; the chosen backend lacks {', '.join(sorted(need - names))}")
+                f"decode left to right; the chosen backend lacks {', '.join(sorted(need - names))} "
+                f"(e.g. set rollout.backend=low_confidence)")
         temp = cfg.temperature if cfg.temperature is not None else rollout_cfg.temperature
         if temp <= 0:
             raise DareError("justgrpo needs a sampling temperature > 0 (exact log-probabilities "
