@@ -1,0 +1,63 @@
+"""The bundled tiny checkpoint: published layout, preset, `dare generate`, a short SFT run."""
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+import dare_plugin_llada2
+import dare_plugin_sft
+from dare_core.config import resolve
+from dare_core.plugins import build
+from dare_core.train import train
+from dare_plugin_llada2.wrapper import BUNDLED
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
+
+
+@pytest.fixture(scope="module")
+def dare():
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_llada2, dare_plugin_sft])
+
+
+def test_layout_and_published_names():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    files = set(os.listdir(BUNDLED))
+    assert {"config.json", "tokenizer.json", "dare_defaults.yaml"} <= files
+    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
+    assert cfg["model_type"] == "llada2_moe" and cfg["architectures"] == ["LLaDA2MoeModelLM"]
+    assert cfg["num_experts"] == 4 and cfg["n_group"] == 2 and cfg["first_k_dense_replace"] == 1
+    tok = AutoTokenizer.from_pretrained(BUNDLED)
+    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|mask|>"
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED)
+    names = set(model.state_dict())
+    assert {"model.word_embeddings.weight", "lm_head.weight", "model.layers.1.mlp.gate.expert_bias",
+            "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.shared_experts.down_proj.weight"} <= names
+
+
+def test_preset_applies(dare):
+    cfg = resolve(dare, algo="sft", model="llada2")
+    assert cfg.model.path == BUNDLED and cfg.task.name == "sudoku"
+    assert cfg.rollout.gen_length == 40
+
+
+def test_generate_cli(dare, monkeypatch):
+    from dare_core import plugins
+    from dare_core.cli import cli
+    from dare_core.tasks import SudokuTask, TaskConfig
+
+    monkeypatch.setattr(plugins, "_DARE", dare)
+    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
+    result = CliRunner().invoke(cli, ["generate", "--model", "llada2", "--prompt", example.prompt[0]["content"]])
+    assert result.exit_code == 0, result.output
+    assert "<answer>" in result.output
+
+
+def test_short_sft_run(dare, tmp_path):
+    common = ["task.num_eval=4", "eval.batch_size=4", "trainer.steps=1", "progress=false", f"output_dir={tmp_path}",
+              "trainer.batch_size=2", "trainer.micro_batch_size=2", "run_name=sft", "eval.before=false"]
+    train(dare, resolve(dare, algo="sft", model="llada2", overrides=common))
+    assert os.path.isfile(tmp_path / "sft" / "final" / "config.json")
+    assert os.path.isfile(tmp_path / "sft" / "final" / "dare_defaults.yaml")
