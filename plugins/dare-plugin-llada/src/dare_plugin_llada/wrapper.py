@@ -34,6 +34,9 @@ class LLaDAWrapper(HFDiffusionWrapper):
     rollouts) returns the raw logits of every new token unchanged.
     """
 
+    #: LoRA targets: every projection of every block (the LM head ``transformer.ff_out`` is not one)
+    lora_target_modules = r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
+
 
 def _check_dir(path: str) -> None:
     if not os.path.isdir(path):

@@ -1,0 +1,33 @@
+"""dare-plugin-vrpo: VRPO, variance-reduced DPO on masked-diffusion ELBOs (arXiv:2505.19223)."""
+
+from dare_core import hookimpl
+from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+
+from dare_plugin_vrpo.algorithm import RECIPE, DPOLoss, VRPOConfig, build
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "dpo", DPOLoss,
+        "DPO on sequence likelihood surrogates of interleaved (chosen, rejected) rows",
+        reference="arXiv:2305.18290; arXiv:2505.19223",
+    ))
+
+
+@hookimpl
+def dare_register_algorithms(register):
+    register(AlgorithmSpec(
+        name="vrpo",
+        workflow="preference",
+        config_cls=VRPOConfig,
+        build=build,
+        kinds=frozenset({"masked"}),
+        components={"corruption": "stratified_count_masking", "estimator": "sequence_elbo",
+                    "loss": "dpo"},
+        paper="arXiv:2505.19223",
+        description="VRPO: DPO on stratified, reference-shared Monte-Carlo ELBOs (LLaDA 1.5)",
+        recipe=RECIPE,
+    ))
