@@ -60,6 +60,6 @@ def build(cfg: CJConfig, lookup) -> Components:
     )
 
 
-# Recipe (LLaDA-8B-Instruct, 8 GPUs): the shared group-RL recipe (temperature 0.6; R = 256 and
+# Recipe (8B masked-diffusion model, 8 GPUs): the shared group-RL recipe (temperature 0.6; R = 256 and
 # 128 steps on math, block 32 — rollout lengths are the task's / checkpoint's settings).
 RECIPE = copy.deepcopy(GROUP_RL_RECIPE)

@@ -148,5 +148,5 @@ def build(cfg: CoupledConfig, lookup) -> Components:
     )
 
 
-# Recipe (LLaDA-8B-Instruct, 8 GPUs): the shared group-RL recipe, as d1.
+# Recipe (8B masked-diffusion model, 8 GPUs): the shared group-RL recipe, as d1.
 RECIPE = copy.deepcopy(GROUP_RL_RECIPE)

@@ -35,7 +35,7 @@ from dare_core.interfaces import Components, Corrupted, RolloutBatch, SequenceBa
 
 @attrs.frozen
 class DTreeConfig:
-    """d-TreeRPO options with the recipe defaults (LLaDA math recipe)."""
+    """d-TreeRPO options with the recipe defaults (8B math recipe)."""
 
     num_tree_samples: Optional[int] = option(
         None, "Children of the root (first branching); null = trainer.group_size / "
@@ -327,7 +327,7 @@ def build(cfg: DTreeConfig, lookup) -> Components:
     )
 
 
-# Recipe (LLaDA-8B-Instruct, LoRA r128 α64): lr 3e-5, wd 0.1, betas (0.9, 0.99), grad clip 0.2,
+# Recipe (8B masked-diffusion model, LoRA r128 α64): lr 3e-5, wd 0.1, betas (0.9, 0.99), grad clip 0.2,
 # 12 PPO epochs per rollout batch, 16 prompts x 16 leaves, rollout temperature 0.9.
 RECIPE = {
     "trainer": {"lr": 3e-5, "weight_decay": 0.1, "beta2": 0.99, "grad_clip": 0.2, "ppo_epochs": 12,

@@ -120,6 +120,6 @@ def build(cfg: JustConfig, lookup) -> Components:
     )
 
 
-# Recipe (LLaDA-8B-Instruct): the shared group-RL recipe; the sampling temperature (0.6) is the
+# Recipe (8B masked-diffusion model): the shared group-RL recipe; the sampling temperature (0.6) is the
 # algorithm's own option because the learner uses it too.
 RECIPE = copy.deepcopy(GROUP_RL_RECIPE)

@@ -34,7 +34,7 @@ from dare_core.interfaces import Components, Corrupted, SequenceBatch
 
 @attrs.frozen
 class MDPOConfig:
-    """MDPO options with the recipe defaults (LLaDA math recipe)."""
+    """MDPO options with the recipe defaults (8B math recipe)."""
 
     sample_train_steps: int = option(
         16, "Denoising steps trained per rollout batch: the steps with the largest Σ_b |A_bk| "
@@ -202,5 +202,5 @@ def build(cfg: MDPOConfig, lookup) -> Components:
     )
 
 
-# Recipe (LLaDA-8B-Instruct): the shared group-RL recipe (T = 0.6, no cache, block 32, steps R/2).
+# Recipe (8B masked-diffusion model): the shared group-RL recipe (T = 0.6, no cache, block 32, steps R/2).
 RECIPE = copy.deepcopy(GROUP_RL_RECIPE)
