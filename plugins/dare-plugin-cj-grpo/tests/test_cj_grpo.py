@@ -9,14 +9,12 @@ import dare_plugin_cj_grpo
 from dare_core.components.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
 from dare_core.components.trajectory_replay import (
     StepReplay,
-    block_local_steps,
-    response_block_ids,
     transition_weights,
 )
 from dare_core.components.trajectory_rows import TrajectoryContext
 from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
-from dare_core.interfaces import RolloutBatch, SequenceBatch
+from dare_core.interfaces import RolloutBatch
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing import toy_block
 from dare_core.testing.contracts import AlgorithmContract
@@ -48,15 +46,6 @@ def _context(B, adv=None):
     return TrajectoryContext(torch.zeros(B), adv, torch.arange(B), lambda *a: torch.zeros(B))
 
 
-def test_transition_weights_oracle():
-    w = transition_weights(LOCAL, BLOCKS, 3).double()
-    expect_tok = [1 / 12] * 4 + [1 / 6, 1 / 6, 1 / 12, 1 / 12] + [1 / 24] * 4
-    torch.testing.assert_close(w.sum(0)[0], torch.tensor(expect_tok, dtype=torch.float64))
-    torch.testing.assert_close(w.sum((1, 2)), torch.tensor([1 / 2, 1 / 3, 1 / 6], dtype=torch.float64))
-    assert w.sum().item() == pytest.approx(1.0, rel=1e-12)
-    assert ((w > 0) == (LOCAL[None] == torch.arange(3)[:, None, None])).all()
-
-
 def test_paper_reduction_is_27_17_and_differs_from_step_mean():
     const = {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 10.0, (1, 1): 20.0, (1, 2): 30.0, (2, 0): 100.0}
     vals = torch.tensor([[const[(int(b), int(k))] for b, k in zip(BLOCKS[0], LOCAL[0])]], dtype=torch.float64)
@@ -71,22 +60,6 @@ def test_paper_reduction_is_27_17_and_differs_from_step_mean():
     adv = torch.tensor([[0.9, -0.4, 0.3, -0.8, 1.1, -0.6, 0.7, -0.2, 0.5, -1.0, 0.4, -0.3]], dtype=torch.float64)
     loss = ReplayClippedLoss._reduce(-adv[None].expand(3, 1, 12), w, "per_sample", 3, w.sum())
     assert loss.item() == pytest.approx(-0.1083333, abs=1e-6)
-
-
-def test_block_local_steps_dense_rank_and_noncontiguous_global_steps():
-    # global reveal steps with gaps (e.g. steps 4..7 for the second block) → local 0.. per block
-    order = torch.tensor([[0, 0, 1, 1, 4, 6, 7, 7, 8, 8, 8, 8]])
-    assert torch.equal(block_local_steps(order, BLOCKS), LOCAL)
-    order[0, 3] = -1  # never committed stays -1
-    assert block_local_steps(order, BLOCKS)[0, 3] == -1
-
-
-def test_response_block_ids_use_the_global_grid_from_the_first_real_token():
-    ids = torch.zeros(1, 10, dtype=torch.long)
-    att = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1]])
-    blk = response_block_ids(SequenceBatch(ids, att, 5), 4)
-    # prompt: 3 real tokens (compact 0..2); response compact positions 3..7
-    assert blk.tolist() == [[0, 1, 1, 1, 1]]
 
 
 def test_masked_replay_reproduces_the_sampler_states_and_confidences():

@@ -58,24 +58,6 @@ def test_tree_advantage_oracle():
     torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5]))
 
 
-def test_resumed_partial_denoising_equals_one_run():
-    w = make_toy_wrapper()
-    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=6, temperature=1.0))
-    prompts = torch.randint(4, 60, (2, 4), generator=torch.Generator().manual_seed(0))
-    pmask = torch.ones_like(prompts)
-    pmask[0, 0] = 0
-    full = sampler.generate(w, prompts, pmask, record=frozenset({"reveal_step"}),
-                            generator=torch.Generator().manual_seed(5))
-    g = torch.Generator().manual_seed(5)
-    start = torch.full((2, 8), w.mask_token_id)
-    half = sampler.continue_from(w, prompts, pmask, start, start_step=0, stop_step=4, generator=g)
-    assert (half.response_ids == w.mask_token_id).any()  # block 1 entered mid-way: masks left
-    rest = sampler.continue_from(w, prompts, pmask, half.response_ids, start_step=4, stop_step=6, generator=g)
-    assert torch.equal(rest.response_ids, full.response_ids)
-    reveal = torch.where(rest.reveal_step >= 0, rest.reveal_step, half.reveal_step)
-    assert torch.equal(reveal, full.reveal_step)
-
-
 def _tree(widths=(2, 2), steps=4):
     w = make_toy_wrapper()
     sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=8, steps=steps, temperature=1.0))
