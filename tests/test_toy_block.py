@@ -121,3 +121,31 @@ def test_save_load_and_registration(w, tmp_path, dare_build):
 
 def test_fixture(toy_block_wrapper):
     assert toy_block_wrapper.kind == "block" and toy_block_wrapper.block_size == 4
+
+
+def test_compact_layout_equals_full_bd3lm(w):
+    """Dropping the noise-free leading noisy blocks changes nothing (left padding, several rows)."""
+    from dare_core.models.block import bd3lm_compact_layout, bd3lm_layout
+
+    clean = _ids(14, seed=5, B=3)
+    att = torch.ones(3, 14, dtype=torch.long)
+    att[1, :3] = 0
+    att[2, :5] = 0
+    clean = clean.masked_fill(att == 0, w.pad_token_id)
+    noisy = clean.clone()
+    noisy[0, [9, 12]] = w.mask_token_id
+    noisy[1, 11] = w.mask_token_id
+    noisy[2, [10, 13]] = w.mask_token_id
+    ids, pos, mask = bd3lm_layout(noisy, clean, 4, att)
+    with torch.no_grad():
+        full = w.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :14]
+        compact = w.denoise_logits(noisy, att, clean)
+    _, _, _, c0, _ = bd3lm_compact_layout(noisy, clean, 4, att)
+    assert c0 == 8  # row 0: block of column 9 starts at 8; row 1 (3 pads): column 11 -> block [11, 15);
+    # row 2 (5 pads): column 10 -> block starting at column 9; the minimum is 8
+    real = att.bool()
+    torch.testing.assert_close(compact[real], full[real], rtol=1e-5, atol=1e-5)
+    # nothing noised: the whole noisy half is dropped and the inference logits come back
+    with torch.no_grad():
+        same = w.denoise_logits(clean, att, clean)
+    torch.testing.assert_close(same[real], w.logits(clean, att)[real], rtol=1e-5, atol=1e-5)

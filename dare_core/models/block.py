@@ -142,3 +142,50 @@ def bd3lm_layout(
     ids = torch.cat([noisy_ids, clean_ids], dim=-1)
     pos = torch.cat([position_ids, position_ids], dim=-1)
     return ids, pos, bd3lm_mask(block_ids, attention_mask)
+
+
+def bd3lm_compact_layout(
+    noisy_ids: torch.Tensor,
+    clean_ids: torch.Tensor,
+    block_size: int,
+    attention_mask: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """:func:`bd3lm_layout` without the noisy copies of the leading blocks that hold no noise.
+
+    A noisy block equal to its clean block sees exactly what the clean copy sees (its own block and
+    the earlier clean blocks), so its logits equal the clean half's at the same positions. The
+    noisy columns before ``c0`` — the start column of the first block (in any row) whose noisy and
+    clean tokens differ — are therefore dropped (in SFT and RL these are the prompt blocks), and
+    every position of a noise-free block takes the clean half's output.
+
+    Returns ``(input_ids [B, L - c0 + L], position_ids, mask, c0, noisy_block [B, L] bool)``;
+    rebuild the ``[B, L, ...]`` noisy-half output with :func:`bd3lm_compact_output`.
+    """
+    B, L = noisy_ids.shape
+    dev = noisy_ids.device
+    pos = positions_from_mask(attention_mask, (B, L), dev)
+    blocks = block_index(pos, block_size)
+    valid = _valid(attention_mask, (B, L), dev)
+    differs = (noisy_ids != clean_ids) & valid
+    has = torch.zeros(B, L + 1, dtype=torch.bool, device=dev)
+    has.scatter_(1, torch.where(differs, blocks, torch.full_like(blocks, L)), True)
+    noisy_block = has.gather(1, blocks) & valid  # position's block holds some noise
+    cols = torch.arange(L, device=dev).expand(B, L)
+    first = torch.where(noisy_block, cols, torch.full_like(cols, L)).amin(dim=1)
+    c0 = int(first.min().item()) if B else 0
+    ids, positions, mask = bd3lm_layout(noisy_ids, clean_ids, block_size, attention_mask, pos, blocks)
+    if c0 == 0:
+        return ids, positions, mask, 0, noisy_block
+    keep = torch.cat([torch.arange(c0, L), torch.arange(L, 2 * L)]).to(dev)
+    mask = mask.index_select(2, keep).index_select(3, keep)
+    return ids[:, keep], positions[:, keep], mask, c0, noisy_block
+
+
+def bd3lm_compact_output(out: torch.Tensor, length: int, c0: int, noisy_block: torch.Tensor) -> torch.Tensor:
+    """Noisy-half outputs ``[B, L, ...]`` from the outputs of :func:`bd3lm_compact_layout`'s input:
+    positions in noise-free blocks take the clean half's output, the others the noisy copy's."""
+    kept = length - c0
+    clean = out[:, kept : kept + length]
+    noisy = torch.cat([clean[:, :c0], out[:, :kept]], dim=1)
+    sel = noisy_block.reshape(noisy_block.shape + (1,) * (out.dim() - 2))
+    return torch.where(sel, noisy, clean)

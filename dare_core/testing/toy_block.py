@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from dare_core.errors import DareError
 from dare_core.interfaces import ModelFamily
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.block import bd3lm_layout, block_causal_mask, block_index, positions_from_mask
+from dare_core.models.block import (
+    bd3lm_compact_layout,
+    bd3lm_compact_output,
+    block_causal_mask,
+    block_index,
+    positions_from_mask,
+)
 from dare_core.plugins import hookimpl
 from dare_core.testing.toy import make_char_tokenizer
 
@@ -165,9 +171,9 @@ class ToyBlockWrapper(HFDiffusionWrapper):
         """
         if clean_ids is None:
             return self.logits(noisy_ids, attention_mask)
-        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        L = noisy_ids.shape[1]
-        return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :L]
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
 
     def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                        clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -178,8 +184,9 @@ class ToyBlockWrapper(HFDiffusionWrapper):
             pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
             mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
             return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
-        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        return self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)[:, :L]
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
+        return bd3lm_compact_output(out, L, c0, noisy)
 
     def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
                        past_key_values=None, attention_mask: Optional[torch.Tensor] = None,

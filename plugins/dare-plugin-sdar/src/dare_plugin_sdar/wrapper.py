@@ -17,7 +17,13 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.block import bd3lm_layout, block_causal_mask, block_index, positions_from_mask
+from dare_core.models.block import (
+    bd3lm_compact_layout,
+    bd3lm_compact_output,
+    block_causal_mask,
+    block_index,
+    positions_from_mask,
+)
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
@@ -51,13 +57,15 @@ class SDARWrapper(HFDiffusionWrapper):
         positions counted from the first real token, the global origin).
 
         Without ``clean_ids`` the clean half would be the input itself, for which the noisy half's
-        logits are those of the block-causal inference forward, so :meth:`logits` is used.
+        logits are those of the block-causal inference forward, so :meth:`logits` is used. Leading
+        blocks without noise (the prompt) are not duplicated (:func:`bd3lm_compact_layout`: their
+        noisy logits equal the clean half's), which leaves the result unchanged.
         """
         if clean_ids is None:
             return self.logits(noisy_ids, attention_mask)
-        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        L = noisy_ids.shape[1]
-        return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :L]
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
 
     def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                        clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -68,8 +76,9 @@ class SDARWrapper(HFDiffusionWrapper):
             pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
             mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
             return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
-        ids, pos, mask = bd3lm_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        return self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)[:, :L]
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
+        return bd3lm_compact_output(out, L, c0, noisy)
 
     def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor, past_key_values=None,
                        attention_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
