@@ -159,7 +159,7 @@ def transfer_counts(mask_count: int, steps: int, eps: float = 1e-3) -> list[int]
     ts = torch.linspace(1, eps, steps + 1)
     left, out = int(mask_count), []
     for i in range(steps):
-        n = int(left * (1 - ts[i + 1] / ts[i])) if i < steps - 1 else left
+        n = int(torch.tensor(float(left)) * (1 - ts[i + 1] / ts[i])) if i < steps - 1 else left
         n = min(n, left)
         out.append(n)
         left -= n
@@ -266,8 +266,9 @@ class DreamSampler:
             last = i == cfg.steps - 1
             t, s = timesteps[i], timesteps[i + 1]
             if cfg.alg != "origin":
-                mean_masks = pending.sum().item() / b
-                n = int(mean_masks) if last else int(mean_masks * float(1 - s / t))
+                # float32 arithmetic as in the reference: int(mean_b(#masked) * (1 - s / t))
+                mean_masks = pending.sum(dtype=torch.float32) / b
+                n = int(mean_masks) if last else int(mean_masks * (1 - s / t))
                 if n <= 0:
                     continue
             logits = wrapper.logits(x, attn)[:, p:].float()
