@@ -37,7 +37,7 @@ def test_auto_follows_capabilities():
     p = select_training_paths(_toy(pack=False), "auto", "auto", "cpu")
     assert (p.attention, p.fused_ce) == ("padded", True)
     p = select_training_paths(_toy(pack=True), "auto", "auto", "cpu")
-    assert (p.attention, p.attention_kernel, p.fused_ce) == ("packed", "sdpa_mask", True)
+    assert (p.attention, p.attention_kernel, p.fused_ce) == ("packed", "bool_mask", True)
     p = select_training_paths(_toy(pack=True, hidden=False), "auto", "auto", "cpu")
     assert (p.attention, p.fused_ce) == ("packed", False)
 

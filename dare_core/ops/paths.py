@@ -39,8 +39,8 @@ class TrainingPaths:
 
     def describe(self) -> str:
         if self.attention == "packed":
-            att = (f"packed (document mask, per-document positions; kernel {self.attention_kernel} "
-                   f"on {self.device})")
+            att = (f"packed (block-diagonal document mask as a 4-D boolean mask through the model's "
+                   f"attention, per-document positions, on {self.device})")
         else:
             att = f"padded (key-padding mask on {self.device})"
         ce = "fused (chunked, no [N, V] logits)" if self.fused_ce else "naive (full logits)"
@@ -81,9 +81,10 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
     dev = torch.device(device) if device is not None else getattr(wrapper, "device", torch.device("cpu"))
     attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
     # the native modules take the document mask as a 4-D boolean mask through their own attention
-    # (SDPA with a boolean mask); the CUDA kernels of ops.attention need a module that takes
-    # document ids, which no family module does yet
-    kernel = "sdpa_mask" if attention == "packed" else "-"
+    # implementation (SDPA with a boolean mask by default); the CUDA document kernels of
+    # dare_core.ops.attention (FlexAttention, varlen, flash-attn) need a module that takes document
+    # ids, which no family module does yet, so they are never selected here
+    kernel = "bool_mask" if attention == "packed" else "-"
     fused = cross_entropy == "fused" or (cross_entropy == "auto" and can_fuse)
     return TrainingPaths(attention, kernel, fused, dev.type, train_attention, cross_entropy)
 
