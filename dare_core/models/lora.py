@@ -26,6 +26,7 @@ import contextlib
 import copy
 import json
 import os
+import warnings
 from typing import Any, Iterator, Optional
 
 import torch
@@ -96,12 +97,14 @@ def target_modules(wrapper: Any, configured: Optional[tuple[str, ...]]) -> Any:
 
 
 def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
-               adapter: Optional[str] = None, trainable: bool = True) -> Any:
+               adapter: Optional[str] = None, trainable: bool = True,
+               checkpointing: bool = False) -> Any:
     """Wrap ``wrapper.module`` with LoRA adapters as ``cfg`` (``model.lora``) says.
 
     :param base_path: the base checkpoint, recorded in the adapter config for reloading.
     :param adapter: load this adapter (overrides ``cfg.adapter``) instead of a fresh one.
     :param trainable: load a saved adapter with trainable weights (training) or frozen.
+    :param checkpointing: gradient checkpointing is on (the embeddings' outputs then need grads).
     Returns the same wrapper (modified in place); a no-op when LoRA is off.
     """
     adapter = adapter or cfg.adapter
@@ -111,7 +114,7 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
     module = wrapper.module
     if is_lora(wrapper):
         raise DareError("the model already carries LoRA adapters; load it once")
-    if getattr(module, "is_gradient_checkpointing", False) and hasattr(module, "enable_input_require_grads"):
+    if checkpointing and hasattr(module, "enable_input_require_grads"):
         module.enable_input_require_grads()  # frozen embeddings would cut the checkpointed graph
     if adapter is not None:
         found = find_adapter(adapter)
@@ -158,7 +161,9 @@ def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False) -> Non
     """Write a LoRA checkpoint into ``directory`` (see the module docstring for the layout)."""
     module = wrapper.module
     os.makedirs(directory, exist_ok=True)
-    module.save_pretrained(os.path.join(directory, ADAPTER_DIR))
+    with warnings.catch_warnings():  # a base without an HF config.json (test models) is fine
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        module.save_pretrained(os.path.join(directory, ADAPTER_DIR))
     readme = os.path.join(directory, ADAPTER_DIR, "README.md")
     if os.path.isfile(readme):  # PEFT's model-card template, not ours
         os.remove(readme)

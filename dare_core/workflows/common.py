@@ -62,8 +62,8 @@ def load_model(dare: Any, config: RunConfig, *, trainable: bool = True):
         wrapper.module.gradient_checkpointing_enable()
     lcfg = config.model.lora
     if lcfg.enabled or saved_adapter is not None:
-        lora.apply_lora(wrapper, lcfg, base_path=base_path,
-                        adapter=lcfg.adapter or saved_adapter, trainable=trainable)
+        lora.apply_lora(wrapper, lcfg, base_path=base_path, adapter=lcfg.adapter or saved_adapter,
+                        trainable=trainable, checkpointing=config.model.gradient_checkpointing)
     return wrapper
 
 
