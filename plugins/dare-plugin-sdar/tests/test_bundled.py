@@ -1,0 +1,71 @@
+"""The bundled tiny SDAR checkpoint: published layout, preset, generation, a one-step SFT run."""
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+import dare_plugin_sdar
+import dare_plugin_sft
+from dare_core.config import resolve
+from dare_core.plugins import build
+from dare_core.train import train
+from dare_plugin_sdar.wrapper import BUNDLED
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
+
+
+@pytest.fixture(scope="module")
+def dare():
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_sdar, dare_plugin_sft])
+
+
+def test_layout_and_published_names():
+    from safetensors import safe_open
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    files = set(os.listdir(BUNDLED))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
+            "dare_defaults.yaml"} <= files
+    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
+    assert cfg["model_type"] == "sdar" and cfg["architectures"] == ["SDARForCausalLM"]
+    assert cfg["block_size"] == 4 and cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]
+    with safe_open(os.path.join(BUNDLED, "model.safetensors"), "pt") as fh:
+        keys = set(fh.keys())
+    assert len(keys) == 11 * cfg["num_hidden_layers"] + 3
+    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+            "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate_proj.weight"} <= keys
+    tok = AutoTokenizer.from_pretrained(BUNDLED)
+    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|MASK|>"
+    assert type(AutoModelForCausalLM.from_pretrained(BUNDLED)).__name__ == "SDARForCausalLM"
+    assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "SDARModel"
+
+
+def test_preset_applies_below_overrides(dare):
+    cfg = resolve(dare, algo="sft", model="sdar")
+    assert cfg.model.path == BUNDLED and cfg.task.name == "sudoku"
+    assert cfg.rollout.gen_length == 40 and cfg.rollout_backend == "block"
+    assert resolve(dare, algo="sft", model="sdar", overrides=["trainer.lr=1e-6"]).trainer.lr == 1e-6
+
+
+def test_generate_answers_in_the_trained_format(dare, monkeypatch):
+    from dare_core import plugins
+    from dare_core.cli import cli
+    from dare_core.tasks import SudokuTask, TaskConfig
+
+    monkeypatch.setattr(plugins, "_DARE", dare)
+    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
+    result = CliRunner().invoke(cli, ["generate", "--model", "sdar", "--prompt", example.prompt[0]["content"]])
+    assert result.exit_code == 0, result.output
+    assert "<answer>" in result.output and "</answer>" in result.output
+
+
+def test_one_step_sft_run(dare, tmp_path):
+    overrides = ["task.num_eval=4", "eval.batch_size=4", "trainer.steps=1", "progress=false",
+                 f"output_dir={tmp_path}", "trainer.batch_size=2", "trainer.micro_batch_size=2",
+                 "run_name=sft", "eval.before=false"]
+    summary = train(dare, resolve(dare, algo="sft", model="sdar", overrides=overrides))
+    assert "after" in summary["eval"]
+    assert os.path.isfile(tmp_path / "sft" / "final" / "model.safetensors")
+    assert os.path.isfile(tmp_path / "sft" / "final" / "dare_defaults.yaml")
