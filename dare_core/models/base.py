@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.ops.fused_ce import fused_token_logprobs
+from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, fused_token_logprobs
 from dare_core.ops.packing import plan_packing
 
 
@@ -165,6 +165,8 @@ class HFDiffusionWrapper:
     train_attention: str = "padded"
     #: compute ``token_logprobs`` from hidden states with the chunked (logits-free) head.
     fused_ce: bool = False
+    #: bound on the logits one chunk of the fused head holds (rows x vocabulary).
+    ce_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
     def supports_fused_ce(self) -> bool:
         """The native module exposes ``forward_hidden`` and ``get_output_embeddings`` and the
@@ -221,7 +223,8 @@ class HFDiffusionWrapper:
         if self.fused_ce:
             weight, bias, scale = self.output_head()
             hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
-            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale)
+            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale,
+                                        chunk_elements=self.ce_chunk_elements)
         logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)
         return gather_logprobs(logits, targets)
 
@@ -245,7 +248,8 @@ class HFDiffusionWrapper:
             rows = self.align(plan.unpack(out))[where]
         if self.fused_ce:
             weight, bias, scale = self.output_head()
-            picked = fused_token_logprobs(rows, weight, targets[where], bias, scale=scale)
+            picked = fused_token_logprobs(rows, weight, targets[where], bias, scale=scale,
+                                          chunk_elements=self.ce_chunk_elements)
         else:
             picked = gather_logprobs(rows, targets[where])
         return picked.new_zeros(targets.shape).index_put(where, picked)

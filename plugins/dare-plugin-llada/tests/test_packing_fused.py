@@ -14,10 +14,10 @@ from dare_plugin_llada.wrapper import CAPABILITIES, LLaDAWrapper
 V = 128
 
 
-def _wrapper(train_attention, cross_entropy, scale_logits=False, positions_seed=0):
+def _wrapper(train_attention, cross_entropy, scale_logits=False, positions_seed=0, vocab=V):
     torch.manual_seed(positions_seed)
     cfg = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                      max_sequence_length=128, vocab_size=V, embedding_size=V, mask_token_id=V - 1,
+                      max_sequence_length=128, vocab_size=vocab, embedding_size=vocab, mask_token_id=V - 1,
                       eos_token_id=V - 2, pad_token_id=V - 2, scale_logits=scale_logits)
     module = LLaDAModelLM(cfg)
     w = LLaDAWrapper(family="llada", module=module, tokenizer=None, kind="masked",
@@ -85,3 +85,35 @@ def test_restarted_positions_agree_under_rope():
     valid = batch.attention_mask.bool()
     assert torch.allclose(plan.unpack(out)[valid], ref[valid], atol=1e-5)
     assert plan.rows < batch.batch_size
+
+
+def test_fused_path_never_builds_token_by_vocab_logits():
+    """Through the wrapper (padded and packed), forward and backward: no tensor as large as
+    [tokens, V]; the naive path does build one (so the check can fail)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    batch = _batch()
+    tokens = int(batch.attention_mask.sum())
+    big = 2048  # so that [tokens, V] dwarfs every activation of this small model
+    sizes = {}
+    for attention in ("padded", "packed"):
+        for ce in ("naive", "fused"):
+            w = _wrapper(attention, ce, vocab=big)
+            w.ce_chunk_elements = 8 * big
+            with Largest() as mode:
+                _nelbo(w, batch)
+            sizes[attention, ce] = mode.largest
+    for attention in ("padded", "packed"):
+        assert sizes[attention, "naive"] >= tokens * big
+        # the largest fused-side tensors are weight-sized ([V, d_model] = the head and its grad)
+        assert sizes[attention, "fused"] <= big * 32 < tokens * big
