@@ -185,3 +185,41 @@ def test_packed_equals_padded_for_a_shifted_alignment(fused):
     g_ref, g_pk = _grads(ws[0]), _grads(ws[1])
     for k in g_ref:
         assert torch.allclose(g_pk[k], g_ref[k], rtol=1e-4, atol=1e-6), k
+
+
+class _MaskAwareShiftedToy(type(make_toy_wrapper())):
+    """Shifted alignment whose sequence starts (after left padding) keep their own output."""
+
+    logit_shift = 1
+
+    def align(self, logits, attention_mask=None):
+        out = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            valid = attention_mask.bool()
+            starts = torch.zeros_like(valid)
+            starts[:, 1:] = valid[:, 1:] & ~valid[:, :-1]
+            out = torch.where(starts[..., None], logits, out)
+        return out
+
+    def logits(self, input_ids, attention_mask=None):
+        mask = self._padding_mask(attention_mask)
+        return self.align(self._raw_logits(input_ids, mask), mask)
+
+    def denoise_hidden(self, noisy_ids, attention_mask=None, clean_ids=None):
+        mask = self._padding_mask(attention_mask)
+        return self.align(self.module.forward_hidden(noisy_ids, attention_mask=mask), mask)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_passes_the_padding_mask_to_a_mask_aware_alignment(fused):
+    ws = []
+    for packed in (False, True):
+        w = _toy(packed, fused)
+        w.__class__ = _MaskAwareShiftedToy
+        ws.append(w)
+    batch = _batch(ws[0])
+    ids = batch.input_ids
+    ref = ws[0].token_logprobs(ids, ids, batch.attention_mask)
+    got = ws[1].token_logprobs(ids, ids, batch.attention_mask)
+    valid = batch.attention_mask.bool()
+    assert torch.allclose(got[valid], ref[valid], rtol=1e-5, atol=1e-6)  # prompt starts included

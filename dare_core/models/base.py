@@ -8,6 +8,7 @@ rendering, saving — is shared.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Optional
 
@@ -228,6 +229,15 @@ class HFDiffusionWrapper:
         logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)
         return gather_logprobs(logits, targets)
 
+    def _align_padded(self, values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``align`` on an unpacked ``[B, S, *]`` tensor, given the padding mask where the
+        family's ``align`` takes one (sequence starts after left padding)."""
+        try:
+            takes_mask = len(inspect.signature(self.align).parameters) >= 2
+        except (TypeError, ValueError):
+            takes_mask = False
+        return self.align(values, attention_mask) if takes_mask else self.align(values)
+
     def _packed_token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
                                attention_mask: torch.Tensor) -> torch.Tensor:
         """Pack the valid tokens into rows (document mask, per-document positions), run the
@@ -245,7 +255,7 @@ class HFDiffusionWrapper:
             rows = out[plan.dst_row, plan.dst_slot]
         else:
             where = torch.nonzero(attention_mask.bool(), as_tuple=True)
-            rows = self.align(plan.unpack(out))[where]
+            rows = self._align_padded(plan.unpack(out), attention_mask)[where]
         if self.fused_ce:
             weight, bias, scale = self.output_head()
             picked = fused_token_logprobs(rows, weight, targets[where], bias, scale=scale,
