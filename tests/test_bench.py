@@ -101,6 +101,9 @@ def test_bench_rl_restores_the_weights(run, monkeypatch):
     real = rl_mod._rl_step
 
     def spy(setup, *args):
+        pid, pmask, _ = setup.prompts[0]  # batch 4, group size 2: two prompts, each twice
+        assert torch.equal(pid[0], pid[1]) and torch.equal(pid[2], pid[3])
+        assert not torch.equal(pid[0], pid[2])
         seen.append({k: v.clone() for k, v in setup.wrapper.module.state_dict().items()})
         return real(setup, *args)
 

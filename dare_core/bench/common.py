@@ -149,7 +149,9 @@ def interleave(
     """Call every ``runs[name]()`` ``repeats`` times in A, B, A, B order.
 
     Each call returns a dict of per-run facts; ``seconds`` (wall time of the call, device
-    synchronised), ``peak_memory_bytes`` and ``memory_kind`` are added. ``prepare(name)`` runs
+    synchronised), ``cpu_seconds`` (CPU time of this process during the call: on a shared CPU
+    machine with ``--threads 1`` the fairer measure of work, since other processes' load does
+    not inflate it), ``peak_memory_bytes`` and ``memory_kind`` are added. ``prepare(name)`` runs
     before each call, outside the timing and the memory measurement (e.g. restoring weights).
     """
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
@@ -159,11 +161,13 @@ def interleave(
                 prepare(name)
             sync(device)
             with PeakMemory(device) as mem:
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 facts = dict(fn())
                 sync(device)
                 seconds = time.perf_counter() - t0
-            facts.update(seconds=seconds, peak_memory_bytes=mem.peak, memory_kind=mem.kind)
+                cpu_seconds = time.process_time() - c0
+            facts.update(seconds=seconds, cpu_seconds=cpu_seconds, peak_memory_bytes=mem.peak,
+                         memory_kind=mem.kind)
             out[name].append(facts)
             if progress is not None:
                 progress(f"[{rep + 1}/{repeats}] {name}: {seconds:.2f} s")

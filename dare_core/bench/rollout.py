@@ -43,6 +43,7 @@ def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = sum(r["seconds"] for r in runs)
+    cpu = sum(r["cpu_seconds"] for r in runs)
     tokens = sum(r["tokens"] for r in runs)
     nfe = sum(r["nfe"] for r in runs)
     rows = sum(r["rows"] for r in runs)
@@ -51,6 +52,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds_per_run": round(seconds / len(runs), 4),
         "seconds_per_run_each": [round(r["seconds"], 3) for r in runs],
         "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
+        "tokens_per_cpu_s": round(tokens / cpu, 3) if cpu else None,
+        "cpu_seconds_per_run": round(cpu / len(runs), 4),
         "nfe_per_run": nfe // len(runs),
         "step_time_s": round(seconds / nfe, 5) if nfe else None,
         "tokens_per_forward": round(tokens / (nfe * rows / len(runs)) , 3) if nfe else None,
@@ -91,26 +94,28 @@ def rollout_cmd(**kw: Any) -> None:
     agreement = round(float(same.float().mean()), 4)
     ratios = {
         "tokens_per_s": ratio(acc["tokens_per_s"] or 0, base["tokens_per_s"] or 0),
+        "tokens_per_cpu_s": ratio(acc["tokens_per_cpu_s"] or 0, base["tokens_per_cpu_s"] or 0),
         "seconds_per_run": ratio(base["seconds_per_run"], acc["seconds_per_run"]),
         "step_time": ratio(acc["step_time_s"] or 0, base["step_time_s"] or 0),
         "nfe": ratio(acc["nfe_per_run"], base["nfe_per_run"]),
         "peak_memory": ratio(acc["peak_memory_mb"], base["peak_memory_mb"]),
     }
-    header = ["config", "backend", "tok/s", "s/run", "nfe", "s/forward", "tok/forward",
+    header = ["config", "backend", "tok/s", "tok/cpu-s", "s/run", "nfe", "s/forward", "tok/forward",
               f"peak MB ({base['memory_kind']})"]
     if setup.task is not None:
         header.append("accuracy")
     rows = []
     for side, s in summary.items():
-        row = [side, setup.specs[side][0].name, s["tokens_per_s"], s["seconds_per_run"],
+        row = [side, setup.specs[side][0].name, s["tokens_per_s"], s["tokens_per_cpu_s"],
+               s["seconds_per_run"],
                s["nfe_per_run"], s["step_time_s"], s["tokens_per_forward"], s["peak_memory_mb"]]
         if setup.task is not None:
             row.append(s["accuracy"])
         rows.append(row)
     click.echo("")
     print_table(header, rows)
-    click.echo(f"speed-up {ratios['tokens_per_s']}x tokens/s; identical response tokens: "
-               f"{agreement:.1%}")
+    click.echo(f"speed-up {ratios['tokens_per_s']}x tokens/s (wall), {ratios['tokens_per_cpu_s']}x "
+               f"tokens per CPU second; identical response tokens: {agreement:.1%}")
     emit_json({
         "bench": "rollout",
         "model": {"source": setup.source, "family": wrapper.family, "parameters": n_params,
