@@ -60,3 +60,14 @@ def test_argument_errors_are_one_line():
         main(["--part", "ce", "--min-response", "9", "--max-response", "3"])
     with pytest.raises(BenchError, match="--random"):
         main(["--part", "ce", "--size", "d_model=8"])
+
+
+def test_bf16_cross_entropy_reports_distance_to_float64(capsys):
+    rc = main(["--part", "ce", "--ce-dtype", "bfloat16", "--tokens", "96", "--vocab", "2000",
+               "--hidden", "32", "--chunk", "20", "--repeats", "1", "--warmup", "0", "--threads", "1"])
+    assert rc == 0
+    ce = _last_json(capsys.readouterr().out)["cross_entropy"]
+    ref = ce["rel_diff_to_float64"]
+    # float32 accumulation of the weight gradient: closer to float64 than the bf16 naive form
+    assert ref["fused_grad_w"] < ref["naive_grad_w"]
+    assert ref["fused_loss"] < 1e-4 and ce["rel_diff"]["loss"] < 1e-5
