@@ -223,3 +223,20 @@ def test_packed_passes_the_padding_mask_to_a_mask_aware_alignment(fused):
     got = ws[1].token_logprobs(ids, ids, batch.attention_mask)
     valid = batch.attention_mask.bool()
     assert torch.allclose(got[valid], ref[valid], rtol=1e-5, atol=1e-6)  # prompt starts included
+
+
+def test_a_batch_that_packing_would_not_shrink_runs_padded():
+    w = _toy(True, False)
+    seen = []
+    inner = w.module.forward
+
+    def spy(input_ids, attention_mask=None, **kw):
+        seen.append(None if attention_mask is None else attention_mask.dim())
+        return inner(input_ids, attention_mask=attention_mask, **kw)
+
+    w.module.forward = spy
+    little = _batch(w, lengths=((5, 9), (6, 8), (6, 9)))      # 45 slots, 43 valid
+    w.token_logprobs(little.input_ids, little.input_ids, little.attention_mask)
+    spread = _batch(w, lengths=((3, 5), (6, 2), (2, 9), (5, 7)))
+    w.token_logprobs(spread.input_ids, spread.input_ids, spread.attention_mask)
+    assert seen == [2, 4]  # key-padding mask (padded), then the document mask (packed)

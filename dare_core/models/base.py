@@ -168,6 +168,9 @@ class HFDiffusionWrapper:
     fused_ce: bool = False
     #: bound on the logits one chunk of the fused head holds (rows x vocabulary).
     ce_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    #: the packed path runs a micro-batch only when its packed rows hold at most this fraction
+    #: of the padded batch's slots (otherwise packing saves too little and it runs padded).
+    packing_max_slots: float = 0.9
 
     def supports_fused_ce(self) -> bool:
         """The native module exposes ``forward_hidden`` and ``get_output_embeddings`` and the
@@ -220,7 +223,9 @@ class HFDiffusionWrapper:
     ) -> torch.Tensor:
         if (self.train_attention == "packed" and attention_mask is not None
                 and attention_mask.dim() == 2 and not bool(attention_mask.bool().all())):
-            return self._packed_token_logprobs(noisy_ids, targets, attention_mask)
+            plan = plan_packing(attention_mask)
+            if plan.rows * plan.width <= self.packing_max_slots * attention_mask.numel():
+                return self._packed_token_logprobs(noisy_ids, targets, attention_mask, plan)
         if self.fused_ce:
             weight, bias, scale = self.output_head()
             hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
@@ -239,10 +244,10 @@ class HFDiffusionWrapper:
         return self.align(values, attention_mask) if takes_mask else self.align(values)
 
     def _packed_token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
-                               attention_mask: torch.Tensor) -> torch.Tensor:
+                               attention_mask: torch.Tensor, plan=None) -> torch.Tensor:
         """Pack the valid tokens into rows (document mask, per-document positions), run the
         module once, unpack; ``log p`` at valid positions, 0 at padding."""
-        plan = plan_packing(attention_mask)
+        plan = plan_packing(attention_mask) if plan is None else plan
         ids = plan.pack(noisy_ids, self.pad_token_id)
         mask, positions = plan.attention_mask(), plan.position_ids
         if self.fused_ce:
