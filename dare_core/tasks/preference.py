@@ -169,6 +169,9 @@ def save_pairs(path: str, pairs: Sequence[PreferencePair]) -> None:
     os.close(fd)
     try:
         pq.write_table(table, tmp)
+        from dare_core.rundir import _umask
+
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
