@@ -168,6 +168,10 @@ def test_moe_checkpoint_loads(moe_ckpt):
 
     wr = load(moe_ckpt)
     assert isinstance(wr.module, SDARMoeForCausalLM) and wr.block_size == 4
+    # like the published MoE config: no block_size / mask_token_id; 4 and the tokenizer's mask are used
+    cfg = json.load(open(f"{moe_ckpt}/config.json"))
+    assert cfg.get("block_size") is None and cfg.get("mask_token_id") is None
+    assert wr.mask_token_id == wr.tokenizer.convert_tokens_to_ids("<|MASK|>")
     assert type(AutoModelForCausalLM.from_pretrained(moe_ckpt)) is SDARMoeForCausalLM
 
 

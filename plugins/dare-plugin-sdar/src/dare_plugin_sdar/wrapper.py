@@ -180,7 +180,9 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
 TINY_DENSE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   num_hidden_layers=2, intermediate_size=128, max_position_embeddings=2048,
                   rope_theta=10000.0, block_size=4, vocab_size=512)
-TINY_MOE = dict(TINY_DENSE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# like SDAR-30B-A3B's config: no block_size / mask_token_id (the wrapper uses 4 and the tokenizer's mask)
+TINY_MOE = {k: v for k, v in TINY_DENSE.items() if k != "block_size"}
+TINY_MOE.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 
 def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
@@ -211,8 +213,8 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     eos = tokenizer.eos_token_id
     # like the published configs: no pad_token_id (so no frozen padding row in the embedding);
     # the pad id comes from the tokenizer / generation_config.json
-    config = config_cls(**params, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id,
-                        eos_token_id=eos, bos_token_id=eos)
+    ids = {} if moe else {"mask_token_id": tokenizer.mask_token_id}
+    config = config_cls(**params, vocab_size=vocab, eos_token_id=eos, bos_token_id=eos, **ids)
     model = _CLASSES[model_type](config)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
