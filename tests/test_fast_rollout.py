@@ -212,6 +212,21 @@ class ShiftedToy(ToyWrapper):
         return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
 
 
+def test_refresh_every_reruns_the_full_forward():
+    w = toy()
+    pid, pm = prompts(w)
+    spy = Spy(w)
+    out = fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota",
+               refresh_every=3).generate(spy, pid, pm)
+    full = [c["past"] is None for c in spy.calls]
+    assert full == [True, False, False] * 2 + [True, False] + [True, False, False] * 2 + [True, False]
+    assert out.nfe == 16
+    spy = Spy(w)
+    fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota",
+         refresh_every=1).generate(spy, pid, pm)
+    assert all(c["past"] is None for c in spy.calls)
+
+
 # --------------------------------------------------------------------------- padding
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 @pytest.mark.parametrize("decoding", ["quota", "threshold"])

@@ -19,6 +19,9 @@ returns every position's keys/values. The block's later steps reuse them:
 * ``none``: every step is a full forward (with ``decoding: quota`` this is exactly the
   reference sampler; the equivalence is tested).
 
+``refresh_every = k > 0`` also reruns the full forward (refreshing the cache) on every k-th step
+of a block, for long blocks whose cached keys would otherwise stay those of the block start.
+
 **Parallel decoding** (``decoding``). ``quota`` commits, per row, the reference quota schedule
 (``steps // num_blocks`` steps per block; ``steps = gen_length`` is one token per step).
 ``threshold`` commits every still-masked position of the block whose confidence (untempered
@@ -100,6 +103,15 @@ class FastConfig:
             "help": "KV reuse inside a block: 'dual' = cache the positions before and after the "
             "block, recompute only the block; 'prefix' = cache the positions before the block, "
             "recompute the block and everything after it; 'none' = full forward every step."
+        },
+    )
+    refresh_every: int = attrs.field(
+        default=0,
+        validator=non_negative,
+        metadata={
+            "help": "With a cache, also rerun the full forward (refreshing every cached key) "
+            "every this many steps inside a block; 0 = only at the block start. Trades speed "
+            "for exactness in long blocks."
         },
     )
     decoding: str = attrs.field(
@@ -207,16 +219,21 @@ class _BlockForward:
     """
 
     def __init__(self, wrapper: Any, cache: str, x: torch.Tensor, valid: torch.Tensor,
-                 padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int):
+                 padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int,
+                 refresh_every: int = 0):
         self.wrapper, self.cache, self.x, self.valid = wrapper, cache, x, valid
         self.padded, self.pos, self.lo, self.hi, self.shift = padded, pos, lo, hi, shift
+        self.refresh_every = refresh_every
+        self.calls = 0
         self.past: Optional[list] = None
         self.mask: Optional[torch.Tensor] = None
         self.q_hi = hi
 
     def __call__(self) -> torch.Tensor:
         lo, hi, s = self.lo, self.hi, self.shift
-        if self.cache == "none" or self.past is None:
+        refresh = self.refresh_every > 0 and self.calls % self.refresh_every == 0
+        self.calls += 1
+        if self.cache == "none" or self.past is None or refresh:
             want = self.cache != "none"
             logits, present = self.wrapper.forward_cached(
                 self.x, position_ids=self.pos, past_key_values=None,
@@ -403,7 +420,7 @@ class FastSampler:
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
             forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi,
-                                    shift)
+                                    shift, cfg.refresh_every)
             if quota_mode:
                 quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), cfg.steps_per_block)
                 n_steps = cfg.steps_per_block
