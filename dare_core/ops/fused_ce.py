@@ -18,15 +18,12 @@ diffusion cross entropy is ``(-fused_token_logprobs(...) / p_mask * mask).sum()`
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 #: default bound on the number of logits one chunk holds (rows x vocabulary), 2**24 = 64 MiB fp32
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
-
-#: test/benchmark hook: called with the shape of every logits block the op computes
-_block_observer: Optional[Callable[[tuple[int, ...]], None]] = None
 
 
 def chunk_rows(vocab: int, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
@@ -42,8 +39,6 @@ def _logits_block(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     z = z.float()
     if scale != 1.0:
         z = z * scale
-    if _block_observer is not None:
-        _block_observer(tuple(z.shape))
     return z
 
 
