@@ -43,7 +43,9 @@ decoding: the running count of executed steps over all blocks, so ``num_steps`` 
 steps the batch took), -1 where the position was EOS-filled. ``nfe`` counts forward calls
 (the block-start full forward is the first step's forward, not an extra one).
 
-Not supported here: classifier-free guidance (use the reference sampler).
+Not supported here: classifier-free guidance and the ``step_states`` record (predictions at
+every position each step need full-sequence logits, which the caches avoid); use the reference
+sampler for those.
 """
 
 from __future__ import annotations
