@@ -17,8 +17,16 @@ dare init --model llada2 --out "$work/init" --task sudoku --task countdown --see
 # 2. block-diffusion SFT ([noisy | clean] layout through the wrapper) on generated Sudoku puzzles
 dare train --algo sft --model llada2 --config "$here/recipes/tiny_sudoku_sft.yaml" \
     model.path="$work/init" output_dir="$work/runs" run_name=sft progress=false
-# 3. the trained model + the run presets that suit it
+# 3. the trained model in the published layout (sharded safetensors + index), its tokenizer and
+#    the run presets that suit it
 mkdir -p "$out"
-cp "$work"/runs/sft/final/* "$out"/
+python - "$work/runs/sft/final" "$out" <<'PY'
+import sys
+import dare_plugin_llada2  # registers llada2_moe with the Auto classes
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, dst = sys.argv[1], sys.argv[2]
+AutoModelForCausalLM.from_pretrained(src).save_pretrained(dst, max_shard_size="1MB")
+AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+PY
 cp "$here/recipes/tiny_sudoku_defaults.yaml" "$out/dare_defaults.yaml"
 echo "wrote $out"
