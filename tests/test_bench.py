@@ -189,3 +189,16 @@ def test_random_prompts_avoid_special_ids_and_left_pad():
     special = {w.mask_token_id, w.eos_token_id, w.pad_token_id, *w.tokenizer.all_special_ids}
     assert not any(int(t) in special for t in ids[mask.bool()])
     assert (ids[~mask.bool()] == w.pad_token_id).all()
+
+
+def test_bench_train_dispatches_its_arguments_to_main(run, monkeypatch):
+    import sys
+    import types
+
+    got = []
+    fake = types.ModuleType("dare_core.bench.train")
+    fake.main = lambda argv: got.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "dare_core.bench.train", fake)
+    res = run("bench", "train", "--part", "ce", "--help", checkpoint=False)
+    assert got == [["--part", "ce", "--help"]]
+    assert res.exit_code == 3
