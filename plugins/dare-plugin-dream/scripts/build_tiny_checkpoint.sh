@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Rebuild the bundled tiny Dream checkpoint from scratch (CPU; see the README for the time).
-#   bash plugins/dare-plugin-dream/scripts/build_tiny_checkpoint.sh [OUT_DIR]
+#   bash plugins/dare-plugin-dream/scripts/build_tiny_checkpoint.sh [OUT_DIR] [STEP]
+# STEP = which saved checkpoint of the 500-step SFT run to keep: "final" (the end of the run) or a
+# multiple of 100. The bundled checkpoint is the step-400 save (the session that built it ran out
+# of time before the end of the run; see the checkpoint's README).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-build/tiny-sudoku-dream}"
+step="${2:-400}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -16,7 +20,8 @@ dare train --algo sft --model dream --config "$here/recipes/tiny_sudoku_sft.yaml
     model.path="$work/init" output_dir="$work/runs" run_name=sft progress=false
 # 3. the trained model + the run presets that suit it
 mkdir -p "$out"
-cp "$work"/runs/sft/final/* "$out"/
+if [ "$step" = final ]; then src="$work/runs/sft/final"; else src="$work/runs/sft/checkpoints/step-$step"; fi
+cp "$src"/* "$out"/
 cp "$here/recipes/tiny_sudoku_defaults.yaml" "$out/dare_defaults.yaml"
 chmod 644 "$out"/*
 echo "wrote $out"
