@@ -229,6 +229,13 @@ class AlgorithmContract:
                 old = components.estimator(wrapper, batch, corrupted)
             kw = {"extras": rows.extras} if rows.extras else {}
             loss, metrics = components.loss(logp, old, old, rows.advantages, rows.loss_weights(), **kw)
+        elif spec.workflow == "preference":
+            # the preference seam is loss(logp, ref_logp, batch) over interleaved (chosen,
+            # rejected) rows; a reference that differs from the policy gives a non-zero margin
+            with torch.no_grad():
+                ref = components.estimator(wrapper, batch, corrupted)
+                ref = ref - torch.linspace(0.0, 0.3, ref.shape[-1], dtype=ref.dtype)
+            loss, metrics = components.loss(logp, ref, batch)
         else:
             loss, metrics = components.loss(logp, corrupted, batch)
         assert torch.isfinite(loss)
