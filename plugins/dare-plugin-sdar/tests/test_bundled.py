@@ -30,7 +30,7 @@ def test_layout_and_published_names():
             "dare_defaults.yaml"} <= files
     cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
     assert cfg["model_type"] == "sdar" and cfg["architectures"] == ["SDARForCausalLM"]
-    assert cfg["block_size"] == 4 and cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]
+    assert cfg["block_size"] == 4 and cfg["head_dim"] == 16 and cfg["num_key_value_heads"] == 2
     with safe_open(os.path.join(BUNDLED, "model.safetensors"), "pt") as fh:
         keys = set(fh.keys())
     assert len(keys) == 11 * cfg["num_hidden_layers"] + 3
