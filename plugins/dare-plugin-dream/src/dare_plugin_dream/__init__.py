@@ -29,7 +29,7 @@ def dare_register_model_wrappers(register):
         model_types=("Dream",),
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="dream_generate",
-        rollouts=("dream_generate", "low_confidence"),
+        rollouts=("dream_generate", "low_confidence", "fast"),
         description="Dream: Qwen2-initialised bidirectional masked diffusion, AR-shifted logits "
                     "(Ye et al. 2025, arXiv:2508.15487)",
     ))

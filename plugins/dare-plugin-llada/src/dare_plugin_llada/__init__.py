@@ -28,6 +28,6 @@ def dare_register_model_wrappers(register):
         model_types=("llada",),
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="low_confidence",
-        rollouts=("low_confidence",),
+        rollouts=("low_confidence", "fast"),
         description="LLaDA: bidirectional masked diffusion (Nie et al. 2025, arXiv:2502.09992)",
     ))
