@@ -102,6 +102,41 @@ def _recipe(spec: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(getattr(spec, "recipe", None) or {}))
 
 
+def _needed_records(dare: Any, spec: Any, preset: dict[str, Any], raw: dict[str, Any]) -> frozenset:
+    """What the algorithm's trajectory builder needs the rollout to record, from its resolved
+    options; empty when the options do not structure (their errors are reported later)."""
+    from dare_core.components import ComponentLookup
+
+    if spec is None:
+        return frozenset()
+    sections = [_recipe(spec).get("algorithm"), preset.get("algorithm"), raw.get("algorithm")]
+    merged: dict[str, Any] = {}
+    for sec in sections:
+        if isinstance(sec, dict):
+            merged = deep_merge(merged, sec)
+    names = {f.name for f in attrs.fields(spec.config_cls)}
+    cfg, problems = structure(spec.config_cls, {k: v for k, v in merged.items() if k in names})
+    if problems:
+        return frozenset()
+    trajectory = spec.build(cfg, ComponentLookup(dare.registries)).trajectory
+    return frozenset(getattr(trajectory, "records", ()) or ())
+
+
+def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
+                     raw: dict[str, Any]) -> str:
+    """The family's default rollout backend, or — when it cannot record what the algorithm's
+    trajectory needs — the first of the family's other backends that can."""
+    others = [name for name in family.rollouts if name != family.default_rollout]
+    if spec is None or spec.workflow != "rl" or not others:
+        return family.default_rollout
+    needed = _needed_records(dare, spec, preset, raw)
+    candidates = [family.default_rollout, *others]
+    for name in candidates:
+        if name in dare.registries.rollouts and needed <= set(dare.registries.rollouts.get(name).records):
+            return name
+    return family.default_rollout
+
+
 def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
     """Raise a one-line CapabilityError when ``spec`` (with ``kinds``/``requires``) cannot serve
     ``family``."""
@@ -187,7 +222,7 @@ def resolve(
                             (data.get(spec.workflow) or {}) if spec is not None else {})
 
     rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
-    backend_name = rollout_raw.get("backend") or family.default_rollout
+    backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset, raw)
     rollout_spec = dare.registries.rollouts.get(str(backend_name))
     _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family,
                 f"use one of: {', '.join(family.rollouts) or family.default_rollout}")
