@@ -9,13 +9,13 @@ once per rollout batch and reused for the old and new log-probabilities.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.losses import agg_loss, kl_penalty
+from dare_core.components.policy_options import PenalizedClippedLoss
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.interfaces import Components, Corrupted, SequenceBatch
@@ -66,34 +66,9 @@ class D1Masking:
         return Corrupted(noisy, masked, p_mask.clone())
 
 
-class D1Loss:
-    r"""d1 objective: the clipped PPO surrogate per Monte-Carlo draw, averaged over draws,
-    plus an optional KL penalty.
-
-    .. math::
-        \mathcal L = \frac1M\sum_m \mathrm{agg}\big(L^{clip}(\ell_m, \ell^{old}_m, A)\big)
-                   + β\,\frac1M\sum_m \mathrm{agg}\big(\mathrm{KL}(\ell_m, \ell^{ref}_m, A)\big)
-
-    ``logp``/``old_logp``/``ref_logp``: ``[M, B, R]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``.
-    """
-
-    def __init__(self, clipped, kl_coef: float, kl_type: str, agg: str):
-        self.clipped = clipped
-        self.kl_coef = kl_coef
-        self.kl_type = kl_type
-        self.agg = agg
-
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
-        loss, metrics = self.clipped(logp, old_logp, None, advantages, mask)
-        if self.kl_coef > 0:
-            if ref_logp is None:
-                raise ValueError("kl_coef > 0 needs reference log-probabilities")
-            adv = advantages[None, :, None].to(logp.dtype)
-            kl = kl_penalty(logp, ref_logp, adv, self.kl_type)
-            kl_loss = torch.stack([agg_loss(kl[m], mask, self.agg) for m in range(kl.shape[0])]).mean()
-            loss = loss + self.kl_coef * kl_loss
-            metrics["kl_loss"] = float(kl_loss.detach())
-        return loss, metrics
+#: d1's objective is the core's clipped surrogate per Monte-Carlo draw plus the optional dLLM KL
+#: penalty (:class:`dare_core.components.policy_options.PenalizedClippedLoss`).
+D1Loss = PenalizedClippedLoss
 
 
 def build(cfg: D1Config, lookup) -> Components:
