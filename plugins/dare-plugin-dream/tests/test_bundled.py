@@ -55,8 +55,8 @@ def test_preset_applies(dare):
         pytest.skip("dare-plugin-sft not installed")
     cfg = resolve(dare, algo="sft", model="dream")
     assert cfg.model.path == BUNDLED and cfg.rollout_backend == "dream_generate"
-    assert cfg.task.name == "sudoku" and cfg.rollout.gen_length == 40 and cfg.rollout.steps == 20
-    assert resolve(dare, algo="sft", model="dream", overrides=["rollout.steps=40"]).rollout.steps == 40
+    assert cfg.task.name == "sudoku" and cfg.rollout.gen_length == 40 and cfg.rollout.steps == 40
+    assert resolve(dare, algo="sft", model="dream", overrides=["rollout.steps=20"]).rollout.steps == 20
 
 
 def test_greedy_generation_answers_in_the_trained_format(dare):
