@@ -58,6 +58,7 @@ import torch
 
 from dare_core.config.schema import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.default_plugins.rollout import mask_through_first_stop
 from dare_core.errors import CapabilityError, DareError
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.models.block import block_causal_mask, block_index
@@ -211,13 +212,8 @@ class BlockSampler:
         return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
     def _response_mask(self, resp: torch.Tensor, wrapper: Any) -> torch.Tensor:
-        b, r = resp.shape
-        if not self.config.truncate_at_eos:
-            return torch.ones(b, r, dtype=torch.long, device=resp.device)
-        is_stop = torch.isin(resp, self._stop_ids(wrapper, resp.device))
-        last = torch.where(is_stop.any(1), is_stop.long().argmax(1),
-                           torch.full((b,), r - 1, dtype=torch.long, device=resp.device))
-        return (torch.arange(r, device=resp.device)[None] <= last[:, None]).long()
+        return mask_through_first_stop(resp, self._stop_ids(wrapper, resp.device),
+                                       self.config.truncate_at_eos)
 
     def _generate(self, wrapper, prompt_ids, prompt_mask, bs, generator):
         cfg = self.config

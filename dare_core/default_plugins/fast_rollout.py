@@ -57,7 +57,7 @@ import attrs
 import torch
 
 from dare_core.config.validators import in_range, non_negative, one_of, positive
-from dare_core.default_plugins.rollout import _commit_mask, num_transfer_tokens
+from dare_core.default_plugins.rollout import _commit_mask, mask_through_first_stop, num_transfer_tokens
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.plugins import hookimpl
 
@@ -364,25 +364,14 @@ class FastSampler:
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             response_ids=response_ids,
-            response_mask=self._response_mask(response_ids, wrapper.eos_token_id),
+            response_mask=mask_through_first_stop(response_ids, [wrapper.eos_token_id],
+                                                  cfg.truncate_at_eos),
             reveal_step=reveal if "reveal_step" in record else None,
             num_steps=cfg.steps if cfg.decoding == "quota" else taken,
             nfe=nfe,
         )
 
     # ------------------------------------------------------------------ internals
-    def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-        b, r = response_ids.shape
-        if not self.config.truncate_at_eos:
-            return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
-        is_eos = response_ids == eos_id
-        last = torch.where(
-            is_eos.any(dim=1),
-            is_eos.long().argmax(dim=1),
-            torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
-        )
-        pos = torch.arange(r, device=response_ids.device)
-        return (pos[None, :] <= last[:, None]).long()
 
     def _generate_chunk(
         self,

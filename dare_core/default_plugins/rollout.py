@@ -178,6 +178,20 @@ class LowConfidenceConfig:
 
 
 # --------------------------------------------------------------------------- schedule
+
+def mask_through_first_stop(response_ids: torch.Tensor, stop_ids, truncate: bool = True) -> torch.Tensor:
+    """``[B, R]`` long mask of the response positions up to and including each row's first stop
+    token (every position when a row has none, or when ``truncate`` is false)."""
+    b, r = response_ids.shape
+    if not truncate:
+        return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
+    stops = torch.as_tensor(list(stop_ids) if not torch.is_tensor(stop_ids) else stop_ids,
+                            dtype=response_ids.dtype, device=response_ids.device)
+    is_stop = torch.isin(response_ids, stops)
+    last = torch.where(is_stop.any(dim=1), is_stop.long().argmax(dim=1),
+                       torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device))
+    return (torch.arange(r, device=response_ids.device)[None, :] <= last[:, None]).long()
+
 def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     """Per-step commit quota: ``n`` masks over ``steps`` steps.
 
@@ -374,17 +388,7 @@ class LowConfidenceSampler:
 
     # ------------------------------------------------------------------ internals
     def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-        b, r = response_ids.shape
-        if not self.config.truncate_at_eos:
-            return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
-        is_eos = response_ids == eos_id
-        last = torch.where(
-            is_eos.any(dim=1),
-            is_eos.long().argmax(dim=1),
-            torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
-        )
-        pos = torch.arange(r, device=response_ids.device)
-        return (pos[None, :] <= last[:, None]).long()
+        return mask_through_first_stop(response_ids, [eos_id], self.config.truncate_at_eos)
 
     def _generate_chunk(
         self,

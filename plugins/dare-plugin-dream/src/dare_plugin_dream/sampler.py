@@ -50,6 +50,7 @@ import torch
 
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.default_plugins.rollout import mask_through_first_stop
 from dare_core.interfaces import RolloutBatch
 
 __all__ = [
@@ -230,21 +231,13 @@ class DreamSampler:
             nfe = 0
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response,
-            response_mask=self._response_mask(response, wrapper.eos_token_id),
+            response_mask=mask_through_first_stop(response, [wrapper.eos_token_id],
+                                                  self.config.truncate_at_eos),
             reveal_step=reveal if "reveal_step" in record else None,
             num_steps=cfg.steps, nfe=nfe,
         )
 
     # ------------------------------------------------------------------ internals
-    def _response_mask(self, response: torch.Tensor, eos_id: int) -> torch.Tensor:
-        b, r = response.shape
-        if not self.config.truncate_at_eos:
-            return torch.ones(b, r, dtype=torch.long, device=response.device)
-        is_eos = response == eos_id
-        last = torch.where(is_eos.any(dim=1), is_eos.long().argmax(dim=1),
-                           torch.full((b,), r - 1, dtype=torch.long, device=response.device))
-        return (torch.arange(r, device=response.device)[None] <= last[:, None]).long()
-
     def _generate_chunk(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                         generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, int]:
         cfg = self.config
