@@ -251,6 +251,28 @@ def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tup
     click.echo(f"created {out}")
 
 
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--metric", "-m", "metrics", multiple=True,
+              help="Metric to draw (repeatable; one panel each). Training fields as logged "
+                   "(reward, loss, grad_norm, ...), evaluation fields as eval.<field> "
+                   "(eval.accuracy). Default: reward and eval.accuracy.")
+@click.option("--out", "-o", default="curves.png", show_default=True, type=click.Path(dir_okay=False),
+              help="PNG file to write (atomically).")
+@click.option("--smooth", default=1, show_default=True, type=int,
+              help="Trailing moving average over this many steps for training metrics.")
+@click.option("--label", "labels", multiple=True, help="Legend label per run (default: algo / model).")
+@click.option("--title", default=None, help="Figure title.")
+def plot(run_dirs: tuple[str, ...], metrics: tuple[str, ...], out: str, smooth: int,
+         labels: tuple[str, ...], title: Optional[str]) -> None:
+    """Draw learning curves of one or more run directories into a PNG (needs matplotlib)."""
+    from dare_core.plot import plot_runs
+
+    written = plot_runs(run_dirs, metrics or ("reward", "eval.accuracy"), out, smooth=smooth,
+                        labels=labels or None, title=title)
+    click.echo(f"wrote {written}")
+
+
 def _table(header, rows) -> None:
     rows = [tuple(str(c) for c in r) for r in rows]
     widths = [max([len(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
@@ -269,7 +291,7 @@ def _add_bench() -> None:
 
 _add_bench()
 
-_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init", "bench"}
+_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init", "bench", "plot"}
 
 
 def main() -> None:  # console script
