@@ -95,7 +95,7 @@ def test_threshold_one_without_cache_is_one_token_per_step():
     assert out.nfe == 16 and out.num_steps == 16
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
 def test_first_step_of_each_block_equals_no_cache(cache):
     """One step per block: only block-start (full) forwards run, so the caches change nothing."""
     w = toy(sharp=3.0)
@@ -164,6 +164,55 @@ def test_one_layer_model_makes_the_caches_exact(cache):
         assert torch.allclose(got, want, atol=1e-5), step
 
 
+@pytest.mark.parametrize("decoding", ["quota", "threshold"])
+def test_one_layer_model_makes_the_delayed_cache_exact(decoding):
+    """On the one-layer toy a position's keys/values depend on its token and position only, so
+    the delayed cache (committed block tokens re-encoded once, then reused) is exact: same tokens,
+    reveal steps and forward count as the uncached sampler, also with left padding and with
+    threshold decoding (rows then need different query counts)."""
+    w = toy(sharp=2.0)
+    pid, pm = prompts(w, pads=(3, 0, 1))
+    kw = dict(gen_length=16, block_length=8, steps=16, decoding=decoding, threshold=0.3)
+    ref = fast(cache="none", **kw).generate(w, pid, pm, record=REVEAL)
+    out = fast(cache="delayed", **kw).generate(w, pid, pm, record=REVEAL)
+    assert torch.equal(out.response_ids, ref.response_ids)
+    assert torch.equal(out.reveal_step, ref.reveal_step)
+    assert out.nfe == ref.nfe
+
+
+def test_delayed_cache_queries_masked_and_just_committed_positions():
+    """One token per step in blocks of 4: block-start full forward, then queries of 3 masked +
+    1 just committed, 2 + 1, 1 + 1 positions; the cache always holds every position and the
+    mask drops exactly the queried positions' stale entries."""
+    w = toy()
+    pid, pm = prompts(w, pads=(0, 0, 0))
+    p, gen, block = 7, 16, 4
+    spy = Spy(w)
+    out = fast(gen_length=gen, block_length=block, steps=gen, cache="delayed",
+               decoding="quota").generate(spy, pid, pm)
+    assert out.nfe == len(spy.calls) == gen
+    for blk in range(gen // block):
+        calls = spy.calls[blk * block : (blk + 1) * block]
+        assert calls[0]["past"] is None and calls[0]["q"] == p + gen
+        assert [c["q"] for c in calls[1:]] == [4, 3, 2]
+        for c in calls[1:]:
+            assert c["past"] == p + gen and c["use_cache"] is True
+            mask = c["mask"]
+            assert mask.shape == (3, p + gen + c["q"])
+            assert (mask[:, : p + gen] == 0).sum(dim=1).tolist() == [c["q"]] * 3
+            assert bool((mask[:, p + gen :] == 1).all())
+
+
+def test_delayed_cache_refuses_shifted_logits():
+    base = toy()
+    w = ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
+                   mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
+                   pad_token_id=base.pad_token_id, capabilities=base.capabilities)
+    pid, pm = prompts(w)
+    with pytest.raises(ValueError, match="logit_shift = 1.*rollout.cache=dual"):
+        fast(gen_length=8, block_length=4, steps=8, cache="delayed").generate(w, pid, pm)
+
+
 # --------------------------------------------------------------------------- cache use
 def test_dual_and_prefix_query_lengths_and_nfe():
     w = toy()
@@ -228,7 +277,7 @@ def test_refresh_every_reruns_the_full_forward():
 
 
 # --------------------------------------------------------------------------- padding
-@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual", "delayed"])
 @pytest.mark.parametrize("decoding", ["quota", "threshold"])
 def test_left_padding_is_never_attended(cache, decoding):
     """Batch > 1 with left padding: the pad ids' values cannot matter, rows are independent."""

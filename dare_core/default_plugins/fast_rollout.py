@@ -16,6 +16,13 @@ returns every position's keys/values. The block's later steps reuse them:
   and everything after it (``x[:, block_start:]``);
 * ``dual``: the cache holds the positions before *and after* the block; each step recomputes
   only the block's ``block_length`` tokens;
+* ``delayed``: ``dual``, and in addition the keys/values of the block's committed tokens are
+  cached once they have been encoded with their token, one step after the commit (the delayed
+  caching of dKV-Cache-Decode, Ma et al. 2025, arXiv:2505.15781): each step queries only the
+  block positions that are still masked plus those committed on the previous step, i.e. about
+  half the block on average at one token per step. The cache holds every position (by
+  position); superseded entries are masked out of the attention and overwritten with the new
+  keys/values after the step. Needs ``logit_shift = 0`` (its queries are not contiguous);
 * ``none``: every step is a full forward (with ``decoding: quota`` this is exactly the
   reference sampler; the equivalence is tested).
 
@@ -66,7 +73,7 @@ __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
 #: Records :meth:`FastSampler.generate` understands.
 SUPPORTED_RECORDS = frozenset({"reveal_step"})
 
-_CACHE = ("dual", "prefix", "none")
+_CACHE = ("dual", "delayed", "prefix", "none")
 _DECODING = ("threshold", "quota")
 _REMASKING = ("low_confidence", "random")
 _STOP_CONFIDENCE = ("keep", "zero", "never")
@@ -103,7 +110,9 @@ class FastConfig:
         validator=one_of(_CACHE),
         metadata={
             "help": "KV reuse inside a block: 'dual' = cache the positions before and after the "
-            "block, recompute only the block; 'prefix' = cache the positions before the block, "
+            "block, recompute only the block; 'delayed' = dual, and also cache committed block "
+            "tokens once encoded (one step after their commit), recomputing only masked and "
+            "just-committed positions; 'prefix' = cache the positions before the block, "
             "recompute the block and everything after it; 'none' = full forward every step."
         },
     )
@@ -222,14 +231,16 @@ class _BlockForward:
 
     def __init__(self, wrapper: Any, cache: str, x: torch.Tensor, valid: torch.Tensor,
                  padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int,
-                 refresh_every: int = 0):
+                 refresh_every: int = 0, mask_id: int = -1):
         self.wrapper, self.cache, self.x, self.valid = wrapper, cache, x, valid
         self.padded, self.pos, self.lo, self.hi, self.shift = padded, pos, lo, hi, shift
         self.refresh_every = refresh_every
+        self.mask_id = mask_id
         self.calls = 0
         self.past: Optional[list] = None
         self.mask: Optional[torch.Tensor] = None
         self.q_hi = hi
+        self.settled: Optional[torch.Tensor] = None  # delayed: [B, W] cache entry has the token
 
     def __call__(self) -> torch.Tensor:
         lo, hi, s = self.lo, self.hi, self.shift
@@ -245,15 +256,52 @@ class _BlockForward:
                 self._keep(present)
             # aligned logits cover columns s .. L-1
             return logits[:, lo - s : hi - s].float()
+        if self.cache == "delayed":
+            return self._delayed_step()
         logits, _ = self.wrapper.forward_cached(
             self.x[:, lo - s : self.q_hi], position_ids=self.pos[:, lo - s : self.q_hi],
             past_key_values=self.past, attention_mask=self.mask, use_cache=False,
         )
         return logits[:, : hi - lo].float()
 
+    def _delayed_step(self) -> torch.Tensor:
+        """Query the block positions whose cache entry lacks their current token (still masked,
+        or committed since the last forward), padded per row with settled ones to a common
+        count; attend to the whole cache minus the superseded entries; store the new keys and
+        values by position. Returns ``[B, W, V]`` logits (zero at positions not queried, which
+        are committed and never eligible)."""
+        lo, hi = self.lo, self.hi
+        b, length = self.x.shape
+        width = hi - lo
+        need = ~self.settled
+        q = int(need.sum(dim=1).max())
+        order = torch.arange(width, device=self.x.device).expand(b, width) + (~need).long() * width
+        idx = order.argsort(dim=1)[:, :q]  # needed positions first, in position order
+        cols = idx + lo
+        q_ids = self.x.gather(1, cols)
+        keep = self.valid.clone()
+        keep.scatter_(1, cols, False)  # the stale entries of the queried positions
+        mask = torch.cat([keep, torch.ones(b, q, dtype=torch.bool, device=keep.device)], dim=1)
+        logits, present = self.wrapper.forward_cached(
+            q_ids, position_ids=self.pos.gather(1, cols), past_key_values=self.past,
+            attention_mask=mask.long(), use_cache=True,
+        )
+        for (k, v), (pk, pv) in zip(self.past, present):
+            index = cols[:, None, :, None].expand(b, k.shape[1], q, k.shape[3])
+            k.scatter_(2, index, pk[:, :, length:].to(k.dtype))
+            v.scatter_(2, index, pv[:, :, length:].to(v.dtype))
+        self.settled.scatter_(1, idx, q_ids != self.mask_id)
+        out = logits.new_zeros(b, width, logits.shape[-1])
+        out.scatter_(1, idx[..., None].expand(b, q, logits.shape[-1]), logits)
+        return out.float()
+
     def _keep(self, present: list) -> None:
         lo, hi, s = self.lo, self.hi, self.shift
         q_lo = lo - s
+        if self.cache == "delayed":  # every position, by position; block entries of MASKs
+            self.past = [(k.contiguous(), v.contiguous()) for k, v in present]
+            self.settled = self.x[:, lo:hi] != self.mask_id
+            return
         if self.cache == "prefix":
             self.past = [(k[:, :, :q_lo], v[:, :, :q_lo]) for k, v in present]
             self.q_hi = self.x.shape[1]
@@ -328,6 +376,11 @@ class FastSampler:
                 f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
             )
         shift = int(getattr(wrapper, "logit_shift", 0))
+        if shift and cfg.cache == "delayed":
+            raise ValueError(
+                f"rollout.cache 'delayed' queries non-contiguous positions, which a model whose "
+                f"logits are shifted (logit_shift = {shift}) cannot align; use rollout.cache=dual"
+            )
         if prompt_ids.shape[1] < shift:
             raise ValueError(
                 f"the prompt must have at least logit_shift = {shift} column(s), got "
@@ -411,7 +464,7 @@ class FastSampler:
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
             forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi,
-                                    shift, cfg.refresh_every)
+                                    shift, cfg.refresh_every, mask_id)
             if quota_mode:
                 quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), cfg.steps_per_block)
                 n_steps = cfg.steps_per_block

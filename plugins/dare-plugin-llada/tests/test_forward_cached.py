@@ -161,7 +161,7 @@ def test_fast_rollout_without_cache_equals_reference_sampler():
     assert torch.equal(out.reveal_step, ref.reveal_step)
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
 def test_fast_rollout_block_start_steps_equal_no_cache(cache):
     """One step per block: every forward is a block-start full forward (the uncached result)."""
     w = wrapper(model(seed=5))
@@ -181,3 +181,20 @@ def test_fast_rollout_cached_steps_stay_close_to_exact():
     ref = FastSampler(FastConfig(cache="none", **kw)).generate(w, pid, pm)
     out = FastSampler(FastConfig(cache="dual", **kw)).generate(w, pid, pm)
     assert (out.response_ids == ref.response_ids).float().mean() >= 0.5
+
+
+@pytest.mark.parametrize("decoding", ["quota", "threshold"])
+def test_delayed_cache_is_exact_on_a_one_layer_llada(decoding):
+    """With one layer a position's keys/values depend on its own token and position only, so the
+    delayed cache (every position cached, masked and just-committed block positions re-queried,
+    stale entries masked out, new ones written by position) must reproduce the uncached sampler,
+    with left padding and grouped-query heads."""
+    w = wrapper(model(seed=5, n_layers=1))
+    pid, pm = _prompts()
+    rec = frozenset({"reveal_step"})
+    kw = dict(gen_length=16, block_length=8, steps=16, temperature=0.0, decoding=decoding,
+              threshold=0.2)
+    ref = FastSampler(FastConfig(cache="none", **kw)).generate(w, pid, pm, record=rec)
+    out = FastSampler(FastConfig(cache="delayed", **kw)).generate(w, pid, pm, record=rec)
+    assert torch.equal(out.response_ids, ref.response_ids)
+    assert torch.equal(out.reveal_step, ref.reveal_step)
