@@ -7,8 +7,10 @@ the decoded responses; without a task, seeded random 0/1 rewards, so the update 
 random prompts) → group-normalised advantages (``group_norm``) → one corruption draw
 (``random_ratio``) → old log-likelihoods without gradients (``response_token_logprob``) → clipped policy-gradient loss (``clipped_pg``)
 → backward → AdamW step. The *eager* side uses the baseline rollout backend, the *accelerated*
-side the accelerated one; the training half is the same code on both sides (so the ratio
-measures what the accelerated configuration changes). Both sides start every step from the same
+side the accelerated one; the training half is the same code on both sides except for the
+training paths (``--baseline-train``, default ``padded,naive``: padded attention and full
+logits; ``--accelerated-train``, default ``auto,auto``: packed attention and the fused,
+logits-free cross entropy wherever the model supports them; see :mod:`dare_core.ops.paths`). Both sides start every step from the same
 weights and optimizer state (restored outside the timing), interleaved.
 """
 
@@ -91,9 +93,16 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
 @click.option("--micro-batch", default=0, show_default=True, type=int,
               help="Rows per forward/backward of the update (0 = --batch).")
 @click.option("--lr", default=1e-6, show_default=True, type=float, help="AdamW learning rate.")
-def rl_cmd(group_size: int, micro_batch: int, lr: float, **kw: Any) -> None:
+@click.option("--baseline-train", default="padded,naive", show_default=True, metavar="ATTENTION,CE",
+              help="Training paths of the eager side: attention (padded, packed, auto) and cross "
+                   "entropy (naive, fused, auto), comma separated.")
+@click.option("--accelerated-train", default="auto,auto", show_default=True, metavar="ATTENTION,CE",
+              help="Training paths of the accelerated side (auto = what the model supports).")
+def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
+           accelerated_train: str, **kw: Any) -> None:
     """RL step time (rollout + log-probs + update): eager vs accelerated rollout, interleaved."""
     from dare_core.bench.common import BenchError
+    from dare_core.errors import DareError
     from dare_core.components import ComponentLookup
     from dare_core.plugins import get_dare
 
@@ -104,6 +113,12 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, **kw: Any) -> None:
         raise BenchError(f"--micro-batch must be >= 0, got {micro_batch}")
     if lr <= 0:
         raise BenchError(f"--lr must be positive, got {lr}")
+    requested = {}
+    for side, text in (("baseline", baseline_train), ("accelerated", accelerated_train)):
+        parts = [t.strip() for t in text.split(",")]
+        if len(parts) != 2:
+            raise BenchError(f"--{side}-train takes ATTENTION,CE (e.g. padded,naive), got {text!r}")
+        requested[side] = tuple(parts)
     dare = get_dare()
     setup = build(dare, kw)
     # every prompt batch becomes batch // group_size prompts, each repeated group_size times
@@ -122,13 +137,24 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, **kw: Any) -> None:
     weights = copy.deepcopy(wrapper.module.state_dict())
     opt_state = copy.deepcopy(optimizer.state_dict())
 
-    def restore(_name: str) -> None:
+    from dare_core.ops.paths import select_training_paths
+
+    try:
+        paths = {side: select_training_paths(wrapper, *req, device=setup.device)
+                 for side, req in requested.items()}
+    except DareError as exc:
+        raise BenchError(f"{exc} (set with --baseline-train / --accelerated-train)") from None
+
+    def restore(name: str) -> None:
         wrapper.module.load_state_dict(weights)
         optimizer.load_state_dict(opt_state)
+        if name:
+            wrapper.train_attention = paths[name].attention
+            wrapper.fused_ce = paths[name].fused_ce
 
     backends = {side: spec.build(cfg) for side, (spec, cfg) in setup.specs.items()}
     for side, (spec, cfg) in setup.specs.items():
-        click.echo(f"{side}: {spec.name} {config_text(cfg)}")
+        click.echo(f"{side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
     runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
             for side, b in backends.items()}
     results = interleave(runs, kw["repeats"], setup.device, progress=click.echo, prepare=restore)
@@ -171,7 +197,8 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, **kw: Any) -> None:
         "setup": {"batch": kw["batch"], "group_size": group_size, "micro_batch": micro,
                   "gen_length": kw["gen_length"], "block_length": kw["block_length"],
                   "task": kw["task"], "repeats": kw["repeats"], "lr": lr, "seed": kw["seed"]},
-        "configs": {side: {"backend": spec.name, "config": config_text(cfg)}
+        "configs": {side: {"backend": spec.name, "config": config_text(cfg),
+                           "training_paths": paths[side].as_dict()}
                     for side, (spec, cfg) in setup.specs.items()},
         "eager": e,
         "accelerated": a,
