@@ -102,13 +102,16 @@ def _recipe(spec: Any) -> dict[str, Any]:
     return copy.deepcopy(dict(getattr(spec, "recipe", None) or {}))
 
 
-def _needed_records(dare: Any, spec: Any, preset: dict[str, Any], raw: dict[str, Any]) -> frozenset:
-    """What the algorithm's trajectory builder needs the rollout to record, from its resolved
-    options; empty when the options do not structure (their errors are reported later)."""
+def _rollout_needs(dare: Any, spec: Any, preset: dict[str, Any], raw: dict[str, Any]):
+    """``(records, fields, methods)`` the algorithm's training rollout needs — what its
+    trajectory builder reads (``trajectory.records``) and the backend config fields and methods
+    its ``rollout_config`` / ``wrap_rollout`` use — from its resolved options; empty when the
+    options do not structure (their errors are reported later)."""
     from dare_core.components import ComponentLookup
 
+    none = (frozenset(), frozenset(), frozenset())
     if spec is None:
-        return frozenset()
+        return none
     sections = [_recipe(spec).get("algorithm"), preset.get("algorithm"), raw.get("algorithm")]
     merged: dict[str, Any] = {}
     for sec in sections:
@@ -117,22 +120,31 @@ def _needed_records(dare: Any, spec: Any, preset: dict[str, Any], raw: dict[str,
     names = {f.name for f in attrs.fields(spec.config_cls)}
     cfg, problems = structure(spec.config_cls, {k: v for k, v in merged.items() if k in names})
     if problems:
-        return frozenset()
-    trajectory = spec.build(cfg, ComponentLookup(dare.registries)).trajectory
-    return frozenset(getattr(trajectory, "records", ()) or ())
+        return none
+    comps = spec.build(cfg, ComponentLookup(dare.registries))
+    return (frozenset(getattr(comps.trajectory, "records", ()) or ()),
+            frozenset(getattr(comps, "rollout_fields", ()) or ()),
+            frozenset(getattr(comps, "rollout_methods", ()) or ()))
+
+
+def _backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset,
+                    methods: frozenset) -> bool:
+    cfg_fields = {f.name for f in attrs.fields(rollout_spec.config_cls)}
+    return (records <= set(rollout_spec.records) and fields <= cfg_fields
+            and all(callable(getattr(rollout_spec.build, m, None)) for m in methods))
 
 
 def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
                      raw: dict[str, Any]) -> str:
-    """The family's default rollout backend, or — when it cannot record what the algorithm's
-    trajectory needs — the first of the family's other backends that can."""
+    """The family's default rollout backend, or — when it cannot serve the algorithm's training
+    rollout (records, config fields, methods) — the first of the family's other backends that
+    can."""
     others = [name for name in family.rollouts if name != family.default_rollout]
     if spec is None or spec.workflow != "rl" or not others:
         return family.default_rollout
-    needed = _needed_records(dare, spec, preset, raw)
-    candidates = [family.default_rollout, *others]
-    for name in candidates:
-        if name in dare.registries.rollouts and needed <= set(dare.registries.rollouts.get(name).records):
+    needs = _rollout_needs(dare, spec, preset, raw)
+    for name in [family.default_rollout, *others]:
+        if name in dare.registries.rollouts and _backend_offers(dare.registries.rollouts.get(name), *needs):
             return name
     return family.default_rollout
 

@@ -212,6 +212,10 @@ class Components:
     (e.g. one token per step, left to right); evaluation keeps the run's rollout settings.
     ``wrap_rollout(backend, run_config) -> backend`` wraps the training rollout backend (e.g. a
     tree of partial denoising runs whose leaves are the rollout rows).
+    ``rollout_fields`` / ``rollout_methods``: config fields (e.g. ``block_length``) and backend
+    methods (e.g. ``continue_from``) the training rollout must offer for ``rollout_config`` /
+    ``wrap_rollout`` to work; when ``rollout.backend`` is not set, the loader picks the first of
+    the family's backends that offers them (and records what the trajectory needs).
     """
 
     estimator: Any
@@ -223,6 +227,8 @@ class Components:
     collate: Any = None
     rollout_config: Any = None
     wrap_rollout: Any = None
+    rollout_fields: frozenset = frozenset()
+    rollout_methods: frozenset = frozenset()
 
 
 @attrs.frozen

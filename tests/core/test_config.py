@@ -408,3 +408,56 @@ def test_to_dict_round_trips_without_algorithm(dare, ckpt, tmp_path):
     cfg = resolve(dare, model="toy", need_algo=False, overrides=[f"model.path={ckpt}"])
     path = _write(tmp_path / "c.yaml", to_dict(cfg))
     assert resolve(dare, config_file=path, need_algo=False) == cfg
+
+
+class _NeedsBackendFeatures:
+    """A family whose default backend ('mini') lacks block_length and continue_from, and
+    algorithms whose training rollout needs them."""
+
+    @staticmethod
+    def _build(fields=frozenset(), methods=frozenset()):
+        from dare_core.components.estimators import ResponseTokenLogProb
+        from dare_core.components.losses import ClippedPolicyLoss
+        from dare_core.interfaces import Components
+
+        def build(cfg, lookup):
+            return Components(estimator=ResponseTokenLogProb(), loss=ClippedPolicyLoss(),
+                              rollout_fields=fields, rollout_methods=methods)
+
+        return build
+
+    from dare_core import hookimpl as _hookimpl
+
+    @_hookimpl
+    def dare_register_model_wrappers(self, register):
+        from dare_core.interfaces import ModelFamily
+
+        register(ModelFamily(name="toy_mini", kind="masked", load=lambda *a, **k: None,
+                             default_rollout="mini", rollouts=("mini", "low_confidence"),
+                             description="family whose default backend is 'mini'"))
+
+    @_hookimpl
+    def dare_register_algorithms(self, register):
+        from dare_core.interfaces import AlgorithmSpec
+
+        @attrs.frozen
+        class Empty:
+            pass
+
+        for name, fields, methods in (("needs_plain", frozenset(), frozenset()),
+                                      ("needs_field", frozenset({"block_length"}), frozenset()),
+                                      ("needs_method", frozenset(), frozenset({"continue_from"}))):
+            register(AlgorithmSpec(name=name, workflow="rl", config_cls=Empty,
+                                   build=self._build(fields, methods), description=name))
+
+
+@pytest.mark.parametrize("algo,backend", [("needs_plain", "mini"), ("needs_field", "low_confidence"),
+                                          ("needs_method", "low_confidence")])
+def test_default_backend_offers_the_fields_and_methods_the_training_rollout_needs(
+        make_dare, ckpt, algo, backend):
+    dare = make_dare(_NeedsBackendFeatures())
+    cfg = _resolve(dare, ckpt, algo=algo, model="toy_mini")
+    assert cfg.rollout_backend == backend
+    # an explicit backend is never replaced
+    cfg = _resolve(dare, ckpt, "rollout.backend=mini", algo=algo, model="toy_mini")
+    assert cfg.rollout_backend == "mini"

@@ -324,6 +324,8 @@ def build(cfg: DTreeConfig, lookup) -> Components:
                          self_distillation=cfg.self_distillation),
         needs_ref=cfg.kl_coef > 0,
         wrap_rollout=wrap,
+        rollout_fields=frozenset({"steps", "gen_length"}),
+        rollout_methods=frozenset({"continue_from"}),
     )
 
 

@@ -84,12 +84,16 @@ class TemperedTokenLogProb:
         return torch.stack(rows, 0)
 
 
+#: rollout config fields :func:`left_to_right_rollout` sets (the loader picks a backend with them)
+LEFT_TO_RIGHT_FIELDS = ("gen_length", "block_length", "steps", "temperature")
+
+
 def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
     """``rollout_config``: one token per step, left to right, at the algorithm's temperature."""
 
     def adjust(rollout_cfg: Any) -> Any:
         names = {f.name for f in attrs.fields(type(rollout_cfg))}
-        need = {"gen_length", "block_length", "steps", "temperature"}
+        need = set(LEFT_TO_RIGHT_FIELDS)
         if not need <= names:
             raise DareError(
                 f"justgrpo needs a rollout backend with {', '.join(sorted(need))} options to "
@@ -117,6 +121,7 @@ def build(cfg: JustConfig, lookup) -> Components:
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
         rollout_config=left_to_right_rollout(cfg, estimator),
+        rollout_fields=frozenset(LEFT_TO_RIGHT_FIELDS),
     )
 
 
