@@ -6,8 +6,9 @@ digit by digit), the LLaDA special tokens, and LLaDA's chat template.
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from dare_core.models.tokenizers import train_byte_bpe
 
 __all__ = [
     "BOS_TOKEN",
@@ -55,43 +56,9 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     256 byte symbols, then merges learnt from ``texts`` (fewer when the corpus is
     too small to support more merges).
     """
-    if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings, not a single string")
-    texts = list(texts)
-    if not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must contain only strings")
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    minimum = len(SPECIAL_TOKENS) + len(alphabet)
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size must be at least {minimum} (8 special tokens + 256 bytes), got {vocab_size}")
-
-    core = Tokenizer(models.BPE())
-    core.normalizer = None
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=sorted(alphabet),
-        show_progress=False,
-    )
-    core.train_from_iterator(texts, trainer=trainer, length=len(texts))
-
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        mask_token=MASK_TOKEN,
-        extra_special_tokens=list(_EXTRA_SPECIAL),
-        add_bos_token=False,
-        add_eos_token=False,
-        clean_up_tokenization_spaces=False,
-        model_max_length=4096,
+    return train_byte_bpe(
+        texts, vocab_size, SPECIAL_TOKENS,
+        bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
+        extra_special_tokens=list(_EXTRA_SPECIAL), model_max_length=4096,
         chat_template=LLADA_CHAT_TEMPLATE,
     )
-    return tok

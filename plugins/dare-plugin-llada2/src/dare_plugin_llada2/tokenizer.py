@@ -8,8 +8,9 @@ tool-call branches of the published template).
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from dare_core.models.tokenizers import train_byte_bpe
 
 __all__ = ["BOS_TOKEN", "EOS_TOKEN", "PAD_TOKEN", "MASK_TOKEN", "ROLE_END", "SPECIAL_TOKENS",
            "LLADA2_CHAT_TEMPLATE", "build_tokenizer"]
@@ -55,31 +56,9 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     ``len(tokenizer) <= vocab_size``: the 8 special tokens take ids 0-7, then the 256 byte
     symbols, then merges learnt from ``texts``.
     """
-    if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings, not a single string")
-    texts = list(texts)
-    if not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must contain only strings")
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    minimum = len(SPECIAL_TOKENS) + len(alphabet)
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size must be at least {minimum} (8 special tokens + 256 bytes), got {vocab_size}")
-    core = Tokenizer(models.BPE())
-    core.normalizer = None
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=sorted(alphabet), show_progress=False,
-    )
-    core.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-        mask_token=MASK_TOKEN, cls_token=CLS_TOKEN, extra_special_tokens=list(_EXTRA_SPECIAL),
-        add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False,
-        model_max_length=32768, chat_template=LLADA2_CHAT_TEMPLATE,
+    return train_byte_bpe(
+        texts, vocab_size, SPECIAL_TOKENS,
+        bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
+        cls_token=CLS_TOKEN, extra_special_tokens=list(_EXTRA_SPECIAL), model_max_length=32768,
+        chat_template=LLADA2_CHAT_TEMPLATE,
     )

@@ -8,8 +8,9 @@ template; this one only has to behave the same for plain system/user/assistant c
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from dare_core.models.tokenizers import train_byte_bpe
 
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "MASK_TOKEN", "IM_START", "IM_END", "SPECIAL_TOKENS",
            "CHAT_TEMPLATE", "build_tokenizer"]
@@ -44,28 +45,9 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer(texts: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` (deterministic for a given input)."""
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be a list of strings")
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    minimum = len(SPECIAL_TOKENS) + len(alphabet)
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size must be at least {minimum} (special tokens + 256 bytes), got {vocab_size}")
-    core = Tokenizer(models.BPE())
-    core.normalizer = None
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=sorted(alphabet), show_progress=False,
-    )
-    core.train_from_iterator(list(texts), trainer=trainer, length=len(texts))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
-        extra_special_tokens=[IM_START, IM_END, THINK, END_THINK], add_bos_token=False,
-        add_eos_token=False, clean_up_tokenization_spaces=False, model_max_length=32768,
+    return train_byte_bpe(
+        texts, vocab_size, SPECIAL_TOKENS,
+        eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
+        extra_special_tokens=[IM_START, IM_END, THINK, END_THINK], model_max_length=32768,
         chat_template=CHAT_TEMPLATE,
     )
