@@ -31,6 +31,8 @@ from typing import Optional
 
 import torch
 
+from dare_core.models.base import HFDiffusionWrapper
+
 
 def positions_from_mask(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], device=None) -> torch.Tensor:
     """``[B, L]`` position ids: ``0, 1, …`` from the first real token; padding gets 0.
@@ -189,3 +191,62 @@ def bd3lm_compact_output(out: torch.Tensor, length: int, c0: int, noisy_block: t
     noisy = torch.cat([clean[:, :c0], out[:, :kept]], dim=1)
     sel = noisy_block.reshape(noisy_block.shape + (1,) * (out.dim() - 2))
     return torch.where(sel, noisy, clean)
+
+
+def block_causal_inputs(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], block_size: int,
+                        device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(position_ids, mask)`` of the block-causal inference forward of a ``[B, L]`` batch:
+    :func:`positions_from_mask` and :func:`block_causal_mask` over their blocks."""
+    pos = positions_from_mask(attention_mask, shape, device)
+    return pos, block_causal_mask(block_index(pos, block_size), attention_mask)
+
+
+class BlockDiffusionWrapper(HFDiffusionWrapper):
+    """A block-diffusion wrapper whose native module takes 4-D boolean masks, positions and
+    the KV-cache contract: block-causal inference (:meth:`logits`), the compact BD3LM
+    ``[noisy | clean]`` training layout (:meth:`denoise_logits`, :meth:`denoise_hidden`) and
+    a cached forward that passes its mask through unchanged. Logits are not shifted."""
+
+    logit_shift = 0
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""
+        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size,
+                                        input_ids.device)
+        return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
+
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask (block ids from
+        positions counted from the first real token, the global origin).
+
+        Without ``clean_ids`` the clean half would be the input itself, for which the noisy
+        half's logits are those of the block-causal inference forward, so :meth:`logits` is
+        used. Leading blocks without noise (the prompt) are not duplicated
+        (:func:`bd3lm_compact_layout`: their noisy logits equal the clean half's), which
+        leaves the result unchanged.
+        """
+        if clean_ids is None:
+            return self.logits(noisy_ids, attention_mask)
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
+
+    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets
+        the core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
+        if clean_ids is None:
+            pos, mask = block_causal_inputs(attention_mask, tuple(noisy_ids.shape), self.block_size,
+                                            noisy_ids.device)
+            return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
+        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
+        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
+        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
+
+    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor, past_key_values=None,
+                       attention_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
+        """One cached forward (the DARE KV-cache contract); returns ``(logits, present)``."""
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, use_cache=use_cache)
+        return out.logits, out.past_key_values

@@ -31,14 +31,7 @@ import torch.nn.functional as F
 
 from dare_core.errors import DareError
 from dare_core.interfaces import ModelFamily
-from dare_core.models import HFDiffusionWrapper
-from dare_core.models.block import (
-    bd3lm_compact_layout,
-    bd3lm_compact_output,
-    block_causal_mask,
-    block_index,
-    positions_from_mask,
-)
+from dare_core.models.block import BlockDiffusionWrapper
 from dare_core.plugins import hookimpl
 from dare_core.testing.toy import make_char_tokenizer
 
@@ -150,50 +143,9 @@ class ToyBlockLM(nn.Module):
         return types.SimpleNamespace(logits=self.head(h), past_key_values=present if use_cache else None)
 
 
-class ToyBlockWrapper(HFDiffusionWrapper):
-    """Block-diffusion wrapper: block-causal inference, BD3LM ``[noisy | clean]`` training."""
-
-    logit_shift = 0
-
-    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        B, L = input_ids.shape
-        pos = positions_from_mask(attention_mask, (B, L), input_ids.device)
-        blocks = block_index(pos, self.block_size)
-        mask = block_causal_mask(blocks, attention_mask)
-        return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
-
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask.
-
-        Without ``clean_ids`` the clean half would equal the input, for which the noisy half's
-        logits are those of the block-causal inference forward, so :meth:`logits` is used.
-        """
-        if clean_ids is None:
-            return self.logits(noisy_ids, attention_mask)
-        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
-
-    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets the
-        core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
-        B, L = noisy_ids.shape
-        if clean_ids is None:
-            pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
-            mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
-            return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
-        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
-        return bd3lm_compact_output(out, L, c0, noisy)
-
-    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
-                       past_key_values=None, attention_mask: Optional[torch.Tensor] = None,
-                       use_cache: bool = True):
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, use_cache=use_cache)
-        return out.logits, out.past_key_values
+class ToyBlockWrapper(BlockDiffusionWrapper):
+    """Block-diffusion wrapper: block-causal inference, BD3LM ``[noisy | clean]`` training (the
+    shared :class:`~dare_core.models.block.BlockDiffusionWrapper`)."""
 
     def save_pretrained(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

@@ -18,7 +18,6 @@ logit of ``P - 1``, the last prompt token.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
@@ -26,6 +25,15 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
+from dare_core.models.base import (
+    checkpoint_model_type,
+    first_token_id,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
+)
 
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
@@ -78,42 +86,17 @@ class DreamWrapper(HFDiffusionWrapper):
     # ``[:, :Q-1]``, i.e. the aligned logits of ``input_ids[:, 1:]``.
 
 
-def _check_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
-    with open(cfg_file) as fh:
-        model_type = json.load(fh).get("model_type")
-    if model_type != DreamConfig.model_type:
-        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not {DreamConfig.model_type!r}; "
-                        f"choose the matching --model")
-
-
-def _first(value: Any) -> Optional[int]:
-    if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
-
-
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None) -> DreamWrapper:
     """Load a Dream checkpoint (single file or sharded safetensors) and its tokenizer."""
-    from transformers import AutoTokenizer
-
     register_auto_classes()
-    _check_dir(path)
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    module = DreamModel.from_pretrained(path, **kwargs).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    checkpoint_model_type(path, DreamConfig.model_type)
+    module, tokenizer = load_module(DreamModel, path, dtype, device, attn_implementation)
     cfg = module.config
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.mask_token_id
     if mask is None:
         raise DareError(f"{path!r}: neither config.json nor the tokenizer names a mask token (mask_token_id)")
-    eos = _first(cfg.eos_token_id)
+    eos = first_token_id(cfg.eos_token_id)
     if eos is None:
         eos = tokenizer.eos_token_id
     if eos is None:
@@ -122,8 +105,8 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     stops = [eos]
     if isinstance(cfg.eos_token_id, (list, tuple)):
         stops += [int(t) for t in cfg.eos_token_id[1:]]
-    im_end = tokenizer.convert_tokens_to_ids(IM_END_TOKEN)
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end not in stops:
+    im_end = tokenizer_token_id(tokenizer, IM_END_TOKEN)
+    if im_end is not None and im_end not in stops:
         stops.append(im_end)
     return DreamWrapper(
         family="dream", module=module, tokenizer=tokenizer, kind="masked",
@@ -146,14 +129,9 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     from dare_plugin_dream.tokenizer import build_tokenizer
 
     register_auto_classes()
-    params = dict(TINY_DEFAULTS)
-    known = set(params) | set(DreamConfig().to_dict())
-    unknown = set(sizes) - known
-    if unknown:
-        raise DareError(f"unknown Dream config field(s): {', '.join(sorted(unknown))}")
-    params.update(sizes)
+    params = tiny_params(TINY_DEFAULTS, sizes, DreamConfig().to_dict(), "Dream")
     tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
-    vocab = ((len(tokenizer) + 63) // 64) * 64
+    vocab = padded_vocab_size(tokenizer)
     try:
         config = DreamConfig(
             **params, vocab_size=vocab,
@@ -162,7 +140,4 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
         )
     except (ValueError, TypeError) as exc:
         raise DareError(f"invalid Dream size overrides: {exc}") from None
-    model = DreamModel(config)
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_new_checkpoint(out_dir, DreamModel(config), tokenizer)

@@ -7,7 +7,6 @@ LLaDA is a bidirectional masked-diffusion model whose logits are not shifted, so
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
@@ -15,6 +14,14 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
+from dare_core.models.base import (
+    checkpoint_model_type,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
+)
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
@@ -38,41 +45,20 @@ class LLaDAWrapper(HFDiffusionWrapper):
     lora_target_modules = r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
 
 
-def _check_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
-    with open(cfg_file) as fh:
-        model_type = json.load(fh).get("model_type")
-    if model_type != LLaDAConfig.model_type:
-        raise DareError(
-            f"{path!r} holds a {model_type!r} checkpoint, not {LLaDAConfig.model_type!r}; "
-            f"choose the matching --model"
-        )
-
-
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None) -> LLaDAWrapper:
     """Load a LLaDA checkpoint (single file or sharded safetensors) and its tokenizer."""
-    from transformers import AutoTokenizer
-
     register_auto_classes()
-    _check_dir(path)
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    module = LLaDAModelLM.from_pretrained(path, **kwargs).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    checkpoint_model_type(path, LLaDAConfig.model_type)
+    module, tokenizer = load_module(LLaDAModelLM, path, dtype, device, attn_implementation)
     cfg = module.config
     if cfg.mask_token_id is None:
         raise DareError(f"{path!r}: config.json has no mask_token_id")
     eos = cfg.eos_token_id if cfg.eos_token_id is not None else tokenizer.eos_token_id
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else eos
     stops = [eos]
-    eot = tokenizer.convert_tokens_to_ids(EOT_TOKEN)
-    if isinstance(eot, int) and eot != tokenizer.unk_token_id and eot is not None:
+    eot = tokenizer_token_id(tokenizer, EOT_TOKEN)
+    if eot is not None:
         stops.append(eot)
     return LLaDAWrapper(
         family="llada", module=module, tokenizer=tokenizer, kind="masked",
@@ -94,19 +80,12 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     from dare_plugin_llada.tokenizer import build_tokenizer
 
     register_auto_classes()
-    params = dict(TINY_DEFAULTS)
-    unknown = set(sizes) - set(params) - set(LLaDAConfig().to_dict())
-    if unknown:
-        raise DareError(f"unknown LLaDA config field(s): {', '.join(sorted(unknown))}")
-    params.update(sizes)
+    params = tiny_params(TINY_DEFAULTS, sizes, LLaDAConfig().to_dict(), "LLaDA")
     tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
-    vocab = ((len(tokenizer) + 63) // 64) * 64
+    vocab = padded_vocab_size(tokenizer)
     config = LLaDAConfig(
         **params, vocab_size=vocab, embedding_size=vocab,
         mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
     )
-    model = LLaDAModelLM(config)
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_new_checkpoint(out_dir, LLaDAModelLM(config), tokenizer)

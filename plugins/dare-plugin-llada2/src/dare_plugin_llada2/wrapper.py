@@ -9,7 +9,6 @@ gets a missing mask. Logits are not shifted.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
@@ -17,8 +16,17 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
+from dare_core.models.base import (
+    checkpoint_model_type,
+    first_token_id,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+)
 from dare_core.models.block import (
     bd3lm_layout,
+    block_causal_inputs,
     block_causal_mask,
     block_index,
     positions_from_mask,
@@ -46,8 +54,7 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
         return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
 
     def _raw_logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        pos = positions_from_mask(attention_mask, tuple(input_ids.shape), input_ids.device)
-        mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
+        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size, input_ids.device)
         return self._module_logits(input_ids, mask, pos)
 
     def _layout(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
@@ -143,25 +150,6 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
         return out.logits, (out.cache if use_cache else None)
 
 
-def _check_dir(path: str) -> None:
-    if not os.path.isdir(path):
-        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
-    with open(cfg_file) as fh:
-        model_type = json.load(fh).get("model_type")
-    if model_type != LLaDA2MoeConfig.model_type:
-        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not {LLaDA2MoeConfig.model_type!r}; "
-                        f"choose the matching --model")
-
-
-def _token_id(value: Any) -> Optional[int]:
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return None if value is None else int(value)
-
-
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None, block_size: Optional[int] = None) -> LLaDA2Wrapper:
     """Load an LLaDA2 checkpoint (single-file or sharded safetensors) and its tokenizer.
@@ -170,23 +158,17 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     tokenizer's mask / eos / pad tokens. ``block_size``: the argument, else config.json's
     ``block_size`` entry, else :data:`DEFAULT_BLOCK_SIZE`.
     """
-    from transformers import AutoTokenizer
-
     register_auto_classes()
-    _check_dir(path)
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    module = LLaDA2MoeModelLM.from_pretrained(path, **kwargs).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    checkpoint_model_type(path, LLaDA2MoeConfig.model_type)
+    module, tokenizer = load_module(LLaDA2MoeModelLM, path, dtype, device, attn_implementation)
     cfg = module.config
-    mask = _token_id(getattr(cfg, "mask_token_id", None))
+    mask = first_token_id(getattr(cfg, "mask_token_id", None))
     if mask is None:
         mask = tokenizer.mask_token_id
-    eos = _token_id(cfg.eos_token_id)
+    eos = first_token_id(cfg.eos_token_id)
     if eos is None:
         eos = tokenizer.eos_token_id
-    pad = _token_id(cfg.pad_token_id)
+    pad = first_token_id(cfg.pad_token_id)
     if pad is None:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     if mask is None or eos is None:
@@ -219,13 +201,9 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     from dare_plugin_llada2.tokenizer import build_tokenizer
 
     register_auto_classes()
-    params = dict(TINY_DEFAULTS)
-    unknown = set(sizes) - set(params) - set(LLaDA2MoeConfig().to_dict()) - {"block_size"}
-    if unknown:
-        raise DareError(f"unknown LLaDA2 config field(s): {', '.join(sorted(unknown))}")
-    params.update(sizes)
+    params = tiny_params(TINY_DEFAULTS, sizes, {*LLaDA2MoeConfig().to_dict(), "block_size"}, "LLaDA2")
     tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
-    vocab = ((len(tokenizer) + 63) // 64) * 64
+    vocab = padded_vocab_size(tokenizer)
     if "rotary_dim" not in sizes:
         params["rotary_dim"] = int(params["head_dim"] * params.get("partial_rotary_factor", 0.5))
     config = LLaDA2MoeConfig(
@@ -233,7 +211,4 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    model = LLaDA2MoeModelLM(config)
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_new_checkpoint(out_dir, LLaDA2MoeModelLM(config), tokenizer)

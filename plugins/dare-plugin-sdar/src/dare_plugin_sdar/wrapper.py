@@ -16,14 +16,16 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper
-from dare_core.models.block import (
-    bd3lm_compact_layout,
-    bd3lm_compact_output,
-    block_causal_mask,
-    block_index,
-    positions_from_mask,
+from dare_core.models.base import (
+    checkpoint_model_type,
+    first_token_id,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
 )
+from dare_core.models.block import BlockDiffusionWrapper
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
@@ -39,53 +41,10 @@ MASK_TOKENS = ("<|MASK|>", "<MASK>")
 _CLASSES = {SDARConfig.model_type: SDARForCausalLM, SDARMoeConfig.model_type: SDARMoeForCausalLM}
 
 
-class SDARWrapper(HFDiffusionWrapper):
-    """Block-causal inference, ``[noisy | clean]`` BD3LM training, unshifted logits."""
-
-    logit_shift = 0
-
-    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""
-        B, L = input_ids.shape
-        pos = positions_from_mask(attention_mask, (B, L), input_ids.device)
-        mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
-        return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
-
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask (block ids from
-        positions counted from the first real token, the global origin).
-
-        Without ``clean_ids`` the clean half would be the input itself, for which the noisy half's
-        logits are those of the block-causal inference forward, so :meth:`logits` is used. Leading
-        blocks without noise (the prompt) are not duplicated (:func:`bd3lm_compact_layout`: their
-        noisy logits equal the clean half's), which leaves the result unchanged.
-        """
-        if clean_ids is None:
-            return self.logits(noisy_ids, attention_mask)
-        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
-
-    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets the
-        core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
-        B, L = noisy_ids.shape
-        if clean_ids is None:
-            pos = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
-            mask = block_causal_mask(block_index(pos, self.block_size), attention_mask)
-            return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
-        ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
-        out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
-        return bd3lm_compact_output(out, L, c0, noisy)
-
-    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor, past_key_values=None,
-                       attention_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
-        """One cached forward (the DARE KV-cache contract); returns ``(logits, present)``."""
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, use_cache=use_cache)
-        return out.logits, out.past_key_values
+class SDARWrapper(BlockDiffusionWrapper):
+    """Block-causal inference, ``[noisy | clean]`` BD3LM training, unshifted logits (the shared
+    :class:`~dare_core.models.block.BlockDiffusionWrapper`); SDAR adds its prompt rendering and
+    generation config."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         """Qwen3 chat template with thinking disabled (SDAR's chat evaluation setting)."""
@@ -99,43 +58,16 @@ class SDARWrapper(HFDiffusionWrapper):
             json.dump(gen, fh, indent=2)
 
 
-def _model_type(path: str) -> str:
-    if not os.path.isdir(path):
-        raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise DareError(f"{path!r} has no config.json; it is not a Hugging Face checkpoint")
-    with open(cfg_file) as fh:
-        model_type = json.load(fh).get("model_type")
-    if model_type not in _CLASSES:
-        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not one of "
-                        f"{', '.join(sorted(_CLASSES))}; choose the matching --model")
-    return model_type
-
-
-def _first(value: Any) -> Optional[int]:
-    if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
-
-
-def _token_id(tokenizer: Any, token: str) -> Optional[int]:
-    tid = tokenizer.convert_tokens_to_ids(token)
-    if isinstance(tid, int) and tid != tokenizer.unk_token_id and 0 <= tid < len(tokenizer):
-        return tid
-    return None
-
-
 def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
     """mask / eos / pad / stop ids from the checkpoint (config, generation_config.json, tokenizer)."""
     mask = getattr(config, "mask_token_id", None)
     if mask is None:
         mask = tokenizer.mask_token_id
     if mask is None:
-        mask = next((t for t in (_token_id(tokenizer, m) for m in MASK_TOKENS) if t is not None), None)
+        mask = next((t for t in (tokenizer_token_id(tokenizer, m) for m in MASK_TOKENS) if t is not None), None)
     if mask is None:
         raise DareError(f"{path!r}: neither config.json (mask_token_id) nor the tokenizer names a mask token")
-    eos = _first(config.eos_token_id)
+    eos = first_token_id(config.eos_token_id)
     if eos is None:
         eos = tokenizer.eos_token_id
     if eos is None:
@@ -149,7 +81,7 @@ def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
         g = gen.get("eos_token_id")
         stops = [int(t) for t in (g if isinstance(g, list) else [g] if g is not None else [])]
     if not stops:
-        stops = [t for t in (_token_id(tokenizer, IM_END), eos) if t is not None]
+        stops = [t for t in (tokenizer_token_id(tokenizer, IM_END), eos) if t is not None]
     pad = config.pad_token_id
     if pad is None:
         pad = gen.get("pad_token_id", tokenizer.pad_token_id)
@@ -162,15 +94,9 @@ def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None) -> SDARWrapper:
     """Load an ``sdar`` or ``sdar_moe`` checkpoint (single file or sharded safetensors) and its tokenizer."""
-    from transformers import AutoTokenizer
-
     register_auto_classes()
-    model_type = _model_type(path)
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    module = _CLASSES[model_type].from_pretrained(path, **kwargs).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    model_type = checkpoint_model_type(path, _CLASSES)
+    module, tokenizer = load_module(_CLASSES[model_type], path, dtype, device, attn_implementation)
     ids = token_ids(path, module.config, tokenizer)
     block = getattr(module.config, "block_size", None) or DEFAULT_BLOCK_SIZE
     return SDARWrapper(family="sdar", module=module, tokenizer=tokenizer, kind="block",
@@ -202,23 +128,15 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
         raise DareError(f"model_type must be one of {', '.join(sorted(_CLASSES))}, got {model_type!r}")
     moe = model_type == SDARMoeConfig.model_type
     config_cls = SDARMoeConfig if moe else SDARConfig
-    params = dict(TINY_MOE if moe else TINY_DENSE)
-    known = set(config_cls().to_dict()) | set(params)
-    unknown = set(sizes) - known
-    if unknown:
-        raise DareError(f"unknown {model_type} config field(s): {', '.join(sorted(unknown))}")
-    params.update(sizes)
+    params = tiny_params(TINY_MOE if moe else TINY_DENSE, sizes, config_cls().to_dict(), model_type)
     tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
-    vocab = ((len(tokenizer) + 63) // 64) * 64
+    vocab = padded_vocab_size(tokenizer)
     eos = tokenizer.eos_token_id
     # like the published configs: no pad_token_id (so no frozen padding row in the embedding);
     # the pad id comes from the tokenizer / generation_config.json
     ids = {} if moe else {"mask_token_id": tokenizer.mask_token_id}
     config = config_cls(**params, vocab_size=vocab, eos_token_id=eos, bos_token_id=eos, **ids)
-    model = _CLASSES[model_type](config)
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_new_checkpoint(out_dir, _CLASSES[model_type](config), tokenizer)
     stops = [tokenizer.convert_tokens_to_ids(IM_END_TOKEN), eos]
     with open(os.path.join(out_dir, "generation_config.json"), "w") as fh:
         json.dump({"eos_token_id": stops, "pad_token_id": tokenizer.pad_token_id}, fh, indent=2)
