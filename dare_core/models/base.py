@@ -321,6 +321,12 @@ def first_token_id(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
+def config_or_tokenizer_id(config_value: Any, tokenizer_value: Optional[int]) -> Optional[int]:
+    """A token id from the checkpoint's config (:func:`first_token_id`), else the tokenizer's."""
+    tid = first_token_id(config_value)
+    return tokenizer_value if tid is None else tid
+
+
 def tokenizer_token_id(tokenizer: Any, token: str) -> Optional[int]:
     """The id of ``token`` in ``tokenizer``, or ``None`` when the tokenizer does not know it."""
     tid = tokenizer.convert_tokens_to_ids(token)

@@ -25,15 +25,8 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import (
-    checkpoint_model_type,
-    first_token_id,
-    load_module,
-    padded_vocab_size,
-    save_new_checkpoint,
-    tiny_params,
-    tokenizer_token_id,
-)
+from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_core.models.base import save_new_checkpoint, tiny_params, tokenizer_token_id
 
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
@@ -93,12 +86,10 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     checkpoint_model_type(path, DreamConfig.model_type)
     module, tokenizer = load_module(DreamModel, path, dtype, device, attn_implementation)
     cfg = module.config
-    mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.mask_token_id
+    mask = config_or_tokenizer_id(cfg.mask_token_id, tokenizer.mask_token_id)
     if mask is None:
         raise DareError(f"{path!r}: neither config.json nor the tokenizer names a mask token (mask_token_id)")
-    eos = first_token_id(cfg.eos_token_id)
-    if eos is None:
-        eos = tokenizer.eos_token_id
+    eos = config_or_tokenizer_id(cfg.eos_token_id, tokenizer.eos_token_id)
     if eos is None:
         raise DareError(f"{path!r}: neither config.json nor the tokenizer names an EOS token (eos_token_id)")
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else eos

@@ -14,14 +14,8 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import (
-    checkpoint_model_type,
-    load_module,
-    padded_vocab_size,
-    save_new_checkpoint,
-    tiny_params,
-    tokenizer_token_id,
-)
+from dare_core.models.base import checkpoint_model_type, load_module, padded_vocab_size, save_new_checkpoint
+from dare_core.models.base import tiny_params, tokenizer_token_id
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes

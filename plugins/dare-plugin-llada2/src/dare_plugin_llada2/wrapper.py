@@ -16,14 +16,8 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import (
-    checkpoint_model_type,
-    first_token_id,
-    load_module,
-    padded_vocab_size,
-    save_new_checkpoint,
-    tiny_params,
-)
+from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_core.models.base import save_new_checkpoint, tiny_params
 from dare_core.models.block import (
     bd3lm_layout,
     block_causal_inputs,
@@ -162,15 +156,11 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     checkpoint_model_type(path, LLaDA2MoeConfig.model_type)
     module, tokenizer = load_module(LLaDA2MoeModelLM, path, dtype, device, attn_implementation)
     cfg = module.config
-    mask = first_token_id(getattr(cfg, "mask_token_id", None))
-    if mask is None:
-        mask = tokenizer.mask_token_id
-    eos = first_token_id(cfg.eos_token_id)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    pad = first_token_id(cfg.pad_token_id)
+    mask = config_or_tokenizer_id(getattr(cfg, "mask_token_id", None), tokenizer.mask_token_id)
+    eos = config_or_tokenizer_id(cfg.eos_token_id, tokenizer.eos_token_id)
+    pad = config_or_tokenizer_id(cfg.pad_token_id, tokenizer.pad_token_id)
     if pad is None:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        pad = eos
     if mask is None or eos is None:
         raise DareError(f"{path!r}: neither config.json nor the tokenizer names the mask and eos tokens; "
                         f"add mask_token_id / eos_token_id to config.json")

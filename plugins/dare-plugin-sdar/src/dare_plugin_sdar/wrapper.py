@@ -16,15 +16,8 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.models.base import (
-    checkpoint_model_type,
-    first_token_id,
-    load_module,
-    padded_vocab_size,
-    save_new_checkpoint,
-    tiny_params,
-    tokenizer_token_id,
-)
+from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_core.models.base import save_new_checkpoint, tiny_params, tokenizer_token_id
 from dare_core.models.block import BlockDiffusionWrapper
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
@@ -60,16 +53,12 @@ class SDARWrapper(BlockDiffusionWrapper):
 
 def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
     """mask / eos / pad / stop ids from the checkpoint (config, generation_config.json, tokenizer)."""
-    mask = getattr(config, "mask_token_id", None)
-    if mask is None:
-        mask = tokenizer.mask_token_id
+    mask = config_or_tokenizer_id(getattr(config, "mask_token_id", None), tokenizer.mask_token_id)
     if mask is None:
         mask = next((t for t in (tokenizer_token_id(tokenizer, m) for m in MASK_TOKENS) if t is not None), None)
     if mask is None:
         raise DareError(f"{path!r}: neither config.json (mask_token_id) nor the tokenizer names a mask token")
-    eos = first_token_id(config.eos_token_id)
-    if eos is None:
-        eos = tokenizer.eos_token_id
+    eos = config_or_tokenizer_id(config.eos_token_id, tokenizer.eos_token_id)
     if eos is None:
         raise DareError(f"{path!r}: no eos_token_id in config.json or the tokenizer")
     stops: list[int] = []
