@@ -33,6 +33,16 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from dare_core.models.layers import (
+    attn_implementation_kwargs,
+    check_attn_implementation,
+    check_heads,
+    check_no_dropout,
+    check_positive_ints,
+    check_rope_theta,
+    config_error,
+)
+
 __all__ = ["LLaDAConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
 SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -100,9 +110,7 @@ class LLaDAConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         # BC: older configs could pass the attention choice under the private name.
-        if "_attn_implementation" in kwargs and "attn_implementation" not in kwargs:
-            kwargs["attn_implementation"] = kwargs.pop("_attn_implementation")
-        super().__post_init__(**kwargs)
+        super().__post_init__(**attn_implementation_kwargs(kwargs))
         if self.architectures is None:
             self.architectures = ["LLaDAModelLM"]
         self.check_supported()
@@ -164,24 +172,16 @@ class LLaDAConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
-        def bad(msg: str) -> None:
-            raise ValueError(f"LLaDAConfig: {msg}")
-
-        for name in ("d_model", "n_heads", "n_layers", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                bad(f"{name} must be a positive int, got {value!r}")
+        bad = config_error("LLaDAConfig")
+        check_positive_ints(self, ("d_model", "n_heads", "n_layers", "vocab_size"), bad)
         if self.d_model % self.n_heads != 0:
             bad(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if (self.d_model // self.n_heads) % 2 != 0:
-            bad(f"head_dim ({self.d_model // self.n_heads}) must be even for rotary embeddings")
         if self.n_kv_heads is not None and self.multi_query_attention is not None:
             expected = 1 if self.multi_query_attention else self.n_heads
             if self.n_kv_heads != expected:
                 bad("multi_query_attention and n_kv_heads are inconsistent")
-        kv = self.effective_n_kv_heads
-        if not isinstance(kv, int) or kv <= 0 or self.n_heads % kv != 0:
-            bad(f"n_kv_heads ({kv}) must be a positive divisor of n_heads ({self.n_heads})")
+        check_heads(self.n_heads, self.effective_n_kv_heads, bad, rotary_dim=self.d_model // self.n_heads,
+                    names=("n_kv_heads", "n_heads"))
         if self.effective_mlp_hidden_size <= 0:
             bad("mlp_hidden_size / mlp_ratio must give a positive MLP width")
         if self.effective_embedding_size < self.vocab_size:
@@ -208,15 +208,10 @@ class LLaDAConfig(PretrainedConfig):
             bad("alibi=True is not supported")
         if not self.rope:
             bad("rope=False is not supported")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            bad(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        check_rope_theta(self.rope_theta, bad)
         if self.weight_tying:
             bad("weight_tying=True is not supported (LLaDA has an untied LM head)")
         if self.input_emb_norm:
             bad("input_emb_norm=True is not supported")
-        for name in ("attention_dropout", "residual_dropout", "embedding_dropout"):
-            if getattr(self, name):
-                bad(f"{name}={getattr(self, name)!r} is not supported (no dropout; use 0.0)")
-        attn = self._attn_implementation
-        if attn is not None and attn not in SUPPORTED_ATTN_IMPLEMENTATIONS:
-            bad(f"attn_implementation={attn!r} is not supported (choose from {SUPPORTED_ATTN_IMPLEMENTATIONS})")
+        check_no_dropout(self, ("attention_dropout", "residual_dropout", "embedding_dropout"), bad)
+        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
