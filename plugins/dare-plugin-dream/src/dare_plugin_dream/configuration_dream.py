@@ -21,6 +21,16 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from dare_core.models.layers import (
+    attn_implementation_kwargs,
+    check_attn_implementation,
+    check_heads,
+    check_no_dropout,
+    check_positive_ints,
+    check_rope_theta,
+    config_error,
+)
+
 __all__ = ["DreamConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
 SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -58,11 +68,7 @@ class DreamConfig(PretrainedConfig):
     eos_token_id: int | list[int] | None = 151643
 
     def __post_init__(self, **kwargs: Any) -> None:
-        if "_attn_implementation" in kwargs and "attn_implementation" not in kwargs:
-            kwargs["attn_implementation"] = kwargs.pop("_attn_implementation")
-        impl = kwargs.get("attn_implementation")
-        if impl in _EQUIVALENT_ATTN:
-            kwargs["attn_implementation"] = _EQUIVALENT_ATTN[impl]
+        kwargs = attn_implementation_kwargs(kwargs, _EQUIVALENT_ATTN)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         super().__post_init__(**kwargs)
@@ -77,36 +83,22 @@ class DreamConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
-        def bad(msg: str) -> None:
-            raise ValueError(f"DreamConfig: {msg}")
-
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                bad(f"{name} must be a positive int, got {value!r}")
+        bad = config_error("DreamConfig")
+        check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                   "num_key_value_heads", "vocab_size"), bad)
         if self.hidden_size % self.num_attention_heads:
             bad(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})")
-        if self.head_dim % 2:
-            bad(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.num_attention_heads % self.num_key_value_heads:
-            bad(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads})")
+        check_heads(self.num_attention_heads, self.num_key_value_heads, bad, rotary_dim=self.head_dim)
         if self.hidden_act != "silu":
             bad(f"hidden_act={self.hidden_act!r} is not supported (only 'silu', the SwiGLU MLP)")
         if self.rope_scaling is not None:
             bad(f"rope_scaling={self.rope_scaling!r} is not supported (Dream uses plain RoPE; set null)")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            bad(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        check_rope_theta(self.rope_theta, bad)
         if self.use_sliding_window:
             bad("use_sliding_window=True is not supported (Dream attends over the whole sequence)")
-        if self.attention_dropout:
-            bad(f"attention_dropout={self.attention_dropout!r} is not supported (use 0.0)")
+        check_no_dropout(self, ("attention_dropout",), bad)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             bad(f"pad_token_id ({self.pad_token_id}) must be a row of the embedding (< vocab_size "
                 f"{self.vocab_size})")
-        attn = self._attn_implementation
-        if attn is not None and attn not in SUPPORTED_ATTN_IMPLEMENTATIONS:
-            bad(f"attn_implementation={attn!r} is not supported (choose from "
-                f"{SUPPORTED_ATTN_IMPLEMENTATIONS})")
+        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

@@ -41,14 +41,30 @@ import math
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as hf_init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .configuration_dream import SUPPORTED_ATTN_IMPLEMENTATIONS, DreamConfig
+from dare_core.models import layers
+from dare_core.models.layers import (
+    EmbeddingAccessors,
+    RMSNorm,
+    SwiGLU,
+    apply_rotary,
+    attend,
+    check_kv_cache,
+    embed_inputs,
+    position_ids_or_default,
+    pre_norm_residual,
+    prepare_attention_mask,
+    reject_options,
+    rotary_cos_sin,
+    run_layers,
+    split_heads,
+)
+
+from .configuration_dream import DreamConfig
 
 __all__ = [
     "DreamRMSNorm",
@@ -67,7 +83,7 @@ __all__ = [
 # Arguments of the original code (or of HF training loops) that would change the result if they
 # were honoured; refusing them is safer than silently computing something else.
 _REJECTED_IF_SET = ("labels", "cu_seqlens", "max_seqlen", "replace_position", "dual_cache",
-                    "cache_position", "num_logits_to_keep", "logits_to_keep")
+                    "cache_position", "num_logits_to_keep", "logits_to_keep", "output_attentions")
 
 KVCache = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -81,133 +97,19 @@ class DreamOutput(CausalLMOutputWithPast):
         return self.cache
 
 
-class DreamRMSNorm(nn.Module):
+class DreamRMSNorm(RMSNorm):
     """RMSNorm: normalise in fp32, cast back to the input dtype, then scale."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
-
-
-# ---------------------------------------------------------------------------
-# Rotary embeddings
-# ---------------------------------------------------------------------------
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos, sin)`` ``[B, 1, L, head_dim]`` for ``position_ids`` ``[B, L]``.
-
-    Angles ``pos * theta ** (-2j / head_dim)`` are computed in fp32 (both halves of the head use
-    the same frequencies, NeoX layout), then cos/sin are cast to ``dtype``.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim
-    inv_freq = 1.0 / (float(theta) ** exponent)
-    with torch.autocast(device_type=position_ids.device.type, enabled=False):
-        angles = position_ids.float()[..., None] * inv_freq
-        angles = torch.cat((angles, angles), dim=-1)[:, None]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, L, hd]`` in its own dtype (cos/sin already cast to it)."""
-    return x * cos + _rotate_half(x) * sin
-
-
-# ---------------------------------------------------------------------------
-# Attention masks
-# ---------------------------------------------------------------------------
-def prepare_attention_mask(attention_mask: Any, batch: int, queries: int, keys: int,
-                           n_heads: int) -> Optional[torch.Tensor]:
-    """Normalise ``attention_mask`` to ``None`` or a 4-D tensor for the attention kernels.
-
-    * ``None`` or ``"full"`` -> ``None`` (every query sees every key);
-    * 2-D ``[B, keys]`` 0/1 (or bool) key-padding mask -> ``None`` when all ones, else bool
-      ``[B, 1, 1, keys]`` (True = key may be attended);
-    * 4-D bool (True = may attend) or floating additive mask broadcastable to
-      ``[B, n_heads, queries, keys]`` -> unchanged;
-    * anything else -> ``ValueError``.
-    """
-    if attention_mask is None or (isinstance(attention_mask, str) and attention_mask == "full"):
-        return None
-    if not isinstance(attention_mask, torch.Tensor):
-        raise ValueError(f"attention_mask must be a tensor, None or 'full', got {attention_mask!r}")
-    m = attention_mask
-    if m.dim() == 2:
-        if tuple(m.shape) != (batch, keys):
-            raise ValueError(f"2-D attention_mask must have shape {(batch, keys)}, got {tuple(m.shape)}")
-        if m.dtype == torch.bool:
-            keep = m
-        else:
-            if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-                raise ValueError("2-D attention_mask must be a 0/1 key-padding mask; pass additive masks as 4-D")
-            keep = m != 0
-        if bool(keep.all()):
-            return None
-        return keep[:, None, None, :]
-    if m.dim() == 4:
-        if not (m.dtype == torch.bool or m.is_floating_point()):
-            raise ValueError(f"4-D attention_mask must be bool or floating (additive), got {m.dtype}")
-        b, h, q, k = m.shape
-        if b not in (1, batch) or h not in (1, n_heads) or q not in (1, queries) or k != keys:
-            raise ValueError(f"4-D attention_mask of shape {tuple(m.shape)} does not broadcast to "
-                             f"{(batch, n_heads, queries, keys)}")
-        return m
-    raise ValueError(f"attention_mask must be None, 'full', 2-D [B, K] or 4-D [B, 1, Q, K]; got {m.dim()}-D")
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, KV, L, hd] -> [B, KV*groups, L, hd]; query head h uses kv head h // groups."""
-    if groups == 1:
-        return x
-    b, kv, length, hd = x.shape
-    return x[:, :, None].expand(b, kv, groups, length, hd).reshape(b, kv * groups, length, hd)
-
-
-def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                     scale: float) -> torch.Tensor:
-    """Scores in the activation dtype, additive mask, softmax in fp32 cast back (the published
-    eager path); queries that may attend to nothing output zeros (as torch SDPA does)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    dead = None
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-            dead = ~mask.any(dim=-1, keepdim=True)
-        else:
-            scores = scores + mask.to(scores.dtype)
-            dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    if dead is not None:
-        probs = probs.masked_fill(dead, 0.0)
-    return torch.matmul(probs.to(q.dtype), v)
-
-
-def _sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                    scale: float) -> torch.Tensor:
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=scale)
 
 
 # ---------------------------------------------------------------------------
 # Blocks
 # ---------------------------------------------------------------------------
 class DreamAttention(nn.Module):
-    """Bidirectional GQA self-attention with q/k/v biases (o_proj has none)."""
+    """Bidirectional GQA self-attention with q/k/v biases (o_proj has none).
+
+    RoPE cos/sin arrive in the activation dtype and rotate in it; the eager path forms the scores
+    in the activation dtype and takes the softmax in fp32 (the published code).
+    """
 
     def __init__(self, config: DreamConfig, layer_idx: int) -> None:
         super().__init__()
@@ -225,41 +127,19 @@ class DreamAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        bsz, length, _ = x.shape
-        q = self.q_proj(x).view(bsz, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(bsz, length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(bsz, length, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        if past is not None:
-            k = torch.cat([past[0].to(k.dtype), k], dim=2)
-            v = torch.cat([past[1].to(v.dtype), v], dim=2)
-        present = (k, v)
-        groups = self.num_heads // self.num_key_value_heads
-        kr, vr = _repeat_kv(k, groups), _repeat_kv(v, groups)
-        impl = self.config._attn_implementation or "sdpa"
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if impl == "sdpa":
-            out = _sdpa_attention(q, kr, vr, mask, scale)
-        elif impl == "eager":
-            out = _eager_attention(q, kr, vr, mask, scale)
-        else:
-            raise ValueError(f"Dream supports attn_implementation in {SUPPORTED_ATTN_IMPLEMENTATIONS}, got {impl!r}")
-        out = out.transpose(1, 2).reshape(bsz, length, self.num_heads * self.head_dim)
+        q = apply_rotary(split_heads(self.q_proj(x), self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(split_heads(self.k_proj(x), self.num_key_value_heads, self.head_dim), cos, sin)
+        v = split_heads(self.v_proj(x), self.num_key_value_heads, self.head_dim)
+        out, present = attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
+                              implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
 
-class DreamMLP(nn.Module):
+class DreamMLP(SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, config: DreamConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        super().__init__(config.hidden_size, config.intermediate_size)
 
 
 class DreamDecoderLayer(GradientCheckpointingLayer):
@@ -276,9 +156,8 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
                 attention_mask: Optional[torch.Tensor] = None,
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn, present = self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, past)
-        h = hidden_states + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), present
+        return pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
+                                 self.post_attention_layernorm, self.mlp, cos, sin, attention_mask, past)
 
 
 class DreamBaseModel(nn.Module):
@@ -294,50 +173,22 @@ class DreamBaseModel(nn.Module):
 
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Any = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, output_hidden_states: bool = False
-                ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, torch.Tensor]]]:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        if x.dim() != 3:
-            raise ValueError(f"expected [B, L] input_ids or [B, L, d] inputs_embeds, got {tuple(x.shape)}")
+                inputs_embeds: Optional[torch.Tensor] = None, output_hidden_states: bool = False,
+                use_cache: bool = True
+                ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[list[tuple[torch.Tensor, torch.Tensor]]]]:
+        """``(final-norm hidden, hidden states or None, per-layer (k, v) or None without use_cache)``."""
+        x = embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
         bsz, length, _ = x.shape
-        past_len = 0
-        if past_key_values is not None:
-            if len(past_key_values) != len(self.layers):
-                raise ValueError(f"past_key_values must hold one (k, v) per layer ({len(self.layers)}), "
-                                 f"got {len(past_key_values)}")
-            past_len = int(past_key_values[0][0].shape[2])
-            for k, v in past_key_values:
-                if k.dim() != 4 or k.shape[0] != bsz or k.shape[2] != past_len or k.shape != v.shape:
-                    raise ValueError("every cached (k, v) must be [B, n_kv_heads, P, head_dim] with the same P")
-        if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + length, device=x.device)[None].expand(bsz, length)
-        else:
-            if position_ids.dim() == 1:
-                position_ids = position_ids[None]
-            if position_ids.dim() != 2 or position_ids.shape[-1] != length or position_ids.shape[0] not in (1, bsz):
-                raise ValueError(f"position_ids must have shape [L], [1, L] or [B, L] with L = {length}; "
-                                 f"got {tuple(position_ids.shape)}")
-            position_ids = position_ids.to(x.device).expand(bsz, length)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
-        mask = prepare_attention_mask(attention_mask, bsz, length, past_len + length,
-                                      self.config.num_attention_heads)
+        cfg = self.config
+        past, past_len = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
+                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        position_ids = position_ids_or_default(position_ids, bsz, length, x.device, start=past_len)
+        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
+        mask = prepare_attention_mask(attention_mask, bsz, length, past_len + length, cfg.num_attention_heads)
         if mask is not None:
             mask = mask.to(x.device)
-
-        hidden: Optional[list[torch.Tensor]] = [] if output_hidden_states else None
-        presents: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i, layer in enumerate(self.layers):
-            if hidden is not None:
-                hidden.append(x)
-            past = past_key_values[i] if past_key_values is not None else None
-            x, present = layer(x, cos, sin, mask, past)
-            presents.append(present)
-        x = self.norm(x)
-        if hidden is not None:
-            hidden.append(x)
-        return x, (tuple(hidden) if hidden is not None else None), presents
+        return run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
+                          output_hidden_states=output_hidden_states, use_cache=use_cache)
 
 
 class DreamPreTrainedModel(PreTrainedModel):
@@ -352,21 +203,10 @@ class DreamPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = float(self.config.initializer_range)
-        if isinstance(module, nn.Linear):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                hf_init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, DreamRMSNorm):
-            hf_init.ones_(module.weight)
+        layers.init_weights(module, float(self.config.initializer_range))
 
 
-class DreamModel(DreamPreTrainedModel):
+class DreamModel(EmbeddingAccessors, DreamPreTrainedModel):
     """Dream masked-diffusion LM. ``forward`` returns the raw (AR-aligned) logits ``[B, L, V]``:
     ``logits[:, i]`` predicts the token at position ``i + 1``."""
 
@@ -379,22 +219,15 @@ class DreamModel(DreamPreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
+    # get/set_{input,output}_embeddings
+    input_embeddings_path = "model.embed_tokens"
+    output_embeddings_path = "lm_head"
 
     def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Any = None,
                        position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final hidden states ``[B, L, d]`` (final norm applied, LM head not applied)."""
-        hidden, _, _ = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        hidden, _, _ = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False)
         return hidden
 
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Any = None,
@@ -413,11 +246,7 @@ class DreamModel(DreamPreTrainedModel):
                 RoPE; the new tokens attend to the cache and to each other.
             use_cache: return ``past_key_values`` (cache then new tokens, length ``P+L``).
         """
-        for key in _REJECTED_IF_SET:
-            if kwargs.get(key) is not None:
-                raise ValueError(f"DreamModel.forward does not support {key!r}")
-        if kwargs.get("output_attentions"):
-            raise ValueError("DreamModel.forward does not support output_attentions=True")
+        reject_options("DreamModel", kwargs, _REJECTED_IF_SET)
         if output_hidden_states is None:
             output_hidden_states = bool(self.config.output_hidden_states)
         if return_dict is None:
@@ -425,9 +254,9 @@ class DreamModel(DreamPreTrainedModel):
         hidden, all_hidden, presents = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states)
+            output_hidden_states=output_hidden_states, use_cache=bool(use_cache))
         logits = self.lm_head(hidden)
-        cache = presents if use_cache else None
+        cache = presents
         if not return_dict:
             return tuple(v for v in (logits, cache, all_hidden) if v is not None)
         return DreamOutput(logits=logits, cache=cache, hidden_states=all_hidden)
