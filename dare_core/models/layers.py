@@ -477,11 +477,12 @@ class EmbeddingAccessors:
     """``get/set_input_embeddings`` and ``get/set_output_embeddings`` by dotted attribute path.
 
     Mix into a ``PreTrainedModel`` (before it) and set ``input_embeddings_path`` (e.g.
-    ``"model.embed_tokens"``) and ``output_embeddings_path`` (the LM head, default ``"lm_head"``).
+    ``"model.embed_tokens"``) and ``output_embeddings_path`` (the LM head, default ``"lm_head"``;
+    ``None`` for a backbone without a head: the ``PreTrainedModel`` defaults then apply).
     """
 
     input_embeddings_path: str = "model.embed_tokens"
-    output_embeddings_path: str = "lm_head"
+    output_embeddings_path: Optional[str] = "lm_head"
 
     def get_input_embeddings(self) -> nn.Module:
         parent, leaf = _resolve(self, self.input_embeddings_path)
@@ -491,11 +492,15 @@ class EmbeddingAccessors:
         parent, leaf = _resolve(self, self.input_embeddings_path)
         setattr(parent, leaf, value)
 
-    def get_output_embeddings(self) -> nn.Module:
+    def get_output_embeddings(self) -> Optional[nn.Module]:
+        if self.output_embeddings_path is None:
+            return super().get_output_embeddings()  # type: ignore[misc]
         parent, leaf = _resolve(self, self.output_embeddings_path)
         return getattr(parent, leaf)
 
     def set_output_embeddings(self, value: nn.Module) -> None:
+        if self.output_embeddings_path is None:
+            return super().set_output_embeddings(value)  # type: ignore[misc]
         parent, leaf = _resolve(self, self.output_embeddings_path)
         setattr(parent, leaf, value)
 

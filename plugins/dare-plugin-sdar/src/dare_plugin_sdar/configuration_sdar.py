@@ -19,25 +19,24 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from dare_core.models.layers import (
+    check_attn_implementation,
+    check_heads,
+    check_no_dropout,
+    check_positive_ints,
+    check_rope_theta,
+    config_error,
+)
+
 __all__ = ["SDARConfig", "SDARMoeConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
 SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def _check_common(cfg: PretrainedConfig, name: str) -> None:
-    def bad(msg: str) -> None:
-        raise ValueError(f"{name}: {msg}")
-
-    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
-        value = getattr(cfg, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            bad(f"{field} must be a positive int, got {value!r}")
-    if cfg.head_dim % 2:
-        bad(f"head_dim ({cfg.head_dim}) must be even for rotary embeddings")
-    kv = cfg.num_key_value_heads
-    if not isinstance(kv, int) or kv <= 0 or cfg.num_attention_heads % kv:
-        bad(f"num_key_value_heads ({kv}) must be a positive divisor of num_attention_heads "
-            f"({cfg.num_attention_heads})")
+    bad = config_error(name)
+    check_positive_ints(cfg, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"), bad)
+    check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, bad, rotary_dim=cfg.head_dim)
     if cfg.hidden_act != "silu":
         bad(f"hidden_act={cfg.hidden_act!r} is not supported (SDAR uses 'silu')")
     if cfg.attention_bias:
@@ -46,22 +45,39 @@ def _check_common(cfg: PretrainedConfig, name: str) -> None:
         bad(f"rope_scaling={cfg.rope_scaling!r} is not supported (SDAR checkpoints use none)")
     if cfg.use_sliding_window:
         bad("use_sliding_window=True is not supported (SDAR checkpoints use full attention)")
-    if cfg.attention_dropout:
-        bad(f"attention_dropout={cfg.attention_dropout!r} is not supported (use 0.0)")
+    check_no_dropout(cfg, ("attention_dropout",), bad)
     if cfg.tie_word_embeddings:
         bad("tie_word_embeddings=True is not supported (SDAR has an untied LM head)")
-    if not (isinstance(cfg.rope_theta, (int, float)) and cfg.rope_theta > 0):
-        bad(f"rope_theta must be a positive number, got {cfg.rope_theta!r}")
+    check_rope_theta(cfg.rope_theta, bad)
     bsz = getattr(cfg, "block_size", None)
     if bsz is not None and (not isinstance(bsz, int) or bsz <= 0):
         bad(f"block_size must be a positive int, got {bsz!r}")
-    attn = cfg._attn_implementation
-    if attn is not None and attn not in SUPPORTED_ATTN_IMPLEMENTATIONS:
-        bad(f"attn_implementation={attn!r} is not supported (choose from {SUPPORTED_ATTN_IMPLEMENTATIONS})")
+    check_attn_implementation(cfg, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
 
 
 class _SDARBase(PretrainedConfig):
+    """Fields and defaults the dense and MoE configs share (Qwen3 names); each subclass declares
+    the ones whose published defaults differ, and its own."""
+
     keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 151936
+    num_attention_heads: int = 32
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    rope_theta: float = 1000000.0
+    rope_scaling: dict | None = None
+    attention_bias: bool = False
+    use_sliding_window: bool = False
+    sliding_window: int | None = None
+    attention_dropout: float = 0.0
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 151643
+    eos_token_id: int | list[int] | None = 151643
 
     def __post_init__(self, **kwargs: Any) -> None:
         # The published dense config.json carries "attn_implementation": "flex_attention" for its
@@ -90,32 +106,15 @@ class SDARConfig(_SDARBase):
     model_type = "sdar"
     default_architecture = "SDARForCausalLM"
 
-    vocab_size: int = 151936
     hidden_size: int = 2560
     intermediate_size: int = 9728
     num_hidden_layers: int = 36
-    num_attention_heads: int = 32
     num_key_value_heads: int | None = 8
-    head_dim: int = 128
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 32768
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-6
     use_cache: bool = False
-    tie_word_embeddings: bool = False
-    rope_theta: float = 1000000.0
-    rope_scaling: dict | None = None
-    attention_bias: bool = False
-    use_sliding_window: bool = False
-    sliding_window: int | None = None
     max_window_layers: int = 36
-    attention_dropout: float = 0.0
     block_size: int | None = 4
     mask_token_id: int | None = 151669
     fuse_cross_entropy: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = 151643
-    eos_token_id: int | list[int] | None = 151643
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)
@@ -136,26 +135,12 @@ class SDARMoeConfig(_SDARBase):
     model_type = "sdar_moe"
     default_architecture = "SDARMoeForCausalLM"
 
-    vocab_size: int = 151936
     hidden_size: int = 2048
     intermediate_size: int = 6144
     num_hidden_layers: int = 48
-    num_attention_heads: int = 32
     num_key_value_heads: int | None = 4
-    head_dim: int = 128
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 32768
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-6
     use_cache: bool = True
-    tie_word_embeddings: bool = False
-    rope_theta: float = 1000000.0
-    rope_scaling: dict | None = None
-    attention_bias: bool = False
-    use_sliding_window: bool = False
-    sliding_window: int | None = None
     max_window_layers: int = 48
-    attention_dropout: float = 0.0
     decoder_sparse_step: int = 1
     moe_intermediate_size: int = 768
     num_experts_per_tok: int = 8
@@ -166,9 +151,6 @@ class SDARMoeConfig(_SDARBase):
     mlp_only_layers: list[int] | None = None
     block_size: int | None = None
     mask_token_id: int | None = None
-    pad_token_id: int | None = None
-    bos_token_id: int | None = 151643
-    eos_token_id: int | list[int] | None = 151643
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.mlp_only_layers is None:
@@ -178,10 +160,8 @@ class SDARMoeConfig(_SDARBase):
 
     def check_supported(self) -> None:
         _check_common(self, "SDARMoeConfig")
-        for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"SDARMoeConfig: {field} must be a positive int, got {value!r}")
+        check_positive_ints(self, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
+                            config_error("SDARMoeConfig"))
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"SDARMoeConfig: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                              f"num_experts ({self.num_experts})")

@@ -39,13 +39,31 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as hf_init
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .configuration_sdar import SUPPORTED_ATTN_IMPLEMENTATIONS, SDARConfig
+from dare_core.models import layers
+from dare_core.models.layers import (
+    AttentionMaskError,
+    EmbeddingAccessors,
+    RMSNorm,
+    SwiGLU,
+    apply_rotary,
+    attend,
+    check_4d_mask,
+    check_kv_cache,
+    embed_inputs,
+    key_padding_mask,
+    position_ids_or_default,
+    pre_norm_residual,
+    reject_options,
+    rotary_cos_sin,
+    run_layers,
+    split_heads,
+)
+
+from .configuration_sdar import SDARConfig
 
 __all__ = [
     "SDARRMSNorm",
@@ -88,55 +106,21 @@ class SDARCausalLMOutput:
 _REJECTED_IF_SET = ("labels", "store_kv", "cache_position", "output_attentions", "output_router_logits")
 
 
-class SDARRMSNorm(nn.Module):
+class SDARRMSNorm(RMSNorm):
     """RMSNorm as the published fused kernel computes it: normalise and scale in fp32, then cast."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.variance_epsilon = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            h = x.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return (h * self.weight.float()).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+        super().__init__(dim, eps, weight_in_fp32=True)
 
 
-class SDARMLP(nn.Module):
+class SDARMLP(SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """``(cos, sin)`` ``[B, 1, L, head_dim]``: fp32 angles ``pos * theta^(-2j/hd)`` (both halves),
-    cast to ``dtype``."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float() / head_dim
-    inv_freq = 1.0 / (float(theta) ** exponent)
-    with torch.autocast(device_type=position_ids.device.type, enabled=False):
-        ang = position_ids.float()[..., None] * inv_freq
-        ang = torch.cat([ang, ang], dim=-1)[:, None]
-        return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+# ``(cos, sin)`` ``[B, 1, L, head_dim]`` (fp32 angles cast to ``dtype``) and rotate-half over the
+# full head: the shared primitives under their historical names here.
+rope_cos_sin = rotary_cos_sin
+_apply_rope = apply_rotary
 
 
 def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int, k_len: int) -> torch.Tensor:
@@ -145,33 +129,26 @@ def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int,
     Raises ``ValueError`` for ``None`` and for any shape or value it cannot read unambiguously.
     """
     if mask is None:
-        raise ValueError(
+        raise AttentionMaskError(
             "SDAR needs an explicit attention_mask: the block-causal mask at inference (query in "
             "block b sees keys in blocks <= b) or the BD3LM mask in training; it never falls back "
             "to bidirectional or causal attention (see dare_core.models.block)")
     if not isinstance(mask, torch.Tensor):
-        raise ValueError(f"attention_mask must be a tensor, got {type(mask).__name__}")
+        raise AttentionMaskError(f"attention_mask must be a tensor, got {type(mask).__name__}")
+    if mask.dim() == 2:
+        return key_padding_mask(mask, batch, k_len)[:, None, None, :]
     m = mask
     if m.dtype != torch.bool:
         if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-            raise ValueError(
+            raise AttentionMaskError(
                 "attention_mask must be boolean or 0/1 (1 = may attend); additive float masks are "
                 "not accepted (the published code reads the mask with .bool())")
         m = m != 0
-    if m.dim() == 2:
-        if tuple(m.shape) != (batch, k_len):
-            raise ValueError(f"a 2-D attention_mask is a [batch, keys] padding mask of shape "
-                             f"{(batch, k_len)}, got {tuple(m.shape)}")
-        return m[:, None, None, :]
     if m.dim() == 3:
         m = m[:, None]
     if m.dim() != 4:
-        raise ValueError(f"attention_mask must be 2-D, 3-D or 4-D, got {m.dim()}-D")
-    b, h, q, k = m.shape
-    if b not in (1, batch) or h != 1 or q != q_len or k != k_len:
-        raise ValueError(f"attention_mask of shape {tuple(mask.shape)} does not match "
-                         f"[batch={batch}, 1, queries={q_len}, keys={k_len}]")
-    return m
+        raise AttentionMaskError(f"attention_mask must be 2-D, 3-D or 4-D, got {m.dim()}-D")
+    return check_4d_mask(m, batch, 1, q_len, k_len, exact_queries=True)
 
 
 class SDARAttention(nn.Module):
@@ -193,28 +170,13 @@ class SDARAttention(nn.Module):
 
     def forward(self, x, cos, sin, mask, past):
         B, Q, _ = x.shape
+        # q/k RMSNorm per head over head_dim, then RoPE over the full head
         q = self.q_norm(self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(B, Q, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        if past is not None:
-            k = torch.cat([past[0].to(k.dtype), k], dim=2)
-            v = torch.cat([past[1].to(v.dtype), v], dim=2)
-        present = (k, v)
-        groups = self.num_heads // self.num_kv_heads
-        kk = k.repeat_interleave(groups, dim=1) if groups > 1 else k
-        vv = v.repeat_interleave(groups, dim=1) if groups > 1 else v
-        impl = self.config._attn_implementation or "sdpa"
-        if impl == "sdpa":
-            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=False, scale=self.scaling)
-        elif impl == "eager":
-            scores = torch.matmul(q, kk.transpose(-1, -2)) * self.scaling
-            scores = scores.masked_fill(~mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, vv)
-        else:
-            raise ValueError(f"SDAR supports attn_implementation in {SUPPORTED_ATTN_IMPLEMENTATIONS}, got {impl!r}")
-        out = out.transpose(1, 2).reshape(B, Q, self.num_heads * self.head_dim)
+        v = split_heads(self.v_proj(x), self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out, present = attend(q, k, v, mask, scale=self.scaling, past=past,
+                              implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
 
@@ -228,13 +190,13 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = SDARRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = SDARRMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def _mlp_output(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.mlp(h)
+        return m[0] if isinstance(m, tuple) else m  # MoE block: (output, router logits)
+
     def forward(self, hidden_states, cos, sin, mask, past=None):
-        a, present = self.self_attn(self.input_layernorm(hidden_states), cos, sin, mask, past)
-        h = hidden_states + a
-        m = self.mlp(self.post_attention_layernorm(h))
-        if isinstance(m, tuple):  # MoE block: (output, router logits)
-            m = m[0]
-        return h + m, present
+        return pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
+                                 self.post_attention_layernorm, self._mlp_output, cos, sin, mask, past)
 
 
 class SDARPreTrainedModel(PreTrainedModel):
@@ -249,31 +211,18 @@ class SDARPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = float(self.config.initializer_range)
-        if isinstance(module, nn.Linear):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                hf_init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                hf_init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, SDARRMSNorm):
-            hf_init.ones_(module.weight)
+        layers.init_weights(module, float(self.config.initializer_range))
 
 
 def _check_kwargs(cls_name: str, kwargs: dict[str, Any]) -> None:
-    for key in _REJECTED_IF_SET:
-        value = kwargs.get(key)
-        if value is not None and value is not False:
-            raise ValueError(f"{cls_name}.forward does not support {key!r} (block-diffusion training "
-                             f"goes through the DARE model wrapper)")
+    reject_options(cls_name, kwargs, _REJECTED_IF_SET,
+                   hint=" (block-diffusion training goes through the DARE model wrapper)")
     unknown = set(kwargs) - set(_REJECTED_IF_SET) - {"return_dict", "output_hidden_states", "inputs_embeds"}
     if unknown:
         raise ValueError(f"{cls_name}.forward got unexpected argument(s): {', '.join(sorted(unknown))}")
 
 
-class SDARModel(SDARPreTrainedModel):
+class SDARModel(EmbeddingAccessors, SDARPreTrainedModel):
     """The decoder stack (``AutoModel`` of the published config): returns the final-norm hidden states."""
 
     def __init__(self, config: SDARConfig) -> None:
@@ -287,59 +236,33 @@ class SDARModel(SDARPreTrainedModel):
         self.norm = SDARRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
+    input_embeddings_path = "embed_tokens"
+    output_embeddings_path = None  # the decoder stack has no head
+
     @staticmethod
     def _make_layer(config, i: int) -> nn.Module:
         return SDARDecoderLayer(config, i)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
 
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[list] = None,
                 use_cache: Optional[bool] = False, inputs_embeds: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, **kwargs: Any) -> SDAROutput:
         _check_kwargs(type(self).__name__, kwargs)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        h = embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
         B, Q, _ = h.shape
-        if past_key_values is not None and not isinstance(past_key_values, (list, tuple)):
-            raise ValueError("past_key_values must be None or a list with one (key, value) pair per layer "
-                             f"(the DARE cache contract), got {type(past_key_values).__name__}")
-        if past_key_values is not None and len(past_key_values) == 0:
-            past_key_values = None
-        if past_key_values is not None and len(past_key_values) != len(self.layers):
-            raise ValueError(f"past_key_values has {len(past_key_values)} layers, the model {len(self.layers)}")
-        P = 0 if past_key_values is None else past_key_values[0][0].shape[2]
-        if position_ids is None:
-            position_ids = torch.arange(P, P + Q, device=h.device)[None].expand(B, Q)
-        else:
-            if position_ids.dim() == 1:
-                position_ids = position_ids[None]
-            if position_ids.dim() != 2 or position_ids.shape[-1] != Q or position_ids.shape[0] not in (1, B):
-                raise ValueError(f"position_ids must be [L], [1, L] or [B, L]; got {tuple(position_ids.shape)}")
-            position_ids = position_ids.to(h.device).expand(B, Q)
+        cfg = self.config
+        past, P = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=B,
+                                 kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        position_ids = position_ids_or_default(position_ids, B, Q, h.device, start=P)
         mask = prepare_attention_mask(attention_mask, B, Q, P + Q).to(h.device)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, h.dtype)
-        hidden = [] if output_hidden_states else None
-        present = [] if use_cache else None
-        for i, layer in enumerate(self.layers):
-            if hidden is not None:
-                hidden.append(h)
-            h, kv = layer(h, cos, sin, mask, None if past_key_values is None else past_key_values[i])
-            if present is not None:
-                present.append(kv)
-        h = self.norm(h)
-        if hidden is not None:
-            hidden.append(h)
-        return SDAROutput(last_hidden_state=h, past_key_values=present,
-                          hidden_states=tuple(hidden) if hidden is not None else None)
+        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
+        h, hidden, present = run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
+                                        output_hidden_states=bool(output_hidden_states),
+                                        use_cache=bool(use_cache))
+        return SDAROutput(last_hidden_state=h, past_key_values=present, hidden_states=hidden)
 
 
-class SDARForCausalLM(SDARPreTrainedModel):
+class SDARForCausalLM(EmbeddingAccessors, SDARPreTrainedModel):
     """SDAR block-diffusion LM (``AutoModelForCausalLM``); ``forward`` returns unshifted logits."""
 
     _model_cls = SDARModel
@@ -352,17 +275,8 @@ class SDARForCausalLM(SDARPreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
+    input_embeddings_path = "model.embed_tokens"
+    output_embeddings_path = "lm_head"
 
     def get_decoder(self) -> nn.Module:
         return self.model
