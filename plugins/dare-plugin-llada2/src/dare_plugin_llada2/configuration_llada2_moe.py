@@ -27,6 +27,14 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from dare_core.errors import DareError
+from dare_core.models.layers import (
+    attn_implementation_kwargs,
+    check_attn_implementation,
+    check_heads,
+    check_no_dropout,
+    check_positive_ints,
+    config_error,
+)
 
 __all__ = ["LLaDA2MoeConfig", "LLaDA2ConfigError", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
@@ -99,9 +107,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
     use_cache: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
-        if "_attn_implementation" in kwargs and "attn_implementation" not in kwargs:
-            kwargs["attn_implementation"] = kwargs.pop("_attn_implementation")
-        super().__post_init__(**kwargs)
+        super().__post_init__(**attn_implementation_kwargs(kwargs))
         if self.architectures is None:
             self.architectures = ["LLaDA2MoeModelLM"]
         if self.head_dim is None:
@@ -122,17 +128,10 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise :class:`LLaDA2ConfigError` for a setting this implementation does not honour."""
 
-        def bad(msg: str) -> None:
-            raise LLaDA2ConfigError(f"LLaDA2MoeConfig: {msg}")
-
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                bad(f"{name} must be a positive int, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            bad(f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads})")
+        bad = config_error("LLaDA2MoeConfig", LLaDA2ConfigError)
+        check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                   "num_key_value_heads", "head_dim"), bad)
+        check_heads(self.num_attention_heads, self.num_key_value_heads, bad)
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
             bad(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
         if self.rope_dim < 2 or self.rope_dim % 2:
@@ -146,9 +145,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
         if self.score_function != "sigmoid":
             bad(f"score_function={self.score_function!r} is not supported: the published router is "
                 f"always sigmoid; set it to 'sigmoid'")
-        for name in ("embedding_dropout", "attention_dropout", "output_dropout"):
-            if getattr(self, name):
-                bad(f"{name}={getattr(self, name)!r} is not supported (no dropout); use 0.0")
+        check_no_dropout(self, ("embedding_dropout", "attention_dropout", "output_dropout"), bad)
         if self.tie_word_embeddings:
             bad("tie_word_embeddings=True is not supported (LLaDA2 has an untied lm_head)")
         if self.first_k_dense_replace < 0:
@@ -172,6 +169,4 @@ class LLaDA2MoeConfig(PretrainedConfig):
                 bad("moe_intermediate_size must be a positive int for MoE layers")
             if self.num_shared_experts is not None and self.num_shared_experts < 0:
                 bad(f"num_shared_experts must be null or >= 0, got {self.num_shared_experts}")
-        attn = self._attn_implementation
-        if attn is not None and attn not in SUPPORTED_ATTN_IMPLEMENTATIONS:
-            bad(f"attn_implementation={attn!r} is not supported (choose from {SUPPORTED_ATTN_IMPLEMENTATIONS})")
+        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

@@ -64,9 +64,25 @@ from transformers import initialization as hf_init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
-from dare_core.errors import DareError
+from dare_core.models import layers
+from dare_core.models.layers import (
+    AttentionMaskError,
+    EmbeddingAccessors,
+    RMSNorm,
+    SwiGLU,
+    apply_rotary,
+    attend,
+    check_4d_mask,
+    check_kv_cache,
+    embed_inputs,
+    key_padding_mask,
+    position_ids_or_default,
+    pre_norm_residual,
+    reject_options,
+    run_layers,
+)
 
-from .configuration_llada2_moe import SUPPORTED_ATTN_IMPLEMENTATIONS, LLaDA2MoeConfig
+from .configuration_llada2_moe import LLaDA2MoeConfig
 
 __all__ = [
     "LLaDA2MaskError",
@@ -86,40 +102,20 @@ __all__ = [
 KVCache = list  # list[tuple[torch.Tensor, torch.Tensor]], one (k, v) per layer
 
 
-class LLaDA2MaskError(DareError, ValueError):
+class LLaDA2MaskError(AttentionMaskError):
     """A missing or malformed attention mask given to the LLaDA2 module."""
 
 
 # ---------------------------------------------------------------------------------- norms / MLP
-class LLaDA2MoeRMSNorm(nn.Module):
+class LLaDA2MoeRMSNorm(RMSNorm):
     """HF-Llama RMSNorm: normalise in float32, cast back to the input dtype, then times weight."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.variance_epsilon = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"
+        super().__init__(dim, eps)
 
 
-class LLaDA2MoeMLP(nn.Module):
+class LLaDA2MoeMLP(SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, hidden: int, inner: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 # ---------------------------------------------------------------------------------- MoE
@@ -194,33 +190,22 @@ def rotary_cos_sin(position_ids: torch.Tensor, rope_dim: int, theta: float,
 
     ``inv_freq[j] = 1 / theta ** (2j / rope_dim)``; both halves use the same frequencies.
     """
-    exponent = torch.arange(0, rope_dim, 2, dtype=torch.int64, device=position_ids.device).float() / rope_dim
-    inv_freq = 1.0 / (float(theta) ** exponent)
-    with torch.autocast(device_type=position_ids.device.type, enabled=False):
-        freqs = position_ids.to(torch.float32)[..., None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos, sin = layers.rotary_cos_sin(position_ids, rope_dim, theta, dtype)
+    return cos[:, 0], sin[:, 0]
 
 
 def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` dims of ``x`` ``[B, H, L, hd]``; the rest pass through."""
+    """Rotate the first ``cos.shape[-1]`` dims of ``x`` ``[B, H, L, hd]``; the rest pass through.
+
+    ``cos``/``sin`` are ``[B, L, r]`` (from :func:`rotary_cos_sin`) or ``[B, 1, L, r]``.
+    """
     r = cos.shape[-1]
-    cos, sin = cos[:, None], sin[:, None]
-    rot, rest = x[..., :r], x[..., r:]
-    return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
 # ---------------------------------------------------------------------------------- attention
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, KV, L, hd] -> [B, KV * groups, L, hd]; query head h uses kv head h // groups."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 class LLaDA2MoeAttention(nn.Module):
     def __init__(self, config: LLaDA2MoeConfig, layer_idx: int) -> None:
         super().__init__()
@@ -241,33 +226,14 @@ class LLaDA2MoeAttention(nn.Module):
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         bsz, length, _ = x.shape
+        # fused projection, rows [Q | K | V] head-major; q/k RMSNorm per head before partial RoPE
         qkv = self.query_key_value(x).view(bsz, length, self.num_heads + 2 * self.num_kv, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv, self.num_kv], dim=-2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = apply_partial_rotary(self.query_layernorm(q), cos, sin)
         k = apply_partial_rotary(self.key_layernorm(k), cos, sin)
-        if past is not None:
-            k = torch.cat([past[0].to(k.dtype), k], dim=2)
-            v = torch.cat([past[1].to(v.dtype), v], dim=2)
-        present = (k, v)
-        groups = self.num_heads // self.num_kv
-        kr, vr = _repeat_kv(k, groups), _repeat_kv(v, groups)
-        impl = self.config._attn_implementation or "sdpa"
-        if impl == "sdpa":
-            m = mask if mask.dtype == torch.bool else mask.to(q.dtype)
-            out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=m, dropout_p=0.0, is_causal=False,
-                                                 scale=self.scaling)
-        elif impl == "eager":
-            scores = torch.matmul(q, kr.transpose(2, 3)) * self.scaling
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            else:
-                scores = scores + mask.to(scores.dtype)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, vr)
-        else:
-            raise DareError(f"LLaDA2 supports attn_implementation in {SUPPORTED_ATTN_IMPLEMENTATIONS}, got {impl!r}")
-        out = out.transpose(1, 2).reshape(bsz, length, self.num_heads * self.head_dim)
+        out, present = attend(q, k, v, mask, scale=self.scaling, past=past,
+                              implementation=self.config._attn_implementation)
         return self.dense(out), present
 
 
@@ -285,10 +251,8 @@ class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn, present = self.attention(self.input_layernorm(hidden), cos, sin, mask, past)
-        hidden = hidden + attn
-        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return hidden, present
+        return pre_norm_residual(hidden, self.input_layernorm, self.attention, self.post_attention_layernorm,
+                                 self.mlp, cos, sin, mask, past)
 
 
 # ---------------------------------------------------------------------------------- masks
@@ -308,20 +272,11 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
             raise LLaDA2MaskError(
                 "a 2-D attention_mask without a KV cache is ambiguous (the published code turns it "
                 "into a causal mask); pass a 4-D [B, 1, Q, K] block-causal mask")
-        if tuple(m.shape) != (batch, k_len):
-            raise LLaDA2MaskError(f"2-D key-padding mask must be [B, P + Q] = {(batch, k_len)}, got {tuple(m.shape)}")
-        if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):
-            raise LLaDA2MaskError("a 2-D attention_mask must be a 0/1 key-padding mask")
-        return m.bool()[:, None, None, :].expand(batch, 1, q_len, k_len)
+        keep = key_padding_mask(m, batch, k_len, error=LLaDA2MaskError)
+        return keep[:, None, None, :].expand(batch, 1, q_len, k_len)
     if m.dim() != 4:
         raise LLaDA2MaskError(f"attention_mask must be 4-D [B, 1, Q, K] (or 2-D with a cache), got {m.dim()}-D")
-    if not (m.dtype == torch.bool or m.is_floating_point()):
-        raise LLaDA2MaskError(f"a 4-D attention_mask must be bool (True = may attend) or additive float, got {m.dtype}")
-    b, h, q, k = m.shape
-    if b not in (1, batch) or h not in (1, n_heads) or q != q_len or k != k_len:
-        raise LLaDA2MaskError(
-            f"attention_mask of shape {tuple(m.shape)} does not match [B, 1, Q, K] = {(batch, 1, q_len, k_len)}")
-    return m
+    return check_4d_mask(m, batch, n_heads, q_len, k_len, exact_queries=True, error=LLaDA2MaskError)
 
 
 # ---------------------------------------------------------------------------------- models
@@ -338,23 +293,13 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         std = float(self.config.initializer_range)
-        if isinstance(module, nn.Linear):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                hf_init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, LLaDA2MoeRMSNorm):
-            hf_init.ones_(module.weight)
-        elif isinstance(module, LLaDA2MoeGate):
+        layers.init_weights(module, std)
+        if isinstance(module, LLaDA2MoeGate):
             hf_init.normal_(module.weight, mean=0.0, std=std)
             hf_init.zeros_(module.expert_bias)
 
 
-class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
+class LLaDA2MoeModel(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     """The backbone (``AutoModel``): embeddings, decoder layers, final norm -> hidden states."""
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:
@@ -369,11 +314,8 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.word_embeddings = value
+    input_embeddings_path = "word_embeddings"
+    output_embeddings_path = None  # the backbone has no head
 
     def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
@@ -381,52 +323,30 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 **kwargs: Any) -> MoeModelOutputWithPast | tuple:
         """Hidden states after the final norm, ``[B, Q, d]``; see the module docstring for masks."""
-        for key in ("output_attentions", "output_router_logits"):
-            if kwargs.get(key):
-                raise DareError(f"LLaDA2MoeModel.forward does not implement {key}=True")
-        unknown = {k for k, v in kwargs.items() if v is not None and k not in ("output_attentions", "output_router_logits")}
+        rejected = ("output_attentions", "output_router_logits")
+        reject_options("LLaDA2MoeModel", kwargs, rejected)
+        unknown = {k for k, v in kwargs.items() if v is not None and k not in rejected}
         if unknown:
             raise DareError(f"LLaDA2MoeModel.forward got unsupported argument(s): {', '.join(sorted(unknown))}")
-        if (input_ids is None) == (inputs_embeds is None):
-            raise DareError("pass exactly one of input_ids and inputs_embeds")
-        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = embed_inputs(self.word_embeddings, input_ids, inputs_embeds)
         bsz, q_len, _ = x.shape
-        past = past_key_values
-        if past is not None:
-            if not isinstance(past, (list, tuple)) or len(past) != len(self.layers):
-                raise DareError(f"past_key_values must be a list of {len(self.layers)} (k, v) pairs")
-        past_len = 0 if past is None else int(past[0][0].shape[2])
-        if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + q_len, device=x.device)[None].expand(bsz, q_len)
-        else:
-            if position_ids.dim() == 1:
-                position_ids = position_ids[None]
-            if position_ids.dim() != 2 or position_ids.shape[-1] != q_len or position_ids.shape[0] not in (1, bsz):
-                raise DareError(f"position_ids must be [L], [1, L] or [B, L] with L = {q_len}; got {tuple(position_ids.shape)}")
-            position_ids = position_ids.to(x.device).expand(bsz, q_len)
-        mask = check_mask(attention_mask, bsz, q_len, past_len, self.config.num_attention_heads).to(x.device)
-        cos, sin = rotary_cos_sin(position_ids, self.config.rope_dim, self.config.rope_theta, x.dtype)
+        cfg = self.config
+        past, past_len = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
+                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        position_ids = position_ids_or_default(position_ids, bsz, q_len, x.device, start=past_len)
+        mask = check_mask(attention_mask, bsz, q_len, past_len, cfg.num_attention_heads).to(x.device)
+        cos, sin = layers.rotary_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta, x.dtype)
         use_cache = bool(use_cache if use_cache is not None else False)
-        presents: list = []
-        hidden_list: list = []
-        want_hidden = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
-        for i, layer in enumerate(self.layers):
-            if want_hidden:
-                hidden_list.append(x)
-            x, present = layer(x, cos, sin, mask, None if past is None else past[i])
-            if use_cache:
-                presents.append(present)
-        x = self.norm(x)
-        if want_hidden:
-            hidden_list.append(x)
-        out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents if use_cache else None,
-                                     hidden_states=tuple(hidden_list) if want_hidden else None)
+        want_hidden = bool(output_hidden_states if output_hidden_states is not None else cfg.output_hidden_states)
+        x, hidden, presents = run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
+                                         output_hidden_states=want_hidden, use_cache=use_cache)
+        out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents, hidden_states=hidden)
         if return_dict is False:
             return out.to_tuple()
         return out
 
 
-class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
+class LLaDA2MoeModelLM(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     """LLaDA2-MoE with its LM head (``AutoModelForCausalLM``); logits float32, not shifted."""
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:
@@ -436,17 +356,8 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.word_embeddings = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
+    input_embeddings_path = "model.word_embeddings"
+    output_embeddings_path = "lm_head"
 
     def get_decoder(self) -> LLaDA2MoeModel:
         return self.model
