@@ -29,7 +29,6 @@ KV cache (the DARE contract of native modules): ``past_key_values`` is ``None`` 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import torch

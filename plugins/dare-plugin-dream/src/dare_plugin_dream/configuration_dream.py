@@ -21,15 +21,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.models.layers import (
-    attn_implementation_kwargs,
-    check_attn_implementation,
-    check_heads,
-    check_no_dropout,
-    check_positive_ints,
-    check_rope_theta,
-    config_error,
-)
+from dare_core.models import layers
 
 __all__ = ["DreamConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
@@ -68,7 +60,7 @@ class DreamConfig(PretrainedConfig):
     eos_token_id: int | list[int] | None = 151643
 
     def __post_init__(self, **kwargs: Any) -> None:
-        kwargs = attn_implementation_kwargs(kwargs, _EQUIVALENT_ATTN)
+        kwargs = layers.attn_implementation_kwargs(kwargs, _EQUIVALENT_ATTN)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         super().__post_init__(**kwargs)
@@ -83,22 +75,22 @@ class DreamConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
-        bad = config_error("DreamConfig")
-        check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        bad = layers.config_error("DreamConfig")
+        layers.check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                                    "num_key_value_heads", "vocab_size"), bad)
         if self.hidden_size % self.num_attention_heads:
             bad(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})")
-        check_heads(self.num_attention_heads, self.num_key_value_heads, bad, rotary_dim=self.head_dim)
+        layers.check_heads(self.num_attention_heads, self.num_key_value_heads, bad, rotary_dim=self.head_dim)
         if self.hidden_act != "silu":
             bad(f"hidden_act={self.hidden_act!r} is not supported (only 'silu', the SwiGLU MLP)")
         if self.rope_scaling is not None:
             bad(f"rope_scaling={self.rope_scaling!r} is not supported (Dream uses plain RoPE; set null)")
-        check_rope_theta(self.rope_theta, bad)
+        layers.check_rope_theta(self.rope_theta, bad)
         if self.use_sliding_window:
             bad("use_sliding_window=True is not supported (Dream attends over the whole sequence)")
-        check_no_dropout(self, ("attention_dropout",), bad)
+        layers.check_no_dropout(self, ("attention_dropout",), bad)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             bad(f"pad_token_id ({self.pad_token_id}) must be a row of the embedding (< vocab_size "
                 f"{self.vocab_size})")
-        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
+        layers.check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

@@ -47,22 +47,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dare_core.models import layers
-from dare_core.models.layers import (
-    EmbeddingAccessors,
-    RMSNorm,
-    SwiGLU,
-    apply_rotary,
-    attend,
-    check_kv_cache,
-    embed_inputs,
-    position_ids_or_default,
-    pre_norm_residual,
-    prepare_attention_mask,
-    reject_options,
-    rotary_cos_sin,
-    run_layers,
-    split_heads,
-)
 
 from .configuration_dream import DreamConfig
 
@@ -97,7 +81,14 @@ class DreamOutput(CausalLMOutputWithPast):
         return self.cache
 
 
-class DreamRMSNorm(RMSNorm):
+# RoPE cos/sin computed in fp32 and cast to the activation dtype, applied in it; masks: None /
+# "full" / 2-D key padding / 4-D bool or additive (the shared primitives, re-exported).
+rotary_cos_sin = layers.rotary_cos_sin
+apply_rotary = layers.apply_rotary
+prepare_attention_mask = layers.prepare_attention_mask
+
+
+class DreamRMSNorm(layers.RMSNorm):
     """RMSNorm: normalise in fp32, cast back to the input dtype, then scale."""
 
 
@@ -127,15 +118,15 @@ class DreamAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        q = apply_rotary(split_heads(self.q_proj(x), self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(split_heads(self.k_proj(x), self.num_key_value_heads, self.head_dim), cos, sin)
-        v = split_heads(self.v_proj(x), self.num_key_value_heads, self.head_dim)
-        out, present = attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
+        q = layers.apply_rotary(layers.split_heads(self.q_proj(x), self.num_heads, self.head_dim), cos, sin)
+        k = layers.apply_rotary(layers.split_heads(self.k_proj(x), self.num_key_value_heads, self.head_dim), cos, sin)
+        v = layers.split_heads(self.v_proj(x), self.num_key_value_heads, self.head_dim)
+        out, present = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
                               implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
 
-class DreamMLP(SwiGLU):
+class DreamMLP(layers.SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, config: DreamConfig) -> None:
@@ -156,7 +147,7 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
                 attention_mask: Optional[torch.Tensor] = None,
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        return pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
+        return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
                                  self.post_attention_layernorm, self.mlp, cos, sin, attention_mask, past)
 
 
@@ -177,17 +168,17 @@ class DreamBaseModel(nn.Module):
                 use_cache: bool = True
                 ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[list[tuple[torch.Tensor, torch.Tensor]]]]:
         """``(final-norm hidden, hidden states or None, per-layer (k, v) or None without use_cache)``."""
-        x = embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
+        x = layers.embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
         bsz, length, _ = x.shape
         cfg = self.config
-        past, past_len = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
+        past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
                                         kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = position_ids_or_default(position_ids, bsz, length, x.device, start=past_len)
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
-        mask = prepare_attention_mask(attention_mask, bsz, length, past_len + length, cfg.num_attention_heads)
+        position_ids = layers.position_ids_or_default(position_ids, bsz, length, x.device, start=past_len)
+        cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
+        mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length, cfg.num_attention_heads)
         if mask is not None:
             mask = mask.to(x.device)
-        return run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
+        return layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
                           output_hidden_states=output_hidden_states, use_cache=use_cache)
 
 
@@ -206,7 +197,7 @@ class DreamPreTrainedModel(PreTrainedModel):
         layers.init_weights(module, float(self.config.initializer_range))
 
 
-class DreamModel(EmbeddingAccessors, DreamPreTrainedModel):
+class DreamModel(layers.EmbeddingAccessors, DreamPreTrainedModel):
     """Dream masked-diffusion LM. ``forward`` returns the raw (AR-aligned) logits ``[B, L, V]``:
     ``logits[:, i]`` predicts the token at position ``i + 1``."""
 
@@ -246,7 +237,7 @@ class DreamModel(EmbeddingAccessors, DreamPreTrainedModel):
                 RoPE; the new tokens attend to the cache and to each other.
             use_cache: return ``past_key_values`` (cache then new tokens, length ``P+L``).
         """
-        reject_options("DreamModel", kwargs, _REJECTED_IF_SET)
+        layers.reject_options("DreamModel", kwargs, _REJECTED_IF_SET)
         if output_hidden_states is None:
             output_hidden_states = bool(self.config.output_hidden_states)
         if return_dict is None:

@@ -33,15 +33,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.models.layers import (
-    attn_implementation_kwargs,
-    check_attn_implementation,
-    check_heads,
-    check_no_dropout,
-    check_positive_ints,
-    check_rope_theta,
-    config_error,
-)
+from dare_core.models import layers
 
 __all__ = ["LLaDAConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
@@ -110,7 +102,7 @@ class LLaDAConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs: Any) -> None:
         # BC: older configs could pass the attention choice under the private name.
-        super().__post_init__(**attn_implementation_kwargs(kwargs))
+        super().__post_init__(**layers.attn_implementation_kwargs(kwargs))
         if self.architectures is None:
             self.architectures = ["LLaDAModelLM"]
         self.check_supported()
@@ -172,15 +164,15 @@ class LLaDAConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
-        bad = config_error("LLaDAConfig")
-        check_positive_ints(self, ("d_model", "n_heads", "n_layers", "vocab_size"), bad)
+        bad = layers.config_error("LLaDAConfig")
+        layers.check_positive_ints(self, ("d_model", "n_heads", "n_layers", "vocab_size"), bad)
         if self.d_model % self.n_heads != 0:
             bad(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_kv_heads is not None and self.multi_query_attention is not None:
             expected = 1 if self.multi_query_attention else self.n_heads
             if self.n_kv_heads != expected:
                 bad("multi_query_attention and n_kv_heads are inconsistent")
-        check_heads(self.n_heads, self.effective_n_kv_heads, bad, rotary_dim=self.d_model // self.n_heads,
+        layers.check_heads(self.n_heads, self.effective_n_kv_heads, bad, rotary_dim=self.d_model // self.n_heads,
                     names=("n_kv_heads", "n_heads"))
         if self.effective_mlp_hidden_size <= 0:
             bad("mlp_hidden_size / mlp_ratio must give a positive MLP width")
@@ -208,10 +200,10 @@ class LLaDAConfig(PretrainedConfig):
             bad("alibi=True is not supported")
         if not self.rope:
             bad("rope=False is not supported")
-        check_rope_theta(self.rope_theta, bad)
+        layers.check_rope_theta(self.rope_theta, bad)
         if self.weight_tying:
             bad("weight_tying=True is not supported (LLaDA has an untied LM head)")
         if self.input_emb_norm:
             bad("input_emb_norm=True is not supported")
-        check_no_dropout(self, ("attention_dropout", "residual_dropout", "embedding_dropout"), bad)
-        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
+        layers.check_no_dropout(self, ("attention_dropout", "residual_dropout", "embedding_dropout"), bad)
+        layers.check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

@@ -43,21 +43,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dare_core.models import layers
-from dare_core.models.layers import (
-    EmbeddingAccessors,
-    RMSNorm,
-    attend,
-    check_kv_cache,
-    embed_inputs,
-    position_ids_or_default,
-    pre_norm_residual,
-    prepare_attention_mask,
-    reject_options,
-    rotary_cos_sin,
-    run_layers,
-    split_heads,
-    swiglu,
-)
 
 from .configuration_llada import LLaDAConfig
 
@@ -83,7 +68,11 @@ _REJECTED_IF_SET = ("cache", "labels", "cu_seqlens", "max_seqlen",
                     "attention_bias", "replace_position", "output_attentions")
 
 
-class LLaDARMSNorm(RMSNorm):
+# fp32 ``(cos, sin)`` ``[B, 1, L, head_dim]`` (cos/sin are not cast: see :func:`apply_rotary`)
+rotary_cos_sin = layers.rotary_cos_sin
+
+
+class LLaDARMSNorm(layers.RMSNorm):
     """RMSNorm: normalise in fp32, cast back to the input dtype, then scale."""
 
 
@@ -130,26 +119,26 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         Returns the output and ``(k, v)`` of cache + new tokens (``[B, n_kv_heads, P + L,
         head_dim]``, keys after RoPE). Scores are formed in fp32 (the published eager path).
         """
-        q = split_heads(self.q_proj(x), self.n_heads, self.head_dim)
-        k = split_heads(self.k_proj(x), self.n_kv_heads, self.head_dim)
-        v = split_heads(self.v_proj(x), self.n_kv_heads, self.head_dim)
+        q = layers.split_heads(self.q_proj(x), self.n_heads, self.head_dim)
+        k = layers.split_heads(self.k_proj(x), self.n_kv_heads, self.head_dim)
+        v = layers.split_heads(self.v_proj(x), self.n_kv_heads, self.head_dim)
         full = bool(self.config.rope_full_precision)
         q = apply_rotary(q, cos, sin, full)
         k = apply_rotary(k, cos, sin, full)
-        out, kv = attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
+        out, kv = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
                          implementation=self.config._attn_implementation, fp32_scores=True)
         return self.attn_out(out), kv
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU with the published names: ``ff_out(silu(ff_proj(x)) * up_proj(x))``."""
-        return swiglu(x, self.ff_proj, self.up_proj, self.ff_out)
+        return layers.swiglu(x, self.ff_proj, self.up_proj, self.ff_out)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention_mask: torch.Tensor | None = None,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``(output, (k, v))`` of one block (``(k, v)`` as in :meth:`attention`)."""
-        return pre_norm_residual(hidden_states, self.attn_norm, self.attention, self.ff_norm,
+        return layers.pre_norm_residual(hidden_states, self.attn_norm, self.attention, self.ff_norm,
                                  self.feed_forward, cos, sin, attention_mask, past)
 
 
@@ -179,17 +168,17 @@ class LLaDAModel(nn.Module):
 
         Default positions are ``0 .. L-1`` even with a cache (give ``position_ids`` then).
         """
-        x = embed_inputs(self.transformer["wte"], input_ids, inputs_embeds)
+        x = layers.embed_inputs(self.transformer["wte"], input_ids, inputs_embeds)
         bsz, length, _ = x.shape
-        position_ids = position_ids_or_default(position_ids, bsz, length, x.device)
+        position_ids = layers.position_ids_or_default(position_ids, bsz, length, x.device)
         cfg = self.config
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
-        past, cached = check_kv_cache(past_key_values, n_layers=cfg.n_layers, batch=bsz,
+        cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
+        past, cached = layers.check_kv_cache(past_key_values, n_layers=cfg.n_layers, batch=bsz,
                                       kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim)
-        mask = prepare_attention_mask(attention_mask, bsz, length, cached + length, cfg.n_heads)
+        mask = layers.prepare_attention_mask(attention_mask, bsz, length, cached + length, cfg.n_heads)
         if mask is not None:
             mask = mask.to(x.device)
-        x, hidden, present = run_layers(self.transformer["blocks"], x, cos, sin, mask, past=past,
+        x, hidden, present = layers.run_layers(self.transformer["blocks"], x, cos, sin, mask, past=past,
                                         final_norm=self.transformer["ln_f"],
                                         output_hidden_states=output_hidden_states, use_cache=use_cache)
         if not apply_head:  # forward_hidden: final-norm states, no [B, L, V] logits
@@ -218,7 +207,7 @@ class LLaDAPreTrainedModel(PreTrainedModel):
                             cutoff=getattr(self.config, "init_cutoff_factor", None))
 
 
-class LLaDAModelLM(EmbeddingAccessors, LLaDAPreTrainedModel):
+class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
     """LLaDA masked-diffusion LM; ``forward`` returns unshifted logits ``[B, L, V]``."""
 
     def __init__(self, config: LLaDAConfig) -> None:
@@ -274,7 +263,7 @@ class LLaDAModelLM(EmbeddingAccessors, LLaDAPreTrainedModel):
             use_cache: return ``past_key_values`` = per-layer ``(k, v)`` of cache + new
                 tokens (``P + L`` positions). Off by default.
         """
-        reject_options("LLaDAModelLM", kwargs, _REJECTED_IF_SET)
+        layers.reject_options("LLaDAModelLM", kwargs, _REJECTED_IF_SET)
         if output_hidden_states is None:
             output_hidden_states = bool(self.config.output_hidden_states)
         if return_dict is None:

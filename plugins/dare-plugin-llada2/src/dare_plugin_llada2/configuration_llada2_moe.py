@@ -27,14 +27,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from dare_core.errors import DareError
-from dare_core.models.layers import (
-    attn_implementation_kwargs,
-    check_attn_implementation,
-    check_heads,
-    check_no_dropout,
-    check_positive_ints,
-    config_error,
-)
+from dare_core.models import layers
 
 __all__ = ["LLaDA2MoeConfig", "LLaDA2ConfigError", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
@@ -107,7 +100,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
     use_cache: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
-        super().__post_init__(**attn_implementation_kwargs(kwargs))
+        super().__post_init__(**layers.attn_implementation_kwargs(kwargs))
         if self.architectures is None:
             self.architectures = ["LLaDA2MoeModelLM"]
         if self.head_dim is None:
@@ -128,10 +121,10 @@ class LLaDA2MoeConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise :class:`LLaDA2ConfigError` for a setting this implementation does not honour."""
 
-        bad = config_error("LLaDA2MoeConfig", LLaDA2ConfigError)
-        check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        bad = layers.config_error("LLaDA2MoeConfig", LLaDA2ConfigError)
+        layers.check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                    "num_key_value_heads", "head_dim"), bad)
-        check_heads(self.num_attention_heads, self.num_key_value_heads, bad)
+        layers.check_heads(self.num_attention_heads, self.num_key_value_heads, bad)
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
             bad(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
         if self.rope_dim < 2 or self.rope_dim % 2:
@@ -145,7 +138,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
         if self.score_function != "sigmoid":
             bad(f"score_function={self.score_function!r} is not supported: the published router is "
                 f"always sigmoid; set it to 'sigmoid'")
-        check_no_dropout(self, ("embedding_dropout", "attention_dropout", "output_dropout"), bad)
+        layers.check_no_dropout(self, ("embedding_dropout", "attention_dropout", "output_dropout"), bad)
         if self.tie_word_embeddings:
             bad("tie_word_embeddings=True is not supported (LLaDA2 has an untied lm_head)")
         if self.first_k_dense_replace < 0:
@@ -169,4 +162,4 @@ class LLaDA2MoeConfig(PretrainedConfig):
                 bad("moe_intermediate_size must be a positive int for MoE layers")
             if self.num_shared_experts is not None and self.num_shared_experts < 0:
                 bad(f"num_shared_experts must be null or >= 0, got {self.num_shared_experts}")
-        check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
+        layers.check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

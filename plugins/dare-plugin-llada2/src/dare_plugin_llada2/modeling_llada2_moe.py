@@ -64,23 +64,8 @@ from transformers import initialization as hf_init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
+from dare_core.errors import DareError
 from dare_core.models import layers
-from dare_core.models.layers import (
-    AttentionMaskError,
-    EmbeddingAccessors,
-    RMSNorm,
-    SwiGLU,
-    apply_rotary,
-    attend,
-    check_4d_mask,
-    check_kv_cache,
-    embed_inputs,
-    key_padding_mask,
-    position_ids_or_default,
-    pre_norm_residual,
-    reject_options,
-    run_layers,
-)
 
 from .configuration_llada2_moe import LLaDA2MoeConfig
 
@@ -102,19 +87,19 @@ __all__ = [
 KVCache = list  # list[tuple[torch.Tensor, torch.Tensor]], one (k, v) per layer
 
 
-class LLaDA2MaskError(AttentionMaskError):
+class LLaDA2MaskError(layers.AttentionMaskError):
     """A missing or malformed attention mask given to the LLaDA2 module."""
 
 
 # ---------------------------------------------------------------------------------- norms / MLP
-class LLaDA2MoeRMSNorm(RMSNorm):
+class LLaDA2MoeRMSNorm(layers.RMSNorm):
     """HF-Llama RMSNorm: normalise in float32, cast back to the input dtype, then times weight."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__(dim, eps)
 
 
-class LLaDA2MoeMLP(SwiGLU):
+class LLaDA2MoeMLP(layers.SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
 
@@ -202,7 +187,7 @@ def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     r = cos.shape[-1]
     if cos.dim() == 3:
         cos, sin = cos[:, None], sin[:, None]
-    return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+    return torch.cat((layers.apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
 
 # ---------------------------------------------------------------------------------- attention
@@ -232,7 +217,7 @@ class LLaDA2MoeAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = apply_partial_rotary(self.query_layernorm(q), cos, sin)
         k = apply_partial_rotary(self.key_layernorm(k), cos, sin)
-        out, present = attend(q, k, v, mask, scale=self.scaling, past=past,
+        out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
                               implementation=self.config._attn_implementation)
         return self.dense(out), present
 
@@ -251,7 +236,7 @@ class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        return pre_norm_residual(hidden, self.input_layernorm, self.attention, self.post_attention_layernorm,
+        return layers.pre_norm_residual(hidden, self.input_layernorm, self.attention, self.post_attention_layernorm,
                                  self.mlp, cos, sin, mask, past)
 
 
@@ -272,11 +257,11 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
             raise LLaDA2MaskError(
                 "a 2-D attention_mask without a KV cache is ambiguous (the published code turns it "
                 "into a causal mask); pass a 4-D [B, 1, Q, K] block-causal mask")
-        keep = key_padding_mask(m, batch, k_len, error=LLaDA2MaskError)
+        keep = layers.key_padding_mask(m, batch, k_len, error=LLaDA2MaskError)
         return keep[:, None, None, :].expand(batch, 1, q_len, k_len)
     if m.dim() != 4:
         raise LLaDA2MaskError(f"attention_mask must be 4-D [B, 1, Q, K] (or 2-D with a cache), got {m.dim()}-D")
-    return check_4d_mask(m, batch, n_heads, q_len, k_len, exact_queries=True, error=LLaDA2MaskError)
+    return layers.check_4d_mask(m, batch, n_heads, q_len, k_len, exact_queries=True, error=LLaDA2MaskError)
 
 
 # ---------------------------------------------------------------------------------- models
@@ -299,7 +284,7 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
             hf_init.zeros_(module.expert_bias)
 
 
-class LLaDA2MoeModel(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
+class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     """The backbone (``AutoModel``): embeddings, decoder layers, final norm -> hidden states."""
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:
@@ -324,21 +309,21 @@ class LLaDA2MoeModel(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
                 **kwargs: Any) -> MoeModelOutputWithPast | tuple:
         """Hidden states after the final norm, ``[B, Q, d]``; see the module docstring for masks."""
         rejected = ("output_attentions", "output_router_logits")
-        reject_options("LLaDA2MoeModel", kwargs, rejected)
+        layers.reject_options("LLaDA2MoeModel", kwargs, rejected)
         unknown = {k for k, v in kwargs.items() if v is not None and k not in rejected}
         if unknown:
             raise DareError(f"LLaDA2MoeModel.forward got unsupported argument(s): {', '.join(sorted(unknown))}")
-        x = embed_inputs(self.word_embeddings, input_ids, inputs_embeds)
+        x = layers.embed_inputs(self.word_embeddings, input_ids, inputs_embeds)
         bsz, q_len, _ = x.shape
         cfg = self.config
-        past, past_len = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
+        past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
                                         kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = position_ids_or_default(position_ids, bsz, q_len, x.device, start=past_len)
+        position_ids = layers.position_ids_or_default(position_ids, bsz, q_len, x.device, start=past_len)
         mask = check_mask(attention_mask, bsz, q_len, past_len, cfg.num_attention_heads).to(x.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta, x.dtype)
         use_cache = bool(use_cache if use_cache is not None else False)
         want_hidden = bool(output_hidden_states if output_hidden_states is not None else cfg.output_hidden_states)
-        x, hidden, presents = run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
+        x, hidden, presents = layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
                                          output_hidden_states=want_hidden, use_cache=use_cache)
         out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents, hidden_states=hidden)
         if return_dict is False:
@@ -346,7 +331,7 @@ class LLaDA2MoeModel(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
         return out
 
 
-class LLaDA2MoeModelLM(EmbeddingAccessors, LLaDA2MoePreTrainedModel):
+class LLaDA2MoeModelLM(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     """LLaDA2-MoE with its LM head (``AutoModelForCausalLM``); logits float32, not shifted."""
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:

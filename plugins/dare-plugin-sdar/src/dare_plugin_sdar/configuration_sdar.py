@@ -19,14 +19,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.models.layers import (
-    check_attn_implementation,
-    check_heads,
-    check_no_dropout,
-    check_positive_ints,
-    check_rope_theta,
-    config_error,
-)
+from dare_core.models import layers
 
 __all__ = ["SDARConfig", "SDARMoeConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 
@@ -34,9 +27,9 @@ SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def _check_common(cfg: PretrainedConfig, name: str) -> None:
-    bad = config_error(name)
-    check_positive_ints(cfg, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"), bad)
-    check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, bad, rotary_dim=cfg.head_dim)
+    bad = layers.config_error(name)
+    layers.check_positive_ints(cfg, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"), bad)
+    layers.check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, bad, rotary_dim=cfg.head_dim)
     if cfg.hidden_act != "silu":
         bad(f"hidden_act={cfg.hidden_act!r} is not supported (SDAR uses 'silu')")
     if cfg.attention_bias:
@@ -45,14 +38,14 @@ def _check_common(cfg: PretrainedConfig, name: str) -> None:
         bad(f"rope_scaling={cfg.rope_scaling!r} is not supported (SDAR checkpoints use none)")
     if cfg.use_sliding_window:
         bad("use_sliding_window=True is not supported (SDAR checkpoints use full attention)")
-    check_no_dropout(cfg, ("attention_dropout",), bad)
+    layers.check_no_dropout(cfg, ("attention_dropout",), bad)
     if cfg.tie_word_embeddings:
         bad("tie_word_embeddings=True is not supported (SDAR has an untied LM head)")
-    check_rope_theta(cfg.rope_theta, bad)
+    layers.check_rope_theta(cfg.rope_theta, bad)
     bsz = getattr(cfg, "block_size", None)
     if bsz is not None and (not isinstance(bsz, int) or bsz <= 0):
         bad(f"block_size must be a positive int, got {bsz!r}")
-    check_attn_implementation(cfg, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
+    layers.check_attn_implementation(cfg, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)
 
 
 class _SDARBase(PretrainedConfig):
@@ -160,8 +153,8 @@ class SDARMoeConfig(_SDARBase):
 
     def check_supported(self) -> None:
         _check_common(self, "SDARMoeConfig")
-        check_positive_ints(self, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
-                            config_error("SDARMoeConfig"))
+        layers.check_positive_ints(self, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
+                            layers.config_error("SDARMoeConfig"))
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"SDARMoeConfig: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                              f"num_experts ({self.num_experts})")

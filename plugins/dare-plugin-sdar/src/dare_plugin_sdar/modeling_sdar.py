@@ -44,24 +44,6 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from dare_core.models import layers
-from dare_core.models.layers import (
-    AttentionMaskError,
-    EmbeddingAccessors,
-    RMSNorm,
-    SwiGLU,
-    apply_rotary,
-    attend,
-    check_4d_mask,
-    check_kv_cache,
-    embed_inputs,
-    key_padding_mask,
-    position_ids_or_default,
-    pre_norm_residual,
-    reject_options,
-    rotary_cos_sin,
-    run_layers,
-    split_heads,
-)
 
 from .configuration_sdar import SDARConfig
 
@@ -106,21 +88,21 @@ class SDARCausalLMOutput:
 _REJECTED_IF_SET = ("labels", "store_kv", "cache_position", "output_attentions", "output_router_logits")
 
 
-class SDARRMSNorm(RMSNorm):
+class SDARRMSNorm(layers.RMSNorm):
     """RMSNorm as the published fused kernel computes it: normalise and scale in fp32, then cast."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__(dim, eps, weight_in_fp32=True)
 
 
-class SDARMLP(SwiGLU):
+class SDARMLP(layers.SwiGLU):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
 
 # ``(cos, sin)`` ``[B, 1, L, head_dim]`` (fp32 angles cast to ``dtype``) and rotate-half over the
 # full head: the shared primitives under their historical names here.
-rope_cos_sin = rotary_cos_sin
-_apply_rope = apply_rotary
+rope_cos_sin = layers.rotary_cos_sin
+_apply_rope = layers.apply_rotary
 
 
 def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int, k_len: int) -> torch.Tensor:
@@ -129,26 +111,26 @@ def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int,
     Raises ``ValueError`` for ``None`` and for any shape or value it cannot read unambiguously.
     """
     if mask is None:
-        raise AttentionMaskError(
+        raise layers.AttentionMaskError(
             "SDAR needs an explicit attention_mask: the block-causal mask at inference (query in "
             "block b sees keys in blocks <= b) or the BD3LM mask in training; it never falls back "
             "to bidirectional or causal attention (see dare_core.models.block)")
     if not isinstance(mask, torch.Tensor):
-        raise AttentionMaskError(f"attention_mask must be a tensor, got {type(mask).__name__}")
+        raise layers.AttentionMaskError(f"attention_mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() == 2:
-        return key_padding_mask(mask, batch, k_len)[:, None, None, :]
+        return layers.key_padding_mask(mask, batch, k_len)[:, None, None, :]
     m = mask
     if m.dtype != torch.bool:
         if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
-            raise AttentionMaskError(
+            raise layers.AttentionMaskError(
                 "attention_mask must be boolean or 0/1 (1 = may attend); additive float masks are "
                 "not accepted (the published code reads the mask with .bool())")
         m = m != 0
     if m.dim() == 3:
         m = m[:, None]
     if m.dim() != 4:
-        raise AttentionMaskError(f"attention_mask must be 2-D, 3-D or 4-D, got {m.dim()}-D")
-    return check_4d_mask(m, batch, 1, q_len, k_len, exact_queries=True)
+        raise layers.AttentionMaskError(f"attention_mask must be 2-D, 3-D or 4-D, got {m.dim()}-D")
+    return layers.check_4d_mask(m, batch, 1, q_len, k_len, exact_queries=True)
 
 
 class SDARAttention(nn.Module):
@@ -173,9 +155,9 @@ class SDARAttention(nn.Module):
         # q/k RMSNorm per head over head_dim, then RoPE over the full head
         q = self.q_norm(self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = split_heads(self.v_proj(x), self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out, present = attend(q, k, v, mask, scale=self.scaling, past=past,
+        v = layers.split_heads(self.v_proj(x), self.num_kv_heads, self.head_dim)
+        q, k = layers.apply_rotary(q, cos, sin), layers.apply_rotary(k, cos, sin)
+        out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
                               implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
@@ -195,7 +177,7 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
         return m[0] if isinstance(m, tuple) else m  # MoE block: (output, router logits)
 
     def forward(self, hidden_states, cos, sin, mask, past=None):
-        return pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
+        return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
                                  self.post_attention_layernorm, self._mlp_output, cos, sin, mask, past)
 
 
@@ -215,14 +197,14 @@ class SDARPreTrainedModel(PreTrainedModel):
 
 
 def _check_kwargs(cls_name: str, kwargs: dict[str, Any]) -> None:
-    reject_options(cls_name, kwargs, _REJECTED_IF_SET,
+    layers.reject_options(cls_name, kwargs, _REJECTED_IF_SET,
                    hint=" (block-diffusion training goes through the DARE model wrapper)")
     unknown = set(kwargs) - set(_REJECTED_IF_SET) - {"return_dict", "output_hidden_states", "inputs_embeds"}
     if unknown:
         raise ValueError(f"{cls_name}.forward got unexpected argument(s): {', '.join(sorted(unknown))}")
 
 
-class SDARModel(EmbeddingAccessors, SDARPreTrainedModel):
+class SDARModel(layers.EmbeddingAccessors, SDARPreTrainedModel):
     """The decoder stack (``AutoModel`` of the published config): returns the final-norm hidden states."""
 
     def __init__(self, config: SDARConfig) -> None:
@@ -248,21 +230,21 @@ class SDARModel(EmbeddingAccessors, SDARPreTrainedModel):
                 use_cache: Optional[bool] = False, inputs_embeds: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, **kwargs: Any) -> SDAROutput:
         _check_kwargs(type(self).__name__, kwargs)
-        h = embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
+        h = layers.embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
         B, Q, _ = h.shape
         cfg = self.config
-        past, P = check_kv_cache(past_key_values, n_layers=len(self.layers), batch=B,
+        past, P = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=B,
                                  kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = position_ids_or_default(position_ids, B, Q, h.device, start=P)
+        position_ids = layers.position_ids_or_default(position_ids, B, Q, h.device, start=P)
         mask = prepare_attention_mask(attention_mask, B, Q, P + Q).to(h.device)
-        cos, sin = rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
-        h, hidden, present = run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
+        cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
+        h, hidden, present = layers.run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
                                         output_hidden_states=bool(output_hidden_states),
                                         use_cache=bool(use_cache))
         return SDAROutput(last_hidden_state=h, past_key_values=present, hidden_states=hidden)
 
 
-class SDARForCausalLM(EmbeddingAccessors, SDARPreTrainedModel):
+class SDARForCausalLM(layers.EmbeddingAccessors, SDARPreTrainedModel):
     """SDAR block-diffusion LM (``AutoModelForCausalLM``); ``forward`` returns unshifted logits."""
 
     _model_cls = SDARModel
