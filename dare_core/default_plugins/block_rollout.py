@@ -59,6 +59,7 @@ import torch
 from dare_core.config.schema import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.default_plugins.rollout import mask_through_first_stop
+from dare_core.default_plugins.rollout_common import check_prompt_shapes, check_records, eval_mode
 from dare_core.errors import CapabilityError, DareError
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.models.block import block_causal_mask, block_index
@@ -164,19 +165,13 @@ class BlockSampler:
         :returns: :class:`~dare_core.interfaces.RolloutBatch`; ``nfe`` counts model forward calls
             (prefill and cache commits included).
         """
-        record = frozenset(record)
-        unknown = record - SUPPORTED_RECORDS
-        if unknown:
-            raise ValueError(f"the block rollout cannot record {', '.join(sorted(unknown))}; "
-                             f"supported records: {', '.join(sorted(SUPPORTED_RECORDS))}")
+        record = check_records("the block rollout", record, SUPPORTED_RECORDS)
         kind = getattr(wrapper, "kind", None)
         if kind != "block":
             raise CapabilityError(
                 f"the block rollout drives block-diffusion models (wrapper.kind 'block'), got kind "
                 f"{kind!r}; choose a rollout backend that supports {kind!r} models")
-        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-            raise ValueError(f"prompt_ids and prompt_mask must both be [B, P], got "
-                             f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+        check_prompt_shapes(prompt_ids, prompt_mask)
         bs = self.config.block_length or getattr(wrapper, "block_size", None)
         if not bs:
             raise DareError("the model declares no block size; set rollout.block_length")
@@ -189,16 +184,8 @@ class BlockSampler:
                 raise CapabilityError(
                     "the block rollout's cache path needs unshifted logits (wrapper.logit_shift 0); "
                     "set rollout.use_cache=false")
-        module = wrapper.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                resp, reveal, nfe, nblocks = self._generate(wrapper, prompt_ids, prompt_mask,
-                                                            int(bs), generator)
-        finally:
-            for m, training in modes:
-                m.training = training
+        with eval_mode(wrapper.module):
+            resp, reveal, nfe, nblocks = self._generate(wrapper, prompt_ids, prompt_mask, int(bs), generator)
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
             response_mask=self._response_mask(resp, wrapper),

@@ -63,7 +63,9 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.config.schema import option
+from dare_core.config.validators import in_range, non_negative, one_of
+from dare_core.default_plugins import rollout_common as common
 from dare_core.default_plugins.rollout import _commit_mask, mask_through_first_stop, num_transfer_tokens
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.plugins import hookimpl
@@ -75,136 +77,55 @@ SUPPORTED_RECORDS = frozenset({"reveal_step"})
 
 _CACHE = ("dual", "delayed", "prefix", "none")
 _DECODING = ("threshold", "quota")
-_REMASKING = ("low_confidence", "random")
-_STOP_CONFIDENCE = ("keep", "zero", "never")
 
 
 @attrs.frozen
 class FastConfig:
     """Config of the ``fast`` rollout backend (the ``rollout:`` section)."""
 
-    gen_length: int = attrs.field(
-        default=256,
-        validator=positive,
-        metadata={"help": "Response length R: number of MASK tokens appended to each prompt."},
-    )
-    block_length: int = attrs.field(
-        default=32,
-        validator=positive,
-        metadata={
-            "help": "Length of the blocks denoised left to right (semi-autoregressive); must "
-            "divide gen_length. The KV cache is refreshed once per block."
-        },
-    )
-    steps: int = attrs.field(
-        default=256,
-        validator=positive,
-        metadata={
-            "help": "decoding 'quota': total denoising steps, split equally over the blocks "
-            "(a multiple of gen_length // block_length; steps = gen_length commits one token "
-            "per step). Ignored by decoding 'threshold'."
-        },
-    )
-    cache: str = attrs.field(
-        default="dual",
-        validator=one_of(_CACHE),
-        metadata={
-            "help": "KV reuse inside a block: 'dual' = cache the positions before and after the "
-            "block, recompute only the block; 'delayed' = dual, and also cache committed block "
-            "tokens once encoded (one step after their commit), recomputing only masked and "
-            "just-committed positions; 'prefix' = cache the positions before the block, "
-            "recompute the block and everything after it; 'none' = full forward every step."
-        },
-    )
-    refresh_every: int = attrs.field(
-        default=0,
-        validator=non_negative,
-        metadata={
-            "help": "With a cache, also rerun the full forward (refreshing every cached key) "
-            "every this many steps inside a block; 0 = only at the block start. Trades speed "
-            "for exactness in long blocks."
-        },
-    )
-    decoding: str = attrs.field(
-        default="threshold",
-        validator=one_of(_DECODING),
-        metadata={
-            "help": "How many tokens a step commits: 'threshold' = every masked position of the "
-            "block with confidence >= threshold, at least the most confident one per row; "
-            "'quota' = the reference quota schedule of `steps`."
-        },
-    )
-    threshold: float = attrs.field(
-        default=0.9,
-        validator=in_range(0.0, 1.0, low_open=True),
-        metadata={
-            "help": "decoding 'threshold': commit masked positions whose candidate probability "
-            "is >= this (0 < threshold <= 1; 1.0 = one token per step unless the model is "
-            "certain)."
-        },
-    )
-    temperature: float = attrs.field(
-        default=0.6,
-        validator=non_negative,
-        metadata={
-            "help": "Sampling temperature of the candidate tokens (Gumbel-max sample of "
-            "softmax(logits / T)); 0 = greedy argmax."
-        },
-    )
-    remasking: str = attrs.field(
-        default="low_confidence",
-        validator=one_of(_REMASKING),
-        metadata={
-            "help": "decoding 'quota': 'low_confidence' commits the most probable candidates, "
-            "'random' uniformly random masked positions. Threshold decoding needs "
-            "'low_confidence'."
-        },
-    )
-    suppress_eos: bool = attrs.field(
-        default=False,
-        metadata={"help": "Set the EOS logit to -inf so EOS is never a candidate."},
-    )
-    stop_confidence: str = attrs.field(
-        default="keep",
-        validator=one_of(_STOP_CONFIDENCE),
-        metadata={
-            "help": "Confidence of candidates equal to a stop token: 'keep' = unchanged; "
-            "'zero' = 0 (committed late); 'never' = -inf (ranked last: committed only when "
-            "nothing else is left)."
-        },
-    )
-    truncate_at_eos: bool = attrs.field(
-        default=False,
-        metadata={
-            "help": "Response mask rule: false = every generated position counts; true = "
-            "positions up to and including the first EOS count."
-        },
-    )
-    micro_batch_size: int = attrs.field(
-        default=0,
-        validator=non_negative,
-        metadata={
-            "help": "Generate in chunks of this many rows to bound memory; 0 = the whole batch "
-            "at once (sampled outputs depend on the chunking, greedy ones do not)."
-        },
-    )
+    gen_length: int = common.gen_length_option()
+    block_length: int = common.block_length_option("The KV cache is refreshed once per block.")
+    steps: int = common.steps_option(
+        256, "decoding 'quota': total denoising steps, split equally over the blocks (a multiple "
+        "of gen_length // block_length; steps = gen_length commits one token per step). Ignored "
+        "by decoding 'threshold'.")
+    cache: str = option(
+        "dual", "KV reuse inside a block: 'dual' = cache the positions before and after the "
+        "block, recompute only the block; 'delayed' = dual, and also cache committed block "
+        "tokens once encoded (one step after their commit), recomputing only masked and "
+        "just-committed positions; 'prefix' = cache the positions before the block, recompute "
+        "the block and everything after it; 'none' = full forward every step.", one_of(_CACHE))
+    refresh_every: int = option(
+        0, "With a cache, also rerun the full forward (refreshing every cached key) every this "
+        "many steps inside a block; 0 = only at the block start. Trades speed for exactness in "
+        "long blocks.", non_negative)
+    decoding: str = option(
+        "threshold", "How many tokens a step commits: 'threshold' = every masked position of the "
+        "block with confidence >= threshold, at least the most confident one per row; 'quota' = "
+        "the reference quota schedule of `steps`.", one_of(_DECODING))
+    threshold: float = option(
+        0.9, "decoding 'threshold': commit masked positions whose candidate probability is >= "
+        "this (0 < threshold <= 1; 1.0 = one token per step unless the model is certain).",
+        in_range(0.0, 1.0, low_open=True))
+    temperature: float = common.temperature_option()
+    remasking: str = common.remasking_option(
+        "decoding 'quota': 'low_confidence' commits the most probable candidates, 'random' "
+        "uniformly random masked positions. Threshold decoding needs 'low_confidence'.")
+    suppress_eos: bool = common.suppress_eos_option()
+    stop_confidence: str = common.stop_confidence_option(
+        "'zero' = 0 (committed late); 'never' = -inf (ranked last: committed only when nothing "
+        "else is left).")
+    truncate_at_eos: bool = common.truncate_at_eos_option()
+    micro_batch_size: int = common.micro_batch_size_option(
+        " (sampled outputs depend on the chunking, greedy ones do not).")
 
     def __attrs_post_init__(self) -> None:
-        if self.gen_length % self.block_length != 0:
-            lower = (self.gen_length // self.block_length) * self.block_length
-            hint = f"{lower + self.block_length}" if lower == 0 else f"{lower} or {lower + self.block_length}"
-            raise ValueError(
-                f"rollout.gen_length ({self.gen_length}) must be a multiple of "
-                f"rollout.block_length ({self.block_length}); set block_length to a divisor of "
-                f"gen_length or gen_length to a multiple of block_length (e.g. {hint})"
-            )
+        common.check_gen_length_blocks(self.gen_length, self.block_length)
         if self.decoding == "quota" and self.steps % self.num_blocks != 0:
-            lower = (self.steps // self.num_blocks) * self.num_blocks
-            hint = f"{lower + self.num_blocks}" if lower == 0 else f"{lower} or {lower + self.num_blocks}"
             raise ValueError(
                 f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
                 f"gen_length // block_length = {self.num_blocks} with decoding 'quota'; set steps "
-                f"to e.g. {hint}"
+                f"to e.g. {common.multiple_hint(self.steps, self.num_blocks)}"
             )
         if self.decoding == "threshold" and self.remasking != "low_confidence":
             raise ValueError(
@@ -319,7 +240,7 @@ class _BlockForward:
         self.mask = keys.long() if self.padded else None
 
 
-class FastSampler:
+class FastSampler(common.CandidateScoring):
     """Cached, parallel-decoding masked-diffusion sampler (see the module docstring).
 
     :param config: :class:`FastConfig`.
@@ -351,13 +272,7 @@ class FastSampler:
             steps a micro-batch took (threshold).
         """
         cfg = self.config
-        record = frozenset(record)
-        unknown = record - SUPPORTED_RECORDS
-        if unknown:
-            raise ValueError(
-                f"the fast rollout cannot record {', '.join(sorted(unknown))}; supported "
-                f"records: {', '.join(sorted(SUPPORTED_RECORDS))}"
-            )
+        record = common.check_records("the fast rollout", record, SUPPORTED_RECORDS)
         kind = getattr(wrapper, "kind", None)
         if kind != "masked":
             raise ValueError(
@@ -370,11 +285,7 @@ class FastSampler:
                 f"{getattr(wrapper, 'family', '?')!r} wrapper lacks; use rollout.backend="
                 f"low_confidence"
             )
-        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-            raise ValueError(
-                f"prompt_ids and prompt_mask must both be [B, P], got "
-                f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
-            )
+        common.check_prompt_shapes(prompt_ids, prompt_mask)
         shift = int(getattr(wrapper, "logit_shift", 0))
         if shift and cfg.cache == "delayed":
             raise ValueError(
@@ -387,32 +298,11 @@ class FastSampler:
                 f"{prompt_ids.shape[1]}"
             )
 
-        batch = prompt_ids.shape[0]
-        chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
-        module = wrapper.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                parts = [
-                    self._generate_chunk(wrapper, prompt_ids[i : i + chunk],
-                                         prompt_mask[i : i + chunk], generator, shift)
-                    for i in range(0, batch, chunk)
-                ]
-        finally:
-            for m, training in modes:
-                m.training = training
-
-        device = prompt_ids.device
-        if parts:
-            response_ids = torch.cat([p[0] for p in parts], dim=0)
-            reveal = torch.cat([p[1] for p in parts], dim=0)
-            nfe = sum(p[2] for p in parts)
-            taken = max(p[3] for p in parts)
-        else:
-            response_ids = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
-            reveal = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
-            nfe, taken = 0, 0
+        parts = common.run_micro_batches(
+            wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
+            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator, shift))
+        response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
+        taken = max((p[3] for p in parts), default=0)
         return RolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
@@ -499,38 +389,6 @@ class FastSampler:
                 reveal[:, lo:hi] = reveal[:, lo:hi].masked_fill(commit, at)
         response = x[:, p:].masked_fill(pending, eos_id)
         return response, reveal, nfe, executed
-
-    def _ban_mask(self, vocab: int, mask_id: int, eos_id: int, device: torch.device) -> torch.Tensor:
-        ban = torch.zeros(vocab, dtype=torch.bool, device=device)
-        if 0 <= mask_id < vocab:
-            ban[mask_id] = True
-        if self.config.suppress_eos and 0 <= eos_id < vocab:
-            ban[eos_id] = True
-        return ban
-
-    def _candidates(self, logits: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-        temp = float(self.config.temperature)
-        if temp == 0.0:
-            return logits.argmax(dim=-1)
-        u = torch.rand(logits.shape, generator=generator, dtype=torch.float64,
-                       device=logits.device)
-        z = logits.double()
-        z = (z - z.amax(dim=-1, keepdim=True)).exp()
-        return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
-
-    def _confidence(self, logits: torch.Tensor, x0: torch.Tensor,
-                    generator: Optional[torch.Generator], stop_ids: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
-        if cfg.remasking == "low_confidence":
-            probs = torch.softmax(logits.float(), dim=-1)
-            conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
-        else:
-            conf = torch.rand(x0.shape, generator=generator, dtype=torch.float64,
-                              device=x0.device)
-        if cfg.stop_confidence != "keep":
-            value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
-            conf = conf.masked_fill(torch.isin(x0, stop_ids), value)
-        return conf
 
 
 # --------------------------------------------------------------------------- registration

@@ -42,7 +42,9 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config.validators import non_negative, one_of, positive
+from dare_core.config.schema import option
+from dare_core.config.validators import non_negative
+from dare_core.default_plugins import rollout_common as common
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.plugins import hookimpl
 
@@ -56,116 +58,45 @@ __all__ = [
 #: Records :meth:`LowConfidenceSampler.generate` understands.
 SUPPORTED_RECORDS = frozenset({"reveal_step", "step_states"})
 
-_REMASKING = ("low_confidence", "random")
-_STOP_CONFIDENCE = ("keep", "zero", "never")
 
 
 @attrs.frozen
 class LowConfidenceConfig:
     """Config of the ``low_confidence`` rollout backend (the ``rollout:`` section)."""
 
-    gen_length: int = attrs.field(
-        default=256,
-        validator=positive,
-        metadata={"help": "Response length R: number of MASK tokens appended to each prompt."},
-    )
-    block_length: int = attrs.field(
-        default=32,
-        validator=positive,
-        metadata={
-            "help": "Length of the blocks denoised left to right (semi-autoregressive); "
-            "must divide gen_length. block_length = gen_length denoises the whole response "
-            "at once."
-        },
-    )
-    steps: int = attrs.field(
-        default=128,
-        validator=positive,
-        metadata={
-            "help": "Total number of denoising steps, split equally over the blocks; must be a "
-            "multiple of gen_length // block_length."
-        },
-    )
-    temperature: float = attrs.field(
-        default=0.6,
-        validator=non_negative,
-        metadata={
-            "help": "Sampling temperature of the candidate tokens (Gumbel-max sample of "
-            "softmax(logits / T)); 0 = greedy argmax."
-        },
-    )
-    remasking: str = attrs.field(
-        default="low_confidence",
-        validator=one_of(_REMASKING),
-        metadata={
-            "help": "Which masked positions are committed each step: 'low_confidence' = the "
-            "candidates with the highest (untempered) probability; 'random' = uniformly random "
-            "ones."
-        },
-    )
-    cfg_scale: float = attrs.field(
-        default=0.0,
-        validator=non_negative,
-        metadata={
-            "help": "Classifier-free guidance scale s: logits = un + (s + 1) * (cond - un), "
-            "with the unconditional pass seeing the prompt replaced by MASK; 0 = off (one "
-            "forward per step instead of two)."
-        },
-    )
-    suppress_eos: bool = attrs.field(
-        default=False,
-        metadata={
-            "help": "Set the EOS logit to -inf so EOS is never a candidate (the response is "
-            "then only EOS-filled where MASKs are left at the end)."
-        },
-    )
-    stop_confidence: str = attrs.field(
-        default="keep",
-        validator=one_of(_STOP_CONFIDENCE),
-        metadata={
-            "help": "Confidence of candidates equal to a stop token: 'keep' = unchanged; "
-            "'zero' = 0 (stop tokens committed late); 'never' = -inf (ranked last: committed "
-            "only when a row's quota cannot be met otherwise)."
-        },
-    )
-    truncate_at_eos: bool = attrs.field(
-        default=False,
-        metadata={
-            "help": "Response mask rule: false = every generated position counts; true = "
-            "positions up to and including the first EOS count."
-        },
-    )
-    micro_batch_size: int = attrs.field(
-        default=0,
-        validator=non_negative,
-        metadata={
-            "help": "Generate in chunks of this many rows to bound memory; 0 = the whole batch "
-            "at once. Chunking changes how the random stream is consumed (sampled outputs "
-            "differ; greedy ones do not)."
-        },
-    )
+    gen_length: int = common.gen_length_option()
+    block_length: int = common.block_length_option("block_length = gen_length denoises the whole response at once.")
+    steps: int = common.steps_option(
+        128, "Total number of denoising steps, split equally over the blocks; must be a multiple "
+        "of gen_length // block_length.")
+    temperature: float = common.temperature_option()
+    remasking: str = common.remasking_option(
+        "Which masked positions are committed each step: 'low_confidence' = the candidates with "
+        "the highest (untempered) probability; 'random' = uniformly random ones.")
+    cfg_scale: float = option(
+        0.0, "Classifier-free guidance scale s: logits = un + (s + 1) * (cond - un), with the "
+        "unconditional pass seeing the prompt replaced by MASK; 0 = off (one forward per step "
+        "instead of two).", non_negative)
+    suppress_eos: bool = common.suppress_eos_option(
+        " (the response is then only EOS-filled where MASKs are left at the end).")
+    stop_confidence: str = common.stop_confidence_option(
+        "'zero' = 0 (stop tokens committed late); 'never' = -inf (ranked last: committed only when "
+        "a row's quota cannot be met otherwise).")
+    truncate_at_eos: bool = common.truncate_at_eos_option()
+    micro_batch_size: int = common.micro_batch_size_option(
+        ". Chunking changes how the random stream is consumed (sampled outputs differ; greedy ones "
+        "do not).")
 
     def __attrs_post_init__(self) -> None:
-        if self.gen_length % self.block_length != 0:
-            lower = (self.gen_length // self.block_length) * self.block_length
-            upper = lower + self.block_length
-            hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
-            raise ValueError(
-                f"rollout.gen_length ({self.gen_length}) must be a multiple of "
-                f"rollout.block_length ({self.block_length}); set block_length to a divisor of "
-                f"gen_length or gen_length to a multiple of block_length (e.g. {hint})"
-            )
+        common.check_gen_length_blocks(self.gen_length, self.block_length)
         num_blocks = self.gen_length // self.block_length
         if self.steps % num_blocks != 0:
-            lower = (self.steps // num_blocks) * num_blocks
-            upper = lower + num_blocks
-            hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
             raise ValueError(
                 f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
                 f"rollout.gen_length // rollout.block_length = {self.gen_length} // "
                 f"{self.block_length} = {num_blocks}, so that every block gets the same number "
-                f"of steps; set steps to a multiple of {num_blocks} (e.g. {hint}) or change "
-                f"block_length"
+                f"of steps; set steps to a multiple of {num_blocks} "
+                f"(e.g. {common.multiple_hint(self.steps, num_blocks)}) or change block_length"
             )
 
     @property
@@ -234,7 +165,7 @@ def _commit_mask(conf: torch.Tensor, eligible: torch.Tensor, quota: torch.Tensor
 
 
 # --------------------------------------------------------------------------- sampler
-class LowConfidenceSampler:
+class LowConfidenceSampler(common.CandidateScoring):
     """Semi-autoregressive low-confidence remasking sampler (see the module docstring).
 
     :param config: :class:`LowConfidenceConfig`.
@@ -277,13 +208,7 @@ class LowConfidenceSampler:
             calls summed over micro-batches (a guided step counts 2), ``num_steps = steps``.
         """
         cfg = self.config
-        record = frozenset(record)
-        unknown = record - SUPPORTED_RECORDS
-        if unknown:
-            raise ValueError(
-                f"the low_confidence rollout cannot record {', '.join(sorted(unknown))}; "
-                f"supported records: {', '.join(sorted(SUPPORTED_RECORDS))}"
-            )
+        record = common.check_records("the low_confidence rollout", record, SUPPORTED_RECORDS)
         kind = getattr(wrapper, "kind", None)
         if kind != "masked":
             raise ValueError(
@@ -291,47 +216,18 @@ class LowConfidenceSampler:
                 f"(wrapper.kind 'masked'), got kind {kind!r}; choose a rollout backend that "
                 f"supports {kind!r} models"
             )
-        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-            raise ValueError(
-                f"prompt_ids and prompt_mask must both be [B, P], got "
-                f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
-            )
+        common.check_prompt_shapes(prompt_ids, prompt_mask)
 
         want_reveal = "reveal_step" in record
         want_states = "step_states" in record
-        batch = prompt_ids.shape[0]
-        chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
-
-        module = wrapper.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                parts = [
-                    self._generate_chunk(
-                        wrapper, prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], generator,
-                        want_states,
-                    )
-                    for i in range(0, batch, chunk)
-                ]
-        finally:
-            for m, training in modes:
-                m.training = training
-
-        device = prompt_ids.device
-        if parts:
-            response_ids = torch.cat([p[0] for p in parts], dim=0)
-            reveal = torch.cat([p[1] for p in parts], dim=0)
-            nfe = sum(p[2] for p in parts)
-            states = (
-                {k: torch.cat([p[3][k] for p in parts], dim=0) for k in parts[0][3]}
-                if want_states else {}
-            )
-        else:
-            response_ids = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
-            reveal = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
-            nfe = 0
-            states = {}
+        parts = common.run_micro_batches(
+            wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
+            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator, want_states))
+        response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
+        states = (
+            {k: torch.cat([p[3][k] for p in parts], dim=0) for k in parts[0][3]}
+            if parts and want_states else {}
+        )
 
         return RolloutBatch(
             prompt_ids=prompt_ids,
@@ -372,17 +268,9 @@ class LowConfidenceSampler:
         if response.shape != (prompt_ids.shape[0], cfg.gen_length):
             raise ValueError(f"response must be [B, gen_length] = "
                              f"{(prompt_ids.shape[0], cfg.gen_length)}, got {tuple(response.shape)}")
-        module = wrapper.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                out, reveal, nfe, _ = self._generate_chunk(
-                    wrapper, prompt_ids, prompt_mask, generator, False, response, start_step,
-                    stop_step)
-        finally:
-            for m, training in modes:
-                m.training = training
+        with common.eval_mode(wrapper.module):
+            out, reveal, nfe, _ = self._generate_chunk(
+                wrapper, prompt_ids, prompt_mask, generator, False, response, start_step, stop_step)
         return RolloutBatch(prompt_ids, prompt_mask, out, self._response_mask(out, wrapper.eos_token_id),
                             reveal_step=reveal, num_steps=cfg.steps, nfe=nfe)
 
@@ -496,45 +384,7 @@ class LowConfidenceSampler:
         return un + (scale + 1.0) * (cond - un), 2
 
     def _ban(self, logits: torch.Tensor, mask_id: int, eos_id: int) -> torch.Tensor:
-        vocab = logits.shape[-1]
-        ban = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
-        if 0 <= mask_id < vocab:
-            ban[mask_id] = True
-        if self.config.suppress_eos and 0 <= eos_id < vocab:
-            ban[eos_id] = True
-        return logits.masked_fill(ban, -math.inf)
-
-    def _candidates(
-        self, logits: torch.Tensor, generator: Optional[torch.Generator]
-    ) -> torch.Tensor:
-        temp = float(self.config.temperature)
-        if temp == 0.0:
-            return logits.argmax(dim=-1)
-        u = torch.rand(logits.shape, generator=generator, dtype=torch.float64,
-                       device=logits.device)
-        z = logits.double()
-        z = (z - z.amax(dim=-1, keepdim=True)).exp()
-        return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
-
-    def _confidence(
-        self,
-        logits: torch.Tensor,
-        x0: torch.Tensor,
-        generator: Optional[torch.Generator],
-        stop_ids: torch.Tensor,
-    ) -> torch.Tensor:
-        cfg = self.config
-        if cfg.remasking == "low_confidence":
-            probs = torch.softmax(logits.float(), dim=-1)
-            conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
-        else:
-            conf = torch.rand(x0.shape, generator=generator, dtype=torch.float64,
-                              device=x0.device)
-        if cfg.stop_confidence != "keep":
-            is_stop = torch.isin(x0, stop_ids)
-            value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
-            conf = conf.masked_fill(is_stop, value)
-        return conf
+        return logits.masked_fill(self._ban_mask(logits.shape[-1], mask_id, eos_id, logits.device), -math.inf)
 
 
 # --------------------------------------------------------------------------- registration

@@ -51,6 +51,8 @@ import torch
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.default_plugins.rollout import mask_through_first_stop
+from dare_core.default_plugins.rollout_common import check_prompt_shapes, check_records
+from dare_core.default_plugins.rollout_common import join_micro_batches, run_micro_batches
 from dare_core.interfaces import RolloutBatch
 
 __all__ = [
@@ -196,39 +198,15 @@ class DreamSampler:
             over micro-batches, ``num_steps = steps``.
         """
         cfg = self.config
-        record = frozenset(record)
-        unknown = record - SUPPORTED_RECORDS
-        if unknown:
-            raise ValueError(f"the dream_generate rollout cannot record {', '.join(sorted(unknown))}; "
-                             f"supported records: {', '.join(sorted(SUPPORTED_RECORDS))}")
+        record = check_records("the dream_generate rollout", record, SUPPORTED_RECORDS)
         kind = getattr(wrapper, "kind", None)
         if kind != "masked":
             raise ValueError(f"the dream_generate rollout drives bidirectional masked-diffusion models "
                              f"(wrapper.kind 'masked'), got kind {kind!r}")
-        if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-            raise ValueError(f"prompt_ids and prompt_mask must both be [B, P], got "
-                             f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
-        batch = prompt_ids.shape[0]
-        chunk = cfg.micro_batch_size if cfg.micro_batch_size > 0 else max(batch, 1)
-        module = wrapper.module
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        try:
-            with torch.no_grad():
-                parts = [self._generate_chunk(wrapper, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk], generator)
-                         for i in range(0, batch, chunk)]
-        finally:
-            for m, training in modes:
-                m.training = training
-        device = prompt_ids.device
-        if parts:
-            response = torch.cat([p[0] for p in parts])
-            reveal = torch.cat([p[1] for p in parts])
-            nfe = sum(p[2] for p in parts)
-        else:
-            response = torch.empty(0, cfg.gen_length, dtype=torch.long, device=device)
-            reveal = response.clone()
-            nfe = 0
+        check_prompt_shapes(prompt_ids, prompt_mask)
+        parts = run_micro_batches(wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
+                                  lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator))
+        response, reveal, nfe = join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
         return RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response,
             response_mask=mask_through_first_stop(response, [wrapper.eos_token_id],
