@@ -2,17 +2,17 @@
 
 import json
 
-import attrs
 import pytest
 import torch
 
-from dare_core.config import option, resolve
+from dare_core.config import resolve
 from dare_core.errors import DareError
-from dare_core.interfaces import AlgorithmSpec, Components, Example, Score, TaskSpec
+from dare_core.interfaces import Example, Score
 from dare_core.ops.attention import available_kernels
 from dare_core.ops.paths import configure_training_paths, select_training_paths
-from dare_core.plugins import build, hookimpl
+from dare_core.plugins import build
 from dare_core.testing import toy
+from dare_core.testing.digits import DigitsPlugin, DigitsTask
 from dare_core.train import train
 
 
@@ -76,41 +76,19 @@ def test_configure_sets_the_wrapper_and_describes_itself():
     assert available_kernels("cpu") == ("sdpa_mask",)
 
 
-class _Task:
-    name = "digits"
-
-    def __init__(self, cfg):
-        self.cfg = cfg
+class _Task(DigitsTask):
+    default_limit = 16
 
     def examples(self, split, limit=None, seed=0):
         return [Example([{"role": "user", "content": f"n{i}"}], str(i % 10), "digits",
-                        response=str(i % 10) * (1 + i % 5)) for i in range(limit or 16)]
+                        response=str(i % 10) * (1 + i % 5)) for i in range(limit or self.default_limit)]
 
     def score(self, example, response):
         return Score(0.0, 0.0, response)
 
 
-@attrs.frozen
-class _Cfg:
-    x: float = option(0.0, "unused")
-
-
-class _Plugin:
-    @hookimpl
-    def dare_register_tasks(self, register):
-        register(TaskSpec("digits", _Task, "test task"))
-
-    @hookimpl
-    def dare_register_algorithms(self, register):
-        def build_sup(cfg, lookup):
-            def loss(logp, corrupted, batch):
-                n = corrupted.masked.sum()
-                return -(logp / corrupted.p_mask.clamp_min(1e-6)).sum() / (n + 1e-8), {}
-
-            return Components(corruption=lookup.corruption("random_ratio"),
-                              estimator=lookup.estimator("masked_token_logprob"), loss=loss)
-
-        register(AlgorithmSpec("sup_paths", "sft", _Cfg, build_sup))
+def _plugin():
+    return DigitsPlugin(task=_Task, rl_name=None, sft_name="sup_paths")
 
 
 @pytest.mark.parametrize("override,attention,fused", [
@@ -118,7 +96,7 @@ class _Plugin:
     (["model.cross_entropy=naive"], "padded", False),
 ])
 def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _Plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
     cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
         "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
@@ -133,7 +111,7 @@ def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
 
 
 def test_forcing_packed_on_a_model_without_it_fails_at_setup(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _Plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
     cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
         "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
@@ -144,7 +122,7 @@ def test_forcing_packed_on_a_model_without_it_fails_at_setup(tmp_path):
 
 
 def test_config_rejects_unknown_choice(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _Plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
     with pytest.raises(DareError) as e:
         resolve(dare, algo="sup_paths", model="toy", overrides=["model.cross_entropy=maybe", f"model.path={tmp_path}"])
     assert "cross_entropy" in str(e.value)

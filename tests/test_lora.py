@@ -5,17 +5,15 @@ family defaults for the target modules, and one-line config errors."""
 import json
 import os
 
-import attrs
 import pytest
 import torch
 
-from dare_core.config import option, resolve
+from dare_core.config import resolve
 from dare_core.errors import ConfigError, DareError
-from dare_core.interfaces import AlgorithmSpec, Components, Example, Score, TaskSpec
 from dare_core.models import lora
-from dare_core.plugins import build, hookimpl
+from dare_core.plugins import build
 from dare_core.rundir import RunDir
-from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing import digits, make_toy_wrapper, toy
 from dare_core.workflows.common import load_model, setup
 from dare_core.workflows.rl import run_rl
 from dare_core.workflows.sft import run_sft
@@ -25,59 +23,13 @@ pytest.importorskip("peft")
 TARGETS = ("mlp.0", "mlp.2", "head")
 
 
-class DigitsTask:
-    name = "digits"
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def examples(self, split, limit=None, seed=0):
-        n = limit or 32
-        off = 0 if split == "train" else 1000
-        return [Example([{"role": "user", "content": f"n{(i + off) % 10}"}], str((i + off) % 10), "digits",
-                        response=str((i + off) % 10) * 4) for i in range(n)]
-
-    def score(self, example, response):
-        frac = sum(c.isdigit() for c in response) / max(1, len(response))
-        return Score(frac, float(len(response) > 0 and frac == 1.0), response)
-
-
-@attrs.frozen
-class Cfg:
-    clip: float = option(0.2, "clip epsilon")
-
-
-class Plugin:
-    @hookimpl
-    def dare_register_tasks(self, register):
-        register(TaskSpec("digits", DigitsTask, "test task"))
-
-    @hookimpl
-    def dare_register_algorithms(self, register):
-        def build_pg(cfg, lookup):
-            return Components(
-                corruption=lookup.corruption("random_ratio", mc_num=1),
-                trajectory=lookup.trajectory("final_sequence"),
-                estimator=lookup.estimator("response_token_logprob"),
-                loss=lookup.loss("clipped_pg", clip_ratio_low=cfg.clip, clip_ratio_high=cfg.clip),
-                advantage=lookup.advantage("group_norm"),
-            )
-
-        def build_sup(cfg, lookup):
-            def loss(logp, corrupted, batch):
-                n = corrupted.masked.sum()
-                return -(logp / corrupted.p_mask.clamp_min(1e-6)).sum() / (n + 1e-8), {}
-
-            return Components(corruption=lookup.corruption("random_ratio"),
-                              estimator=lookup.estimator("masked_token_logprob"), loss=loss)
-
-        register(AlgorithmSpec("pg_test", "rl", Cfg, build_pg))
-        register(AlgorithmSpec("sup_test", "sft", Cfg, build_sup))
+class DigitsTask(digits.DigitsTask):
+    default_limit = 32
 
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, Plugin()])
+    return build(load_entrypoints=False, extra_plugins=[toy, digits.DigitsPlugin(task=DigitsTask)])
 
 
 COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",

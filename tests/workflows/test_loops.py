@@ -8,75 +8,18 @@ shared by the old and new log-probabilities of a batch.
 import json
 import os
 
-import attrs
 import pytest
 
-from dare_core.config import option, resolve
-from dare_core.interfaces import AlgorithmSpec, Components, Example, Score, TaskSpec
-from dare_core.plugins import build, hookimpl
+from dare_core.config import resolve
+from dare_core.plugins import build
 from dare_core.testing import toy
+from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
-
-
-class DigitsTask:
-    """Prompt ``n<k>``; reward = fraction of digit characters in the response."""
-
-    name = "digits"
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def examples(self, split, limit=None, seed=0):
-        n = limit or 64
-        off = 0 if split == "train" else 1000
-        return [Example([{"role": "user", "content": f"n{(i + off) % 10}"}], str((i + off) % 10), "digits",
-                        response=str((i + off) % 10) * 4) for i in range(n)]
-
-    def score(self, example, response):
-        frac = sum(c.isdigit() for c in response) / max(1, len(response))
-        return Score(frac, float(len(response) > 0 and frac == 1.0), response)
-
-
-@attrs.frozen
-class PGConfig:
-    clip: float = option(0.2, "clip epsilon")
-
-
-class Plugin:
-    """Test-only algorithm + task, composed purely from core components."""
-
-    @hookimpl
-    def dare_register_tasks(self, register):
-        register(TaskSpec("digits", DigitsTask, "test task"))
-
-    @hookimpl
-    def dare_register_algorithms(self, register):
-        def build_pg(cfg, lookup):
-            return Components(
-                corruption=lookup.corruption("random_ratio", mc_num=1),
-                trajectory=lookup.trajectory("final_sequence"),
-                estimator=lookup.estimator("response_token_logprob"),
-                loss=lookup.loss("clipped_pg", clip_ratio_low=cfg.clip, clip_ratio_high=cfg.clip),
-                advantage=lookup.advantage("group_norm"),
-            )
-
-        def build_sup(cfg, lookup):
-            from dare_core.components import MaskedTokenLogProb
-
-            def loss(logp, corrupted, batch):
-                n = corrupted.masked.sum()
-                return -(logp / corrupted.p_mask.clamp_min(1e-6)).sum() / (n + 1e-8), {"masked": float(n)}
-
-            return Components(corruption=lookup.corruption("random_ratio"),
-                              estimator=MaskedTokenLogProb(), loss=loss)
-
-        register(AlgorithmSpec("pg_test", "rl", PGConfig, build_pg, recipe={"trainer": {"lr": 3e-3}}))
-        register(AlgorithmSpec("sup_test", "sft", PGConfig, build_sup))
 
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, Plugin()])
+    return build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})])
 
 
 COMMON = ["task.name=digits", "task.num_eval=16", "rollout.gen_length=4", "rollout.block_length=4",
