@@ -66,6 +66,7 @@ __all__ = [
     "run_layers",
     "reject_options",
     "init_weights",
+    "NativeModelDefaults",
     "EmbeddingAccessors",
     "config_error",
     "check_positive_ints",
@@ -463,6 +464,26 @@ def init_weights(module: nn.Module, std: float, *, cutoff: Optional[float] = Non
                 module.weight[module.padding_idx].zero_()
     elif isinstance(module, RMSNorm):
         hf_init.ones_(module.weight)
+
+
+class NativeModelDefaults:
+    """``PreTrainedModel`` settings shared by the native modules (mix in before ``PreTrainedModel``).
+
+    Submodule ``model``, gradient checkpointing supported, attention through this module's own
+    SDPA / eager kernels only (no flash, flex or pluggable backends), and :func:`init_weights`
+    with ``config.initializer_range`` (override ``_init_weights`` for another rule).
+    """
+
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _supports_attention_backend = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        init_weights(module, float(self.config.initializer_range))  # type: ignore[attr-defined]
 
 
 def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str]:

@@ -76,8 +76,8 @@ class DreamConfig(PretrainedConfig):
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
         bad = layers.config_error("DreamConfig")
-        layers.check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                   "num_key_value_heads", "vocab_size"), bad)
+        layers.check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                          "num_attention_heads", "num_key_value_heads", "vocab_size"), bad)
         if self.hidden_size % self.num_attention_heads:
             bad(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})")

@@ -122,7 +122,7 @@ class DreamAttention(nn.Module):
         k = layers.apply_rotary(layers.split_heads(self.k_proj(x), self.num_key_value_heads, self.head_dim), cos, sin)
         v = layers.split_heads(self.v_proj(x), self.num_key_value_heads, self.head_dim)
         out, present = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
-                              implementation=self.config._attn_implementation)
+                                     implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
 
@@ -148,7 +148,7 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
-                                 self.post_attention_layernorm, self.mlp, cos, sin, attention_mask, past)
+                                        self.post_attention_layernorm, self.mlp, cos, sin, attention_mask, past)
 
 
 class DreamBaseModel(nn.Module):
@@ -166,35 +166,26 @@ class DreamBaseModel(nn.Module):
                 position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
                 inputs_embeds: Optional[torch.Tensor] = None, output_hidden_states: bool = False,
                 use_cache: bool = True
-                ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[list[tuple[torch.Tensor, torch.Tensor]]]]:
+                ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[KVCache]]:
         """``(final-norm hidden, hidden states or None, per-layer (k, v) or None without use_cache)``."""
         x = layers.embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
         bsz, length, _ = x.shape
         cfg = self.config
         past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
-                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                                               kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         position_ids = layers.position_ids_or_default(position_ids, bsz, length, x.device, start=past_len)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
-        mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length, cfg.num_attention_heads)
+        mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length,
+                                             cfg.num_attention_heads)
         if mask is not None:
             mask = mask.to(x.device)
         return layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
-                          output_hidden_states=output_hidden_states, use_cache=use_cache)
+                                 output_hidden_states=output_hidden_states, use_cache=use_cache)
 
 
-class DreamPreTrainedModel(PreTrainedModel):
+class DreamPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
     config_class = DreamConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["DreamDecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
-
-    def _init_weights(self, module: nn.Module) -> None:
-        layers.init_weights(module, float(self.config.initializer_range))
 
 
 class DreamModel(layers.EmbeddingAccessors, DreamPreTrainedModel):

@@ -126,7 +126,7 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         q = apply_rotary(q, cos, sin, full)
         k = apply_rotary(k, cos, sin, full)
         out, kv = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
-                         implementation=self.config._attn_implementation, fp32_scores=True)
+                                implementation=self.config._attn_implementation, fp32_scores=True)
         return self.attn_out(out), kv
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +139,7 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``(output, (k, v))`` of one block (``(k, v)`` as in :meth:`attention`)."""
         return layers.pre_norm_residual(hidden_states, self.attn_norm, self.attention, self.ff_norm,
-                                 self.feed_forward, cos, sin, attention_mask, past)
+                                        self.feed_forward, cos, sin, attention_mask, past)
 
 
 # ---------------------------------------------------------------------------
@@ -174,13 +174,13 @@ class LLaDAModel(nn.Module):
         cfg = self.config
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
         past, cached = layers.check_kv_cache(past_key_values, n_layers=cfg.n_layers, batch=bsz,
-                                      kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim)
+                                             kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim)
         mask = layers.prepare_attention_mask(attention_mask, bsz, length, cached + length, cfg.n_heads)
         if mask is not None:
             mask = mask.to(x.device)
         x, hidden, present = layers.run_layers(self.transformer["blocks"], x, cos, sin, mask, past=past,
-                                        final_norm=self.transformer["ln_f"],
-                                        output_hidden_states=output_hidden_states, use_cache=use_cache)
+                                               final_norm=self.transformer["ln_f"],
+                                               output_hidden_states=output_hidden_states, use_cache=use_cache)
         if not apply_head:  # forward_hidden: final-norm states, no [B, L, V] logits
             return x, None
         logits = self.transformer["ff_out"](x)
@@ -191,16 +191,9 @@ class LLaDAModel(nn.Module):
         return logits, hidden
 
 
-class LLaDAPreTrainedModel(PreTrainedModel):
+class LLaDAPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
     config_class = LLaDAConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["LLaDALlamaBlock"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
 
     def _init_weights(self, module: nn.Module) -> None:
         layers.init_weights(module, float(getattr(self.config, "init_std", 0.02) or 0.02),

@@ -123,7 +123,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
 
         bad = layers.config_error("LLaDA2MoeConfig", LLaDA2ConfigError)
         layers.check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                   "num_key_value_heads", "head_dim"), bad)
+                                          "num_key_value_heads", "head_dim"), bad)
         layers.check_heads(self.num_attention_heads, self.num_key_value_heads, bad)
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
             bad(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")

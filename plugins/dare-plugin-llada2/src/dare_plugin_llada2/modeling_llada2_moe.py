@@ -218,7 +218,7 @@ class LLaDA2MoeAttention(nn.Module):
         q = apply_partial_rotary(self.query_layernorm(q), cos, sin)
         k = apply_partial_rotary(self.key_layernorm(k), cos, sin)
         out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
-                              implementation=self.config._attn_implementation)
+                                     implementation=self.config._attn_implementation)
         return self.dense(out), present
 
 
@@ -237,7 +237,7 @@ class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
                 past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         return layers.pre_norm_residual(hidden, self.input_layernorm, self.attention, self.post_attention_layernorm,
-                                 self.mlp, cos, sin, mask, past)
+                                        self.mlp, cos, sin, mask, past)
 
 
 # ---------------------------------------------------------------------------------- masks
@@ -265,22 +265,14 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
 
 
 # ---------------------------------------------------------------------------------- models
-class LLaDA2MoePreTrainedModel(PreTrainedModel):
+class LLaDA2MoePreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
     config_class = LLaDA2MoeConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["LLaDA2MoeDecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = float(self.config.initializer_range)
-        layers.init_weights(module, std)
+        super()._init_weights(module)
         if isinstance(module, LLaDA2MoeGate):
-            hf_init.normal_(module.weight, mean=0.0, std=std)
+            hf_init.normal_(module.weight, mean=0.0, std=float(self.config.initializer_range))
             hf_init.zeros_(module.expert_bias)
 
 
@@ -317,14 +309,14 @@ class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
         bsz, q_len, _ = x.shape
         cfg = self.config
         past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
-                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                                               kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         position_ids = layers.position_ids_or_default(position_ids, bsz, q_len, x.device, start=past_len)
         mask = check_mask(attention_mask, bsz, q_len, past_len, cfg.num_attention_heads).to(x.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta, x.dtype)
         use_cache = bool(use_cache if use_cache is not None else False)
         want_hidden = bool(output_hidden_states if output_hidden_states is not None else cfg.output_hidden_states)
         x, hidden, presents = layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
-                                         output_hidden_states=want_hidden, use_cache=use_cache)
+                                                output_hidden_states=want_hidden, use_cache=use_cache)
         out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents, hidden_states=hidden)
         if return_dict is False:
             return out.to_tuple()

@@ -158,7 +158,7 @@ class SDARAttention(nn.Module):
         v = layers.split_heads(self.v_proj(x), self.num_kv_heads, self.head_dim)
         q, k = layers.apply_rotary(q, cos, sin), layers.apply_rotary(k, cos, sin)
         out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
-                              implementation=self.config._attn_implementation)
+                                     implementation=self.config._attn_implementation)
         return self.o_proj(out), present
 
 
@@ -178,27 +178,17 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states, cos, sin, mask, past=None):
         return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
-                                 self.post_attention_layernorm, self._mlp_output, cos, sin, mask, past)
+                                        self.post_attention_layernorm, self._mlp_output, cos, sin, mask, past)
 
 
-class SDARPreTrainedModel(PreTrainedModel):
+class SDARPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
     config_class = SDARConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["SDARDecoderLayer"]
-    _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-    _supports_attention_backend = False
-
-    def _init_weights(self, module: nn.Module) -> None:
-        layers.init_weights(module, float(self.config.initializer_range))
 
 
 def _check_kwargs(cls_name: str, kwargs: dict[str, Any]) -> None:
     layers.reject_options(cls_name, kwargs, _REJECTED_IF_SET,
-                   hint=" (block-diffusion training goes through the DARE model wrapper)")
+                          hint=" (block-diffusion training goes through the DARE model wrapper)")
     unknown = set(kwargs) - set(_REJECTED_IF_SET) - {"return_dict", "output_hidden_states", "inputs_embeds"}
     if unknown:
         raise ValueError(f"{cls_name}.forward got unexpected argument(s): {', '.join(sorted(unknown))}")
@@ -234,13 +224,13 @@ class SDARModel(layers.EmbeddingAccessors, SDARPreTrainedModel):
         B, Q, _ = h.shape
         cfg = self.config
         past, P = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=B,
-                                 kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         position_ids = layers.position_ids_or_default(position_ids, B, Q, h.device, start=P)
         mask = prepare_attention_mask(attention_mask, B, Q, P + Q).to(h.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
         h, hidden, present = layers.run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
-                                        output_hidden_states=bool(output_hidden_states),
-                                        use_cache=bool(use_cache))
+                                               output_hidden_states=bool(output_hidden_states),
+                                               use_cache=bool(use_cache))
         return SDAROutput(last_hidden_state=h, past_key_values=present, hidden_states=hidden)
 
 
