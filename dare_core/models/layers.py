@@ -63,6 +63,7 @@ __all__ = [
     "check_kv_cache",
     "position_ids_or_default",
     "embed_inputs",
+    "decoder_inputs",
     "run_layers",
     "reject_options",
     "init_weights",
@@ -401,6 +402,22 @@ def embed_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inputs
     if x.dim() != 3:
         raise error(f"expected [B, L] input_ids or [B, L, D] inputs_embeds, got {tuple(x.shape)}")
     return x
+
+
+def decoder_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor],
+                   position_ids: Optional[torch.Tensor], past_key_values: Any, *, n_layers: int, kv_heads: int,
+                   head_dim: int, positions_after_cache: bool = True
+                   ) -> tuple[torch.Tensor, Optional[list], int, torch.Tensor]:
+    """The checked inputs of a decoder stack: ``(x [B, L, D], past or None, P, position_ids [B, L])``.
+
+    :func:`embed_inputs`, then :func:`check_kv_cache`, then :func:`position_ids_or_default` whose
+    default starts at ``P`` (after the cached positions) or, without ``positions_after_cache``, at 0.
+    """
+    x = embed_inputs(embedding, input_ids, inputs_embeds)
+    bsz, length, _ = x.shape
+    past, cached = check_kv_cache(past_key_values, n_layers=n_layers, batch=bsz, kv_heads=kv_heads, head_dim=head_dim)
+    start = cached if positions_after_cache else 0
+    return x, past, cached, position_ids_or_default(position_ids, bsz, length, x.device, start=start)
 
 
 def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, *layer_args: Any, past: Optional[list] = None,

@@ -168,12 +168,11 @@ class DreamBaseModel(nn.Module):
                 use_cache: bool = True
                 ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[KVCache]]:
         """``(final-norm hidden, hidden states or None, per-layer (k, v) or None without use_cache)``."""
-        x = layers.embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
-        bsz, length, _ = x.shape
         cfg = self.config
-        past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
-                                               kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = layers.position_ids_or_default(position_ids, bsz, length, x.device, start=past_len)
+        x, past, past_len, position_ids = layers.decoder_inputs(
+            self.embed_tokens, input_ids, inputs_embeds, position_ids, past_key_values,
+            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        bsz, length, _ = x.shape
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
         mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length,
                                              cfg.num_attention_heads)

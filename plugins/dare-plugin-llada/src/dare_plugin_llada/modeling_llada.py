@@ -168,13 +168,13 @@ class LLaDAModel(nn.Module):
 
         Default positions are ``0 .. L-1`` even with a cache (give ``position_ids`` then).
         """
-        x = layers.embed_inputs(self.transformer["wte"], input_ids, inputs_embeds)
-        bsz, length, _ = x.shape
-        position_ids = layers.position_ids_or_default(position_ids, bsz, length, x.device)
         cfg = self.config
+        x, past, cached, position_ids = layers.decoder_inputs(
+            self.transformer["wte"], input_ids, inputs_embeds, position_ids, past_key_values,
+            n_layers=cfg.n_layers, kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim,
+            positions_after_cache=False)
+        bsz, length, _ = x.shape
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
-        past, cached = layers.check_kv_cache(past_key_values, n_layers=cfg.n_layers, batch=bsz,
-                                             kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim)
         mask = layers.prepare_attention_mask(attention_mask, bsz, length, cached + length, cfg.n_heads)
         if mask is not None:
             mask = mask.to(x.device)

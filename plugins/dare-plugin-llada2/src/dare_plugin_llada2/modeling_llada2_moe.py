@@ -305,12 +305,11 @@ class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
         unknown = {k for k, v in kwargs.items() if v is not None and k not in rejected}
         if unknown:
             raise DareError(f"LLaDA2MoeModel.forward got unsupported argument(s): {', '.join(sorted(unknown))}")
-        x = layers.embed_inputs(self.word_embeddings, input_ids, inputs_embeds)
-        bsz, q_len, _ = x.shape
         cfg = self.config
-        past, past_len = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=bsz,
-                                               kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = layers.position_ids_or_default(position_ids, bsz, q_len, x.device, start=past_len)
+        x, past, past_len, position_ids = layers.decoder_inputs(
+            self.word_embeddings, input_ids, inputs_embeds, position_ids, past_key_values,
+            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        bsz, q_len, _ = x.shape
         mask = check_mask(attention_mask, bsz, q_len, past_len, cfg.num_attention_heads).to(x.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta, x.dtype)
         use_cache = bool(use_cache if use_cache is not None else False)

@@ -220,12 +220,11 @@ class SDARModel(layers.EmbeddingAccessors, SDARPreTrainedModel):
                 use_cache: Optional[bool] = False, inputs_embeds: Optional[torch.Tensor] = None,
                 output_hidden_states: Optional[bool] = None, **kwargs: Any) -> SDAROutput:
         _check_kwargs(type(self).__name__, kwargs)
-        h = layers.embed_inputs(self.embed_tokens, input_ids, inputs_embeds)
-        B, Q, _ = h.shape
         cfg = self.config
-        past, P = layers.check_kv_cache(past_key_values, n_layers=len(self.layers), batch=B,
-                                        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        position_ids = layers.position_ids_or_default(position_ids, B, Q, h.device, start=P)
+        h, past, P, position_ids = layers.decoder_inputs(
+            self.embed_tokens, input_ids, inputs_embeds, position_ids, past_key_values,
+            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        B, Q, _ = h.shape
         mask = prepare_attention_mask(attention_mask, B, Q, P + Q).to(h.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
         h, hidden, present = layers.run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
