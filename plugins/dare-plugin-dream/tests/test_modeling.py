@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
+
+from dare_core.testing import module_checks as mc
 
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
@@ -91,21 +92,14 @@ def reference_logits(model: DreamModel, ids: torch.Tensor, key_mask=None, positi
     return x @ sd["lm_head.weight"].T
 
 
-def _ids(b=2, l=7, seed=1):
-    return torch.randint(0, V, (b, l), generator=torch.Generator().manual_seed(seed))
+_ids = functools.partial(mc.random_ids, V)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_forward_matches_hand_computation_one_layer(impl):
     model = tiny_model()
-    model.set_attn_implementation(impl)
     ids = _ids()
-    with torch.no_grad():
-        out = model(ids).logits
-    assert out.shape == (2, 7, V)
-    ref = reference_logits(model, ids)
-    assert ref.abs().max() > 0.5
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    ref = mc.assert_matches_reference(model, impl, ids, reference_logits, V)
     # every ingredient matters: dropping the q bias or swapping RoPE halves changes the result
     sd = model.state_dict()
     with torch.no_grad():
@@ -127,14 +121,7 @@ def test_forward_matches_hand_computation_padding_positions_two_layers(impl):
         shifted = model(ids, position_ids=pos).logits
     torch.testing.assert_close(out.double(), reference_logits(model, ids, key_mask=mask), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shifted.double(), reference_logits(model, ids, positions=pos), atol=1e-5, rtol=1e-5)
-    # padded keys are invisible
-    ids2 = ids.clone()
-    ids2[0, 5:] = (ids2[0, 5:] + 1) % V
-    ids2[1, :2] = (ids2[1, :2] + 1) % V
-    with torch.no_grad():
-        out2 = model(ids2, attention_mask=mask).logits
-    torch.testing.assert_close(out2[0, :5], out[0, :5], atol=1e-6, rtol=0)
-    torch.testing.assert_close(out2[1, 2:], out[1, 2:], atol=1e-6, rtol=0)
+    mc.assert_padded_keys_invisible(model, ids, mask, out, V)
 
 
 def test_bidirectional_raw_logits_are_ar_aligned_not_shifted():
@@ -142,32 +129,15 @@ def test_bidirectional_raw_logits_are_ar_aligned_not_shifted():
     module itself does not shift (that is the wrapper's job)."""
     model = tiny_model(seed=9)
     ids = _ids(b=1, l=6, seed=10)
-    ids2 = ids.clone()
-    ids2[0, -1] = (ids2[0, -1] + 3) % V
-    with torch.no_grad():
-        a, b = model(ids).logits, model(ids2).logits
-    for pos in range(5):
-        assert (a[0, pos] - b[0, pos]).abs().max() > 1e-4
+    a, _ = mc.assert_bidirectional(model, ids, V)
     torch.testing.assert_close(a.double(), reference_logits(model, ids), atol=1e-5, rtol=1e-5)
 
 
 def test_eager_equals_sdpa_for_all_mask_kinds():
     model = tiny_model(seed=7, num_hidden_layers=2)
     ids = _ids(seed=8)
-    key = torch.ones(2, 7, dtype=torch.bool)
-    key[0, 6:] = False
-    bool4 = torch.rand(2, 1, 7, 7, generator=torch.Generator().manual_seed(0)) > 0.3
-    bool4 |= torch.eye(7, dtype=torch.bool)
-    bool4[1, 0, 3, :] = False  # a query that sees nothing -> zeros, like SDPA
-    additive = torch.zeros(2, 1, 7, 7).masked_fill(~bool4, float("-inf"))
-    for mask in [None, "full", key, key.long(), bool4, additive]:
-        outs = []
-        for impl in ("eager", "sdpa"):
-            model.set_attn_implementation(impl)
-            with torch.no_grad():
-                outs.append(model(ids, attention_mask=mask).logits)
-        assert torch.isfinite(outs[0]).all()
-        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    key, bool4, additive = mc.mask_kinds()
+    mc.assert_eager_equals_sdpa(model, ids, [None, "full", key, key.long(), bool4, additive])
     with torch.no_grad():
         torch.testing.assert_close(model(ids, attention_mask="full").logits, model(ids).logits, atol=0, rtol=0)
         torch.testing.assert_close(model(ids, attention_mask=bool4).logits,
@@ -296,33 +266,12 @@ def test_padding_idx_row_starts_at_zero_and_gets_no_gradient():
 
 
 def test_bf16_forward_close_to_fp32():
-    model = tiny_model(seed=17, num_hidden_layers=2)
-    ids = _ids()
-    with torch.no_grad():
-        ref = model(ids).logits
-        low = model.to(torch.bfloat16)(ids).logits
-    assert low.dtype == torch.bfloat16
-    assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()
+    mc.assert_bf16_close_to_fp32(tiny_model(seed=17, num_hidden_layers=2), _ids())
 
 
 def test_gradient_checkpointing_same_gradients():
     model = tiny_model(seed=31, num_hidden_layers=2)
-    ids, target = _ids(seed=32), _ids(seed=33)
-
-    def grads():
-        model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(ids).logits.reshape(-1, V), target.reshape(-1)).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model.train()
-    plain = grads()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.gradient_checkpointing_enable()
-    assert all(layer.gradient_checkpointing for layer in model.model.layers)
-    ckpt = grads()
-    for n in plain:
-        torch.testing.assert_close(ckpt[n], plain[n], atol=1e-6, rtol=1e-5)
+    mc.assert_gradient_checkpointing_same_gradients(model, _ids(seed=32), _ids(seed=33), model.model.layers)
 
 
 # ---------------------------------------------------------------------------
@@ -356,52 +305,21 @@ def test_state_dict_names_match_published_pattern():
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected
 
 
-def _same_weights(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
-
-
 def test_save_load_roundtrip_sharded_bit_exact(tmp_path):
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     register_auto_classes()
     register_auto_classes()  # idempotent
     model = tiny_model(seed=21, num_hidden_layers=2)
-    ids = _ids()
-    with torch.no_grad():
-        ref = model(ids).logits
-    model.save_pretrained(tmp_path / "single")
-    model.save_pretrained(tmp_path / "sharded", max_shard_size="3KB")
-    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
-    assert set(index["weight_map"]) == set(model.state_dict())
-    assert len(set(index["weight_map"].values())) > 1
-    cfg = json.loads((tmp_path / "sharded" / "config.json").read_text())
+    cfg = mc.assert_save_load_roundtrip(model, _ids(), tmp_path, [AutoModel], DreamConfig)
     assert cfg["model_type"] == "Dream" and cfg["architectures"] == ["DreamModel"]
     for key in ("hidden_size", "num_key_value_heads", "rope_theta", "tie_word_embeddings", "mask_token_id"):
         assert key in cfg
-    assert isinstance(AutoConfig.from_pretrained(tmp_path / "sharded"), DreamConfig)
-    for path in (tmp_path / "single", tmp_path / "sharded"):
-        loaded = AutoModel.from_pretrained(path).eval()
-        assert type(loaded) is DreamModel
-        _same_weights(model, loaded)
-        with torch.no_grad():
-            assert torch.equal(loaded(ids).logits, ref)
 
 
 def test_bf16_save_load_roundtrip(tmp_path):
-    from transformers import AutoModel
-
     register_auto_classes()
-    model = tiny_model(seed=22).to(torch.bfloat16)
-    model.save_pretrained(tmp_path, max_shard_size="2KB")
-    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
-    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    _same_weights(model, loaded)
-    ids = _ids()
-    with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    mc.assert_bf16_save_load_roundtrip(tiny_model(seed=22).to(torch.bfloat16), _ids(), tmp_path)
 
 
 def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
@@ -434,4 +352,4 @@ def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     loaded = AutoModel.from_pretrained(tmp_path)
     assert type(loaded) is DreamModel and loaded.config._attn_implementation == "sdpa"
-    _same_weights(model, loaded)
+    mc.assert_same_weights(model, loaded)

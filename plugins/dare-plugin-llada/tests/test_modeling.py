@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -11,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+
+from dare_core.testing import module_checks as mc
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
@@ -89,22 +92,12 @@ def reference_logits(model: LLaDAModelLM, ids: torch.Tensor, key_mask: torch.Ten
     return x @ sd["model.transformer.ff_out.weight"].T
 
 
-def _ids(b=2, l=7, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, (b, l), generator=g)
+_ids = functools.partial(mc.random_ids, V)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_forward_matches_hand_computation_one_layer(impl):
-    model = tiny_model()
-    model.set_attn_implementation(impl)
-    ids = _ids()
-    with torch.no_grad():
-        out = model(ids).logits
-    assert out.shape == (2, 7, V)
-    ref = reference_logits(model, ids)
-    assert ref.abs().max() > 0.5  # non-trivial values
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    mc.assert_matches_reference(tiny_model(), impl, _ids(), reference_logits, V)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -122,13 +115,7 @@ def test_forward_matches_hand_computation_with_padding(impl):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out, unmasked)
     # Padded keys are excluded: changing the padded tokens leaves every logit unchanged.
-    ids2 = ids.clone()
-    ids2[0, 5:] = (ids2[0, 5:] + 1) % V
-    ids2[1, :2] = (ids2[1, :2] + 1) % V
-    with torch.no_grad():
-        out2 = model(ids2, attention_mask=mask).logits
-    torch.testing.assert_close(out2[0, :5], out[0, :5], atol=1e-6, rtol=0)
-    torch.testing.assert_close(out2[1, 2:], out[1, 2:], atol=1e-6, rtol=0)
+    mc.assert_padded_keys_invisible(model, ids, mask, out, V)
     # An all-ones 2D mask (any dtype) is the same as no mask.
     with torch.no_grad():
         for m in (torch.ones(2, 7), torch.ones(2, 7, dtype=torch.bool)):
@@ -183,21 +170,8 @@ def test_default_init_is_small_normal():
 def test_eager_equals_sdpa_for_all_mask_kinds():
     model = tiny_model(seed=7, n_layers=2, n_heads=4, n_kv_heads=1)
     ids = _ids(seed=8)
-    key = torch.ones(2, 7, dtype=torch.bool)
-    key[0, 6:] = False
-    bool4 = torch.rand(2, 1, 7, 7, generator=torch.Generator().manual_seed(0)) > 0.3
-    bool4 |= torch.eye(7, dtype=torch.bool)
-    bool4[1, 0, 3, :] = False  # a query that sees nothing -> zeros, like SDPA
-    additive = torch.zeros(2, 1, 7, 7).masked_fill(~bool4, float("-inf"))
-    masks = [None, key, key.long(), bool4, additive, torch.randn(1, 4, 7, 7)]
-    for mask in masks:
-        outs = []
-        for impl in ("eager", "sdpa"):
-            model.set_attn_implementation(impl)
-            with torch.no_grad():
-                outs.append(model(ids, attention_mask=mask).logits)
-        assert torch.isfinite(outs[0]).all()
-        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    key, bool4, additive = mc.mask_kinds()
+    mc.assert_eager_equals_sdpa(model, ids, [None, key, key.long(), bool4, additive, torch.randn(1, 4, 7, 7)])
     # 4D bool and its additive twin give the same result.
     with torch.no_grad():
         torch.testing.assert_close(model(ids, attention_mask=bool4).logits,
@@ -217,13 +191,8 @@ def test_attn_implementation_selection():
 def test_bidirectional_and_unshifted():
     model = tiny_model(seed=9)
     ids = _ids(b=1, l=6, seed=10)
-    ids2 = ids.clone()
-    ids2[0, -1] = (ids2[0, -1] + 3) % V
-    with torch.no_grad():
-        a, b = model(ids).logits, model(ids2).logits
     # A later token changes the logits of every earlier position (no causal mask).
-    for pos in range(5):
-        assert (a[0, pos] - b[0, pos]).abs().max() > 1e-4
+    a, _ = mc.assert_bidirectional(model, ids, V)
     # The permutation-equivariant part: logits are per position, same length as the input.
     assert a.shape[1] == ids.shape[1]
 
@@ -274,13 +243,7 @@ def test_outputs_tuple_and_hidden_states():
 
 
 def test_bf16_forward_close_to_fp32():
-    model = tiny_model(seed=13, n_layers=2)
-    ids = _ids()
-    with torch.no_grad():
-        ref = model(ids).logits
-        low = model.to(torch.bfloat16)(ids).logits
-    assert low.dtype == torch.bfloat16
-    assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()
+    mc.assert_bf16_close_to_fp32(tiny_model(seed=13, n_layers=2), _ids())
 
 
 # ---------------------------------------------------------------------------
@@ -337,39 +300,13 @@ def test_config_json_has_published_names(tmp_path):
     assert c2.to_dict() == model.config.to_dict()
 
 
-def _assert_same_weights(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
-
-
 def test_save_load_roundtrip_single_and_sharded(tmp_path):
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     register_auto_classes()
     register_auto_classes()  # idempotent
     model = tiny_model(seed=21, n_layers=2, n_heads=4, n_kv_heads=2)
-    ids = _ids()
-    with torch.no_grad():
-        ref = model(ids).logits
-
-    single, sharded = tmp_path / "single", tmp_path / "sharded"
-    model.save_pretrained(single)
-    model.save_pretrained(sharded, max_shard_size="3KB")
-    assert (single / "model.safetensors").exists()
-    index = json.loads((sharded / "model.safetensors.index.json").read_text())
-    assert set(index["weight_map"]) == set(model.state_dict())
-    assert len(set(index["weight_map"].values())) > 1
-    assert isinstance(AutoConfig.from_pretrained(sharded), LLaDAConfig)
-
-    for path in (single, sharded):
-        for auto in (AutoModel, AutoModelForCausalLM):
-            loaded = auto.from_pretrained(path).eval()
-            assert type(loaded) is LLaDAModelLM
-            _assert_same_weights(model, loaded)
-            with torch.no_grad():
-                assert torch.equal(loaded(ids).logits, ref)
+    mc.assert_save_load_roundtrip(model, _ids(), tmp_path, [AutoModel, AutoModelForCausalLM], LLaDAConfig)
 
 
 def test_bf16_save_load_roundtrip(tmp_path):
@@ -377,25 +314,17 @@ def test_bf16_save_load_roundtrip(tmp_path):
 
     register_auto_classes()
     model = tiny_model(seed=22).to(torch.bfloat16)
-    model.save_pretrained(tmp_path, max_shard_size="2KB")
-    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
-    ids = _ids()
-    with torch.no_grad():
-        ref = model(ids).logits
-    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    _assert_same_weights(model, loaded)
+    mc.assert_bf16_save_load_roundtrip(model, _ids(), tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         legacy = AutoModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
-    _assert_same_weights(model, legacy)
-    with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, ref)
+    mc.assert_same_weights(model, legacy)
     # fp32 weights loaded as bf16 are the rounded weights.
     fp32_dir = tmp_path / "fp32"
     tiny_model(seed=22).save_pretrained(fp32_dir)
     as_bf16 = AutoModel.from_pretrained(fp32_dir, dtype=torch.bfloat16)
     assert as_bf16.model.transformer.wte.weight.dtype == torch.bfloat16
-    _assert_same_weights(model, as_bf16)
+    mc.assert_same_weights(model, as_bf16)
 
 
 def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
@@ -426,7 +355,7 @@ def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
               metadata={"format": "pt"})
     loaded = AutoModel.from_pretrained(tmp_path)
     assert type(loaded) is LLaDAModelLM
-    _assert_same_weights(model, loaded)
+    mc.assert_same_weights(model, loaded)
 
 
 def test_gradient_checkpointing_same_gradients():
@@ -469,6 +398,6 @@ def test_resize_token_embeddings_keeps_config_consistent(tmp_path):
     assert model.model.transformer.ff_out.weight.shape == (40, 16)
     model.save_pretrained(tmp_path)
     loaded = AutoModel.from_pretrained(tmp_path)
-    _assert_same_weights(model, loaded)
+    mc.assert_same_weights(model, loaded)
     with torch.no_grad():
         assert loaded(_ids()).logits.shape == (2, 7, 40)
