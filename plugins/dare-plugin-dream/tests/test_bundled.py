@@ -1,15 +1,14 @@
 """The bundled tiny checkpoint: layout and published names, preset, generation, short SFT and d1
 runs (the algorithm plugins are used when installed)."""
 
-import json
 import os
 
 import pytest
-import torch
 
 import dare_plugin_dream
 from dare_core.config import resolve
 from dare_core.plugins import build
+from dare_core.testing import bundled
 from dare_plugin_dream.wrapper import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
@@ -31,16 +30,12 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from safetensors import safe_open
     from transformers import AutoModel, AutoTokenizer
 
-    files = set(os.listdir(BUNDLED))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "dare_defaults.yaml"} <= files
-    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
-    assert cfg["model_type"] == "Dream" and cfg["architectures"] == ["DreamModel"]
+    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
+                                              "dare_defaults.yaml"], "Dream", "DreamModel")
     assert cfg["tie_word_embeddings"] is False
-    with safe_open(os.path.join(BUNDLED, "model.safetensors"), "pt") as fh:
-        keys = set(fh.keys())
+    keys = bundled.safetensors_names(BUNDLED)
     assert len(keys) == 12 * cfg["num_hidden_layers"] + 3
     assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
             "model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.gate_proj.weight"} <= keys

@@ -6,13 +6,13 @@ import os
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import dare_plugin_d1
 import dare_plugin_llada
 import dare_plugin_sft
 from dare_core.config import resolve
 from dare_core.plugins import build
+from dare_core.testing import bundled
 from dare_core.train import train
 from dare_plugin_llada.wrapper import BUNDLED
 
@@ -25,15 +25,11 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from safetensors import safe_open
     from transformers import AutoModel, AutoTokenizer
 
-    files = set(os.listdir(BUNDLED))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "dare_defaults.yaml"} <= files
-    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
-    assert cfg["model_type"] == "llada" and cfg["architectures"] == ["LLaDAModelLM"]
-    with safe_open(os.path.join(BUNDLED, "model.safetensors"), "pt") as fh:
-        keys = set(fh.keys())
+    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
+                                              "dare_defaults.yaml"], "llada", "LLaDAModelLM")
+    keys = bundled.safetensors_names(BUNDLED)
     n = cfg["n_layers"]
     assert len(keys) == 9 * n + 3
     assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
@@ -54,16 +50,8 @@ def test_preset_applies_below_overrides(dare):
 
 
 def test_generate_solves_a_training_style_puzzle(dare, monkeypatch):
-    from dare_core import plugins
-    from dare_core.cli import cli
-
-    from dare_core.tasks import SudokuTask, TaskConfig
-
-    monkeypatch.setattr(plugins, "_DARE", dare)
-    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
-    result = CliRunner().invoke(cli, ["generate", "--model", "llada", "--prompt", example.prompt[0]["content"]])
-    assert result.exit_code == 0, result.output
-    assert "<answer>" in result.output and "</answer>" in result.output
+    output = bundled.generate_sudoku(dare, monkeypatch, "llada")
+    assert "<answer>" in output and "</answer>" in output
 
 
 def test_short_d1_and_sft_runs(dare, tmp_path):

@@ -1,15 +1,14 @@
 """The bundled tiny checkpoint: published layout, preset, `dare generate`, a short SFT run."""
 
-import json
 import os
 
 import pytest
-from click.testing import CliRunner
 
 import dare_plugin_llada2
 import dare_plugin_sft
 from dare_core.config import resolve
 from dare_core.plugins import build
+from dare_core.testing import bundled
 from dare_core.train import train
 from dare_plugin_llada2.wrapper import BUNDLED
 
@@ -24,10 +23,8 @@ def dare():
 def test_layout_and_published_names():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    files = set(os.listdir(BUNDLED))
-    assert {"config.json", "tokenizer.json", "dare_defaults.yaml"} <= files
-    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
-    assert cfg["model_type"] == "llada2_moe" and cfg["architectures"] == ["LLaDA2MoeModelLM"]
+    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "tokenizer.json", "dare_defaults.yaml"],
+                                    "llada2_moe", "LLaDA2MoeModelLM")
     assert cfg["num_experts"] == 4 and cfg["n_group"] == 2 and cfg["first_k_dense_replace"] == 1
     tok = AutoTokenizer.from_pretrained(BUNDLED)
     assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|mask|>"
@@ -44,15 +41,7 @@ def test_preset_applies(dare):
 
 
 def test_generate_cli(dare, monkeypatch):
-    from dare_core import plugins
-    from dare_core.cli import cli
-    from dare_core.tasks import SudokuTask, TaskConfig
-
-    monkeypatch.setattr(plugins, "_DARE", dare)
-    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
-    result = CliRunner().invoke(cli, ["generate", "--model", "llada2", "--prompt", example.prompt[0]["content"]])
-    assert result.exit_code == 0, result.output
-    assert "<answer>" in result.output
+    assert "<answer>" in bundled.generate_sudoku(dare, monkeypatch, "llada2")
 
 
 def test_short_sft_run(dare, tmp_path):

@@ -16,7 +16,7 @@ from dare_plugin_llada2.sampler import (
     ThresholdSampler,
     transfer_schedule,
 )
-from dare_plugin_llada2.wrapper import LLaDA2Wrapper, create, load
+from dare_plugin_llada2.wrapper import LLaDA2Wrapper, load
 
 V, MASK, EOS = 32, 1, 0
 A, B = 20, 21
@@ -160,13 +160,8 @@ def test_response_cut_after_first_stop_token():
 
 # ----------------------------------------------------------------------------- real tiny model
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("l2") / "tiny")
-    torch.manual_seed(0)
-    texts = ["Solve 1 + 2 = 3.", "<answer>\n3142\n</answer>", "hello world"] * 20
-    create(out, texts, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-           head_dim=16, intermediate_size=48, moe_intermediate_size=16, vocab_size=300, block_size=4)
-    return load(out)
+def tiny(tiny_dir):
+    return load(tiny_dir)
 
 
 def _prompts(w):

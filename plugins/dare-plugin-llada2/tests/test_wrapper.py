@@ -8,17 +8,12 @@ from click.testing import CliRunner
 import dare_plugin_llada2
 from dare_core.models.block import bd3lm_layout
 from dare_plugin_llada2.tokenizer import LLADA2_CHAT_TEMPLATE, build_tokenizer
-from dare_plugin_llada2.wrapper import create, load
+from dare_plugin_llada2.wrapper import load
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("l2w") / "tiny")
-    torch.manual_seed(0)
-    texts = ["Solve 1 + 2 = 3.", "<answer>\n3142\n</answer>", "hello world"] * 20
-    create(out, texts, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-           head_dim=16, intermediate_size=48, moe_intermediate_size=16, vocab_size=300, block_size=4)
-    return out
+def tiny(tiny_dir):
+    return tiny_dir
 
 
 @pytest.fixture(scope="module")

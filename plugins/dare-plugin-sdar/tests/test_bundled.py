@@ -1,15 +1,14 @@
 """The bundled tiny SDAR checkpoint: published layout, preset, generation, a one-step SFT run."""
 
-import json
 import os
 
 import pytest
-from click.testing import CliRunner
 
 import dare_plugin_sdar
 import dare_plugin_sft
 from dare_core.config import resolve
 from dare_core.plugins import build
+from dare_core.testing import bundled
 from dare_core.train import train
 from dare_plugin_sdar.wrapper import BUNDLED
 
@@ -22,17 +21,13 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from safetensors import safe_open
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    files = set(os.listdir(BUNDLED))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
-            "dare_defaults.yaml"} <= files
-    cfg = json.load(open(os.path.join(BUNDLED, "config.json")))
-    assert cfg["model_type"] == "sdar" and cfg["architectures"] == ["SDARForCausalLM"]
+    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
+                                              "generation_config.json", "dare_defaults.yaml"],
+                                    "sdar", "SDARForCausalLM")
     assert cfg["block_size"] == 4 and cfg["head_dim"] == 16 and cfg["num_key_value_heads"] == 2
-    with safe_open(os.path.join(BUNDLED, "model.safetensors"), "pt") as fh:
-        keys = set(fh.keys())
+    keys = bundled.safetensors_names(BUNDLED)
     assert len(keys) == 11 * cfg["num_hidden_layers"] + 3
     assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
             "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate_proj.weight"} <= keys
@@ -50,15 +45,8 @@ def test_preset_applies_below_overrides(dare):
 
 
 def test_generate_answers_in_the_trained_format(dare, monkeypatch):
-    from dare_core import plugins
-    from dare_core.cli import cli
-    from dare_core.tasks import SudokuTask, TaskConfig
-
-    monkeypatch.setattr(plugins, "_DARE", dare)
-    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
-    result = CliRunner().invoke(cli, ["generate", "--model", "sdar", "--prompt", example.prompt[0]["content"]])
-    assert result.exit_code == 0, result.output
-    assert "<answer>" in result.output and "</answer>" in result.output
+    output = bundled.generate_sudoku(dare, monkeypatch, "sdar")
+    assert "<answer>" in output and "</answer>" in output
 
 
 def test_one_step_sft_run(dare, tmp_path):

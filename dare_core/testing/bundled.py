@@ -1,0 +1,42 @@
+"""Checks shared by the tests of a family plugin's bundled tiny checkpoint: its files and
+published names, and ``dare generate`` answering a Sudoku prompt through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+
+def checkpoint_config(path: str, files: Iterable[str], model_type: str, architecture: str) -> dict:
+    """The checkpoint's config.json after checking that ``files`` are all in ``path`` and that
+    it names ``model_type`` and the single architecture ``architecture``."""
+    assert set(files) <= set(os.listdir(path))
+    with open(os.path.join(path, "config.json")) as fh:
+        cfg = json.load(fh)
+    assert cfg["model_type"] == model_type and cfg["architectures"] == [architecture]
+    return cfg
+
+
+def safetensors_names(path: str) -> set[str]:
+    """Tensor names stored in ``path/model.safetensors``."""
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as fh:
+        return set(fh.keys())
+
+
+def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
+    """Output of ``dare generate --model MODEL`` (with the registry ``dare``) on the first
+    Sudoku evaluation prompt; asserts the command succeeded."""
+    from click.testing import CliRunner
+
+    from dare_core import plugins
+    from dare_core.cli import cli
+    from dare_core.tasks import SudokuTask, TaskConfig
+
+    monkeypatch.setattr(plugins, "_DARE", dare)
+    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
+    result = CliRunner().invoke(cli, ["generate", "--model", model, "--prompt", example.prompt[0]["content"]])
+    assert result.exit_code == 0, result.output
+    return result.output
