@@ -1,5 +1,6 @@
-"""Checks shared by the tests of a family plugin's bundled tiny checkpoint: its files and
-published names, and ``dare generate`` answering a Sudoku prompt through the CLI."""
+"""Helpers for the tests of a family plugin's checkpoints: the bundled tiny checkpoint's files and
+published names, ``dare generate`` answering a Sudoku prompt through the CLI, and fresh tiny
+checkpoints made by the family's ``create``."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
     result = CliRunner().invoke(cli, ["generate", "--model", model, "--prompt", example.prompt[0]["content"]])
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def make_tiny_checkpoint(tmp_path_factory: Any, create: Any, name: str, texts: list[str], **sizes: Any) -> str:
+    """Directory of a tiny checkpoint written by a family's ``create(out_dir, texts, **sizes)``
+    with the global torch seed set to 0 first (the same weights every time)."""
+    import torch
+
+    out = str(tmp_path_factory.mktemp(name) / "tiny")
+    torch.manual_seed(0)
+    create(out, texts, **sizes)
+    return out

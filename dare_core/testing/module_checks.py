@@ -10,6 +10,7 @@ its architecture (hand-computed reference forwards, state-dict names, published 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from typing import Any, Iterable, Optional, Sequence
 
@@ -28,6 +29,7 @@ __all__ = [
     "assert_save_load_roundtrip",
     "assert_bf16_save_load_roundtrip",
     "assert_matches_reference",
+    "randomize_",
 ]
 
 
@@ -181,3 +183,18 @@ def assert_matches_reference(model: Any, impl: str, ids: torch.Tensor, reference
     assert ref.abs().max() > 0.5
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     return ref
+
+
+def randomize_(model: Any, norm_suffixes: tuple = ("norm.weight",)) -> Any:
+    """Overwrite every parameter (from the global torch generator) with values large enough that
+    each term of the forward matters: ``1 + 0.5 N(0, 1)`` for names ending in ``norm_suffixes``,
+    ``0.5 N(0, 1)`` for biases, ``N(0, 1) / sqrt(fan_in)`` otherwise; returns the model in eval mode."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(norm_suffixes):
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[-1]))
+    return model.eval()

@@ -32,16 +32,7 @@ def tiny_config(**overrides) -> DreamConfig:
 def tiny_model(seed: int = 0, **overrides) -> DreamModel:
     """Random model whose weights (biases and norm weights included) are large enough to matter."""
     torch.manual_seed(seed)
-    model = DreamModel(tiny_config(**overrides))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[-1]))
-    return model.eval()
+    return mc.randomize_(DreamModel(tiny_config(**overrides)))
 
 
 # ---------------------------------------------------------------------------

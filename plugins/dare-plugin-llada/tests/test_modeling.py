@@ -34,13 +34,8 @@ def tiny_model(seed: int = 0, **overrides) -> LLaDAModelLM:
     """Random model whose weights are large enough to make every term matter."""
     torch.manual_seed(seed)
     model = LLaDAModelLM(tiny_config(**overrides))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / math.sqrt(p.shape[-1]))
-    return model.eval()
+    assert not any(name.endswith("bias") for name, _ in model.named_parameters())
+    return mc.randomize_(model, ("norm.weight", "ln_f.weight"))
 
 
 # ---------------------------------------------------------------------------
