@@ -59,7 +59,7 @@ import torch
 from dare_core.config.schema import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.default_plugins.rollout import mask_through_first_stop
-from dare_core.default_plugins.rollout_common import check_prompt_shapes, check_records, eval_mode
+from dare_core.default_plugins.rollout_common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 from dare_core.errors import CapabilityError, DareError
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.models.block import block_causal_mask, block_index
@@ -142,13 +142,10 @@ def _filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -math.inf)
 
 
-class BlockSampler:
+class BlockSampler(ConfiguredSampler):
     """The ``block`` rollout backend (see the module docstring)."""
 
-    def __init__(self, config: BlockRolloutConfig):
-        if not isinstance(config, BlockRolloutConfig):
-            raise TypeError(f"BlockSampler needs a BlockRolloutConfig, got {type(config).__name__}")
-        self.config = config
+    config_cls = BlockRolloutConfig
 
     # ------------------------------------------------------------------ public
     def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,

@@ -80,7 +80,7 @@ _DECODING = ("threshold", "quota")
 
 
 @attrs.frozen
-class FastConfig:
+class FastConfig(common.BlockCounts):
     """Config of the ``fast`` rollout backend (the ``rollout:`` section)."""
 
     gen_length: int = common.gen_length_option()
@@ -132,15 +132,6 @@ class FastConfig:
                 "rollout.decoding 'threshold' compares model confidences, so rollout.remasking "
                 "must be 'low_confidence'; set remasking=low_confidence or decoding=quota"
             )
-
-    @property
-    def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
-
-    @property
-    def steps_per_block(self) -> int:
-        """Steps per block of quota decoding."""
-        return self.steps // self.num_blocks
 
 
 class _BlockForward:
@@ -240,16 +231,13 @@ class _BlockForward:
         self.mask = keys.long() if self.padded else None
 
 
-class FastSampler(common.CandidateScoring):
+class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
     """Cached, parallel-decoding masked-diffusion sampler (see the module docstring).
 
     :param config: :class:`FastConfig`.
     """
 
-    def __init__(self, config: FastConfig):
-        if not isinstance(config, FastConfig):
-            raise TypeError(f"FastSampler needs a FastConfig, got {type(config).__name__}")
-        self.config = config
+    config_cls = FastConfig
 
     def generate(
         self,

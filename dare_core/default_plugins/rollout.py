@@ -61,7 +61,7 @@ SUPPORTED_RECORDS = frozenset({"reveal_step", "step_states"})
 
 
 @attrs.frozen
-class LowConfidenceConfig:
+class LowConfidenceConfig(common.BlockCounts):
     """Config of the ``low_confidence`` rollout backend (the ``rollout:`` section)."""
 
     gen_length: int = common.gen_length_option()
@@ -98,14 +98,6 @@ class LowConfidenceConfig:
                 f"of steps; set steps to a multiple of {num_blocks} "
                 f"(e.g. {common.multiple_hint(self.steps, num_blocks)}) or change block_length"
             )
-
-    @property
-    def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
-
-    @property
-    def steps_per_block(self) -> int:
-        return self.steps // self.num_blocks
 
 
 # --------------------------------------------------------------------------- schedule
@@ -165,18 +157,13 @@ def _commit_mask(conf: torch.Tensor, eligible: torch.Tensor, quota: torch.Tensor
 
 
 # --------------------------------------------------------------------------- sampler
-class LowConfidenceSampler(common.CandidateScoring):
+class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
     """Semi-autoregressive low-confidence remasking sampler (see the module docstring).
 
     :param config: :class:`LowConfidenceConfig`.
     """
 
-    def __init__(self, config: LowConfidenceConfig):
-        if not isinstance(config, LowConfidenceConfig):
-            raise TypeError(
-                f"LowConfidenceSampler needs a LowConfidenceConfig, got {type(config).__name__}"
-            )
-        self.config = config
+    config_cls = LowConfidenceConfig
 
     def generate(
         self,

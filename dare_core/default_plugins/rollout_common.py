@@ -30,11 +30,13 @@ __all__ = [
     "stop_confidence_option",
     "truncate_at_eos_option",
     "micro_batch_size_option",
+    "BlockCounts",
     "multiple_hint",
     "check_gen_length_blocks",
     "check_records",
     "check_prompt_shapes",
     "eval_mode",
+    "ConfiguredSampler",
     "CandidateScoring",
     "run_micro_batches",
     "join_micro_batches",
@@ -96,6 +98,20 @@ def micro_batch_size_option(rest: str) -> Any:
                   non_negative)
 
 
+class BlockCounts:
+    """``num_blocks`` and ``steps_per_block`` of a config with ``gen_length``, ``block_length``
+    and ``steps`` (a mixin of the semi-autoregressive backends' configs)."""
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        """Denoising steps per block (the quota schedule)."""
+        return self.steps // self.num_blocks
+
+
 def multiple_hint(value: int, base: int) -> str:
     """The multiples of ``base`` around ``value`` (``"8 or 12"``; ``"4"`` below the first one)."""
     lower = (value // base) * base
@@ -144,6 +160,18 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes:
             m.training = training
+
+
+class ConfiguredSampler:
+    """A rollout backend built from one config of the class ``config_cls`` (``TypeError`` for
+    anything else); the config is ``self.config``."""
+
+    config_cls: type = object
+
+    def __init__(self, config: Any):
+        if not isinstance(config, self.config_cls):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}, got {type(config).__name__}")
+        self.config = config
 
 
 # -- candidates and confidences of the masked-diffusion samplers -----------------------------------

@@ -336,11 +336,14 @@ def tokenizer_token_id(tokenizer: Any, token: str) -> Optional[int]:
 
 
 def load_module(module_cls: Any, path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                attn_implementation: Optional[str] = None) -> tuple[torch.nn.Module, Any]:
+                attn_implementation: Optional[str] = None, model_type: Any = None) -> tuple[torch.nn.Module, Any]:
     """``(module, tokenizer)`` of a checkpoint: ``module_cls.from_pretrained`` in ``dtype`` on
-    ``device`` (with ``attn_implementation`` when given) and the checkpoint's tokenizer."""
+    ``device`` (with ``attn_implementation`` when given) and the checkpoint's tokenizer; with
+    ``model_type``, :func:`checkpoint_model_type` checks the checkpoint first."""
     from transformers import AutoTokenizer
 
+    if model_type is not None:
+        checkpoint_model_type(path, model_type)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation

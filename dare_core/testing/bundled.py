@@ -27,6 +27,22 @@ def safetensors_names(path: str) -> set[str]:
         return set(fh.keys())
 
 
+def assert_weight_names(path: str, count: int, required: Iterable[str]) -> None:
+    """``path/model.safetensors`` holds ``count`` tensors, among them every name of ``required``."""
+    names = safetensors_names(path)
+    assert len(names) == count
+    assert set(required) <= names
+
+
+def assert_token_names(path: str, expected: dict) -> None:
+    """The checkpoint's tokenizer spells each id of ``expected`` (id -> token string) as given."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    for tid, token in expected.items():
+        assert tok.convert_ids_to_tokens(tid) == token
+
+
 def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
     """Output of ``dare generate --model MODEL`` (with the registry ``dare``) on the first
     Sudoku evaluation prompt; asserts the command succeeded."""

@@ -30,18 +30,15 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "dare_defaults.yaml"], "Dream", "DreamModel")
     assert cfg["tie_word_embeddings"] is False
-    keys = bundled.safetensors_names(BUNDLED)
-    assert len(keys) == 12 * cfg["num_hidden_layers"] + 3
-    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-            "model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.gate_proj.weight"} <= keys
-    tok = AutoTokenizer.from_pretrained(BUNDLED)
-    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|mask|>"
-    assert tok.convert_ids_to_tokens(cfg["eos_token_id"]) == "<|endoftext|>"
+    bundled.assert_weight_names(BUNDLED, 12 * cfg["num_hidden_layers"] + 3, [
+        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.gate_proj.weight"])
+    bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|mask|>", cfg["eos_token_id"]: "<|endoftext|>"})
     assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "DreamModel"
 
 

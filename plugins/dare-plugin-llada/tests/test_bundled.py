@@ -25,17 +25,14 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "dare_defaults.yaml"], "llada", "LLaDAModelLM")
-    keys = bundled.safetensors_names(BUNDLED)
-    n = cfg["n_layers"]
-    assert len(keys) == 9 * n + 3
-    assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
-            "model.transformer.blocks.0.ff_proj.weight", "model.transformer.blocks.0.attn_out.weight"} <= keys
-    tok = AutoTokenizer.from_pretrained(BUNDLED)
-    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|mdm_mask|>"
+    bundled.assert_weight_names(BUNDLED, 9 * cfg["n_layers"] + 3, [
+        "model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
+        "model.transformer.blocks.0.ff_proj.weight", "model.transformer.blocks.0.attn_out.weight"])
+    bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|mdm_mask|>"})
     assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "LLaDAModelLM"
 
 

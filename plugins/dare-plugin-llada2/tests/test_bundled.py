@@ -21,13 +21,12 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "tokenizer.json", "dare_defaults.yaml"],
                                     "llada2_moe", "LLaDA2MoeModelLM")
     assert cfg["num_experts"] == 4 and cfg["n_group"] == 2 and cfg["first_k_dense_replace"] == 1
-    tok = AutoTokenizer.from_pretrained(BUNDLED)
-    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|mask|>"
+    bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|mask|>"})
     model = AutoModelForCausalLM.from_pretrained(BUNDLED)
     names = set(model.state_dict())
     assert {"model.word_embeddings.weight", "lm_head.weight", "model.layers.1.mlp.gate.expert_bias",

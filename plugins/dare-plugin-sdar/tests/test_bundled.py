@@ -21,18 +21,16 @@ def dare():
 
 
 def test_layout_and_published_names():
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModel, AutoModelForCausalLM
 
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "generation_config.json", "dare_defaults.yaml"],
                                     "sdar", "SDARForCausalLM")
     assert cfg["block_size"] == 4 and cfg["head_dim"] == 16 and cfg["num_key_value_heads"] == 2
-    keys = bundled.safetensors_names(BUNDLED)
-    assert len(keys) == 11 * cfg["num_hidden_layers"] + 3
-    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-            "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate_proj.weight"} <= keys
-    tok = AutoTokenizer.from_pretrained(BUNDLED)
-    assert tok.convert_ids_to_tokens(cfg["mask_token_id"]) == "<|MASK|>"
+    bundled.assert_weight_names(BUNDLED, 11 * cfg["num_hidden_layers"] + 3, [
+        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+        "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate_proj.weight"])
+    bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|MASK|>"})
     assert type(AutoModelForCausalLM.from_pretrained(BUNDLED)).__name__ == "SDARForCausalLM"
     assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "SDARModel"
 

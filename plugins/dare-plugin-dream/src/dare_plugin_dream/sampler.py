@@ -51,7 +51,7 @@ import torch
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.default_plugins.rollout import mask_through_first_stop
-from dare_core.default_plugins.rollout_common import check_prompt_shapes, check_records
+from dare_core.default_plugins.rollout_common import ConfiguredSampler, check_prompt_shapes, check_records
 from dare_core.default_plugins.rollout_common import join_micro_batches, run_micro_batches
 from dare_core.interfaces import RolloutBatch
 
@@ -170,16 +170,13 @@ def transfer_counts(mask_count: int, steps: int, eps: float = 1e-3) -> list[int]
 
 
 # --------------------------------------------------------------------------- sampler
-class DreamSampler:
+class DreamSampler(ConfiguredSampler):
     """Dream's whole-window diffusion sampler (see the module docstring).
 
     :param config: :class:`DreamSamplerConfig`.
     """
 
-    def __init__(self, config: DreamSamplerConfig):
-        if not isinstance(config, DreamSamplerConfig):
-            raise TypeError(f"DreamSampler needs a DreamSamplerConfig, got {type(config).__name__}")
-        self.config = config
+    config_cls = DreamSamplerConfig
 
     def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  record: frozenset[str] = frozenset(),

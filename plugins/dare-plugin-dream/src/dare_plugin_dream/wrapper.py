@@ -25,7 +25,7 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_core.models.base import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_core.models.base import save_new_checkpoint, tiny_params, tokenizer_token_id
 
 from dare_plugin_dream.configuration_dream import DreamConfig
@@ -83,8 +83,7 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None) -> DreamWrapper:
     """Load a Dream checkpoint (single file or sharded safetensors) and its tokenizer."""
     register_auto_classes()
-    checkpoint_model_type(path, DreamConfig.model_type)
-    module, tokenizer = load_module(DreamModel, path, dtype, device, attn_implementation)
+    module, tokenizer = load_module(DreamModel, path, dtype, device, attn_implementation, DreamConfig.model_type)
     cfg = module.config
     mask = config_or_tokenizer_id(cfg.mask_token_id, tokenizer.mask_token_id)
     if mask is None:

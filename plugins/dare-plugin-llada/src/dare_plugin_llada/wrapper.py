@@ -14,7 +14,7 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import checkpoint_model_type, load_module, padded_vocab_size, save_new_checkpoint
+from dare_core.models.base import load_module, padded_vocab_size, save_new_checkpoint
 from dare_core.models.base import tiny_params, tokenizer_token_id
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
@@ -43,8 +43,7 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          attn_implementation: Optional[str] = None) -> LLaDAWrapper:
     """Load a LLaDA checkpoint (single file or sharded safetensors) and its tokenizer."""
     register_auto_classes()
-    checkpoint_model_type(path, LLaDAConfig.model_type)
-    module, tokenizer = load_module(LLaDAModelLM, path, dtype, device, attn_implementation)
+    module, tokenizer = load_module(LLaDAModelLM, path, dtype, device, attn_implementation, LLaDAConfig.model_type)
     cfg = module.config
     if cfg.mask_token_id is None:
         raise DareError(f"{path!r}: config.json has no mask_token_id")

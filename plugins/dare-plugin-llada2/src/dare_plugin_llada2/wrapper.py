@@ -16,7 +16,7 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_core.models.base import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_core.models.base import save_new_checkpoint, tiny_params
 from dare_core.models.block import (
     bd3lm_layout,
@@ -153,8 +153,7 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     ``block_size`` entry, else :data:`DEFAULT_BLOCK_SIZE`.
     """
     register_auto_classes()
-    checkpoint_model_type(path, LLaDA2MoeConfig.model_type)
-    module, tokenizer = load_module(LLaDA2MoeModelLM, path, dtype, device, attn_implementation)
+    module, tokenizer = load_module(LLaDA2MoeModelLM, path, dtype, device, attn_implementation, LLaDA2MoeConfig.model_type)
     cfg = module.config
     mask = config_or_tokenizer_id(getattr(cfg, "mask_token_id", None), tokenizer.mask_token_id)
     eos = config_or_tokenizer_id(cfg.eos_token_id, tokenizer.eos_token_id)
