@@ -365,3 +365,22 @@ def test_sharded_save_load_round_trip_is_bit_exact(model, tmp_path):
     again16 = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
     for (n, a), (_, b) in zip(bf16.state_dict().items(), again16.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_bf16_autocast_forward_and_backward(model):
+    """Mixed-precision training: under CPU bf16 autocast the experts return bf16 while the MoE
+    buffer keeps the float32 residual dtype; the forward must run, stay finite and close to the
+    float32 result, and gradients must reach the routed experts."""
+    ids = torch.randint(2, 48, (2, 8), generator=torch.Generator().manual_seed(3))
+    mask, pos = _block_mask(8, 4)
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, position_ids=pos).logits
+    m = LLaDA2MoeModelLM(model.config)
+    m.load_state_dict(model.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(ids, attention_mask=mask, position_ids=pos).logits
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.float(), ref, atol=0.15, rtol=0.05)
+    out.float().square().mean().backward()
+    routed = [p.grad for n, p in m.named_parameters() if ".experts." in n and p.grad is not None]
+    assert routed and any(bool(g.abs().sum() > 0) for g in routed)

@@ -161,7 +161,8 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         per_slot = flat.new_zeros(flat.shape[0], k, shape[-1])
         for e in torch.unique(idx).tolist():
             rows, slots = (idx == e).nonzero(as_tuple=True)
-            per_slot[rows, slots] = self.experts[e](flat[rows])
+            # under autocast the experts return the autocast dtype; the buffer keeps x's dtype
+            per_slot[rows, slots] = self.experts[e](flat[rows]).to(per_slot.dtype)
         y = (per_slot.to(weight.dtype) * weight[..., None]).sum(dim=1).to(x.dtype).view(shape)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
