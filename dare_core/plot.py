@@ -18,6 +18,7 @@ import tempfile
 from typing import Optional, Sequence
 
 from dare_core.errors import DareError
+from dare_core.rundir import _umask
 
 __all__ = ["Curve", "load_curves", "moving_average", "plot_runs"]
 
@@ -159,7 +160,8 @@ def plot_runs(run_dirs: Sequence[str], metrics: Sequence[str], out: str, *,
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=100)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):
