@@ -139,8 +139,7 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
     from dare_core.config import resolve
     from dare_core.engines import build_engine
     from dare_core.workflows.common import (
-        Context, build_rollout, eval_rollout_config, evaluate, load_model, resolve_device,
-        seed_everything,
+        Context, build_eval_rollout, evaluate, load_model, resolve_device, seed_everything,
     )
 
     dare = _dare()
@@ -149,7 +148,7 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
     wrapper = load_model(dare, config, trainable=False)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
     ctx = Context(dare, config, None, dare.registries.models.get(model), wrapper,
-                  None, build_rollout(dare, config, eval_rollout_config(config)), task, None,
+                  None, build_eval_rollout(dare, config), task, None,
                   build_engine(config.engine.name, resolve_device(config.model.device)), None, gen)
     examples = task.examples("eval", limit=config.task.num_eval, seed=config.seed)
     result = evaluate(ctx, examples, "eval")

@@ -134,17 +134,31 @@ def _backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset,
             and all(callable(getattr(rollout_spec.build, m, None)) for m in methods))
 
 
+def _fits(rollout_spec: Any, family: Any) -> bool:
+    return ((not rollout_spec.kinds or family.kind in rollout_spec.kinds)
+            and set(rollout_spec.requires) <= set(family.capabilities))
+
+
 def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
                      raw: dict[str, Any]) -> str:
-    """The family's default rollout backend, or — when it cannot serve the algorithm's training
-    rollout (records, config fields, methods) — the first of the family's other backends that
-    can."""
-    others = [name for name in family.rollouts if name != family.default_rollout]
-    if spec is None or spec.workflow != "rl" or not others:
-        return family.default_rollout
-    needs = _rollout_needs(dare, spec, preset, raw)
-    for name in [family.default_rollout, *others]:
-        if name in dare.registries.rollouts and _backend_offers(dare.registries.rollouts.get(name), *needs):
+    """The rollout backend when ``rollout.backend`` is not given: the checkpoint preset's
+    ``rollout.backend`` (a suggestion: used when it is installed, drives the family and serves the
+    algorithm's training rollout), else the family's default, or — when that cannot serve the
+    algorithm's training rollout (records, config fields, methods) — the first of the family's
+    other backends that can."""
+    suggested = (preset.get("rollout") or {}).get("backend") if isinstance(preset.get("rollout"), dict) else None
+    candidates = [family.default_rollout] + [n for n in family.rollouts if n != family.default_rollout]
+    if suggested:
+        candidates = [str(suggested)] + [n for n in candidates if n != suggested]
+    rl = spec is not None and spec.workflow == "rl"
+    needs = _rollout_needs(dare, spec, preset, raw) if rl else (frozenset(), frozenset(), frozenset())
+    for name in candidates:
+        if name not in dare.registries.rollouts:
+            continue
+        rs = dare.registries.rollouts.get(name)
+        if name == suggested and not _fits(rs, family):
+            continue
+        if _backend_offers(rs, *needs):
             return name
     return family.default_rollout
 
@@ -232,6 +246,10 @@ def resolve(
         data = load_yaml(preset_path)
         preset = deep_merge(data.get("common") or {},
                             (data.get(spec.workflow) or {}) if spec is not None else {})
+        # settings tuned for one algorithm on this checkpoint (``algorithms: {name: {...}}``)
+        per_algo = data.get("algorithms") if spec is not None else None
+        if isinstance(per_algo, dict) and isinstance(per_algo.get(spec.name), dict):
+            preset = deep_merge(preset, per_algo[spec.name])
 
     rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
     backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset, raw)
@@ -266,6 +284,15 @@ def resolve(
     problems += roll_problems
     if top is not None and top.task.name not in dare.registries.tasks:
         problems.append("task.name: " + dare.registries.tasks.unknown_message(top.task.name))
+    if top is not None and top.eval.backend:
+        if top.eval.backend not in dare.registries.rollouts:
+            problems.append("eval.backend: " + dare.registries.rollouts.unknown_message(top.eval.backend))
+        else:
+            try:
+                _check_fits(f"eval.backend {top.eval.backend!r}", dare.registries.rollouts.get(top.eval.backend),
+                            family, f"use one of: {', '.join(family.rollouts) or family.default_rollout}")
+            except CapabilityError as exc:
+                problems.append(str(exc))
     if problems:
         raise ConfigError(problems)
     return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name)

@@ -127,6 +127,11 @@ class EvalConfig:
     )
     batch_size: int = option(64, "Prompts per evaluation generate call.", positive)
     save_samples: int = option(20, "Write this many decoded eval samples to the run directory.", non_negative)
+    backend: Optional[str] = option(
+        None, "Rollout backend of the held-out evaluation; null = the training rollout backend. "
+              "Its fields shared with the rollout section (gen_length, block_length, ...) are taken "
+              "from there, so a run can roll out with an accelerated backend and still evaluate with "
+              "the reference sampler.")
 
 
 @attrs.frozen

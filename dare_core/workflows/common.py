@@ -16,7 +16,8 @@ from dare_core import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
-from dare_core.errors import DareError
+from dare_core.config.structure import structure
+from dare_core.errors import ConfigError, DareError
 from dare_core.interfaces import Example
 from dare_core.ops.paths import configure_training_paths
 from dare_core.rundir import RunDir
@@ -72,10 +73,27 @@ def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None):
     return spec.build(rollout_cfg if rollout_cfg is not None else config.rollout)
 
 
-def eval_rollout_config(config: RunConfig) -> Any:
-    """The rollout config used for evaluation: the training one with eval's temperature and
-    steps (``steps = gen_length`` when ``eval.steps`` is null), where the backend has them."""
+def eval_backend_name(config: RunConfig) -> str:
+    """The rollout backend of evaluation: ``eval.backend``, else the training one."""
+    return config.eval.backend or config.rollout_backend
+
+
+def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
+    """The rollout config used for evaluation: the training one (or, with another
+    ``eval.backend``, that backend's defaults plus the fields it shares with the rollout section)
+    with eval's temperature and steps (``steps = gen_length`` when ``eval.steps`` is null), where
+    the backend has them."""
+    name = eval_backend_name(config)
     rc = config.rollout
+    if name != config.rollout_backend:
+        if dare is None:
+            raise ValueError("eval_rollout_config needs the registries when eval.backend differs")
+        cls = dare.registries.rollouts.get(name).config_cls
+        wanted = {f.name for f in attrs.fields(cls)}
+        shared = {f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted}
+        rc, problems = structure(cls, shared, "eval rollout")
+        if problems:
+            raise ConfigError([f"eval.backend={name}: {p}" for p in problems])
     names = {f.name for f in attrs.fields(type(rc))}
     changes: dict[str, Any] = {}
     if "temperature" in names:
@@ -87,6 +105,12 @@ def eval_rollout_config(config: RunConfig) -> Any:
         if steps is not None:
             changes["steps"] = steps
     return attrs.evolve(rc, **changes)
+
+
+def build_eval_rollout(dare: Any, config: RunConfig):
+    """The evaluation rollout backend (see :func:`eval_rollout_config`)."""
+    spec = dare.registries.rollouts.get(eval_backend_name(config))
+    return spec.build(eval_rollout_config(config, dare))
 
 
 def encode_prompts(wrapper: Any, examples: Sequence[Example], max_len: int) -> list[list[int]]:
@@ -217,7 +241,7 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     train_paths = configure_training_paths(
         wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device))
     rollout = build_rollout(dare, config)
-    eval_rollout = build_rollout(dare, config, eval_rollout_config(config))
+    eval_rollout = build_eval_rollout(dare, config)
     if rundir is not None and engine.is_main:
         rundir.write_config(to_dict(config))
         rundir.write_json("plugins.json", {

@@ -461,3 +461,55 @@ def test_default_backend_offers_the_fields_and_methods_the_training_rollout_need
     # an explicit backend is never replaced
     cfg = _resolve(dare, ckpt, "rollout.backend=mini", algo=algo, model="toy_mini")
     assert cfg.rollout_backend == "mini"
+
+
+def test_preset_suggests_a_rollout_backend_that_yields_to_the_algorithm_needs(make_dare, ckpt):
+    dare = make_dare(_NeedsBackendFeatures())
+    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({
+        "common": {"rollout": {"gen_length": 16, "block_length": 16, "steps": 8}},
+        "rl": {"rollout": {"backend": "mini"}},
+    }))
+    assert _resolve(dare, ckpt, algo="needs_plain").rollout_backend == "mini"
+    # mini has no block_length: the suggestion is passed over for a backend that has it
+    assert _resolve(dare, ckpt, algo="needs_field").rollout_backend == "low_confidence"
+    # an explicit choice wins; a suggestion that is not installed is ignored
+    assert _resolve(dare, ckpt, "rollout.backend=low_confidence", algo="needs_plain").rollout_backend == "low_confidence"
+    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({"rl": {"rollout": {"backend": "not_installed"}}}))
+    assert _resolve(dare, ckpt, algo="needs_plain").rollout_backend == "low_confidence"
+    # a suggestion that cannot drive the family (block-only backend on a masked family) is ignored
+    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({"rl": {"rollout": {"backend": "block_only"}}}))
+    assert _resolve(dare, ckpt, algo="needs_plain").rollout_backend == "low_confidence"
+
+
+def test_preset_algorithm_sections_apply_to_that_algorithm_only(dare, ckpt):
+    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({
+        "rl": {"trainer": {"lr": 0.125, "steps": 9}},
+        "algorithms": {"algo_a": {"trainer": {"lr": 0.25}}, "algo_sft": {"trainer": {"lr": 0.5}}},
+    }))
+    cfg = _resolve(dare, ckpt)  # algo_a
+    assert cfg.trainer.lr == 0.25 and cfg.trainer.steps == 9
+    assert _resolve(dare, ckpt, "trainer.lr=0.75").trainer.lr == 0.75  # overrides still win
+    assert _resolve(dare, ckpt, algo="algo_sft").trainer.lr == 0.5
+    plain = resolve(dare, model="toy", need_algo=False, overrides=[f"model.path={ckpt}"])
+    assert plain.trainer.lr == TrainerConfig().lr
+
+
+def test_eval_backend_is_checked_and_shares_the_rollout_fields(dare, ckpt):
+    from dare_core.workflows.common import eval_backend_name, eval_rollout_config
+
+    with pytest.raises(ConfigError) as info:
+        _resolve(dare, ckpt, "eval.backend=mnii")
+    (problem,) = _problems(info)
+    assert problem.startswith("eval.backend: ") and "mini" in problem
+    with pytest.raises(ConfigError) as info:
+        _resolve(dare, ckpt, "eval.backend=block_only")
+    assert "block" in _problems(info)[0]
+    cfg = _resolve(dare, ckpt, "eval.backend=mini", "rollout.gen_length=24", "rollout.block_length=8",
+                   "rollout.steps=12", "rollout.temperature=0.7", "eval.steps=6")
+    assert cfg.rollout_backend == "low_confidence" and eval_backend_name(cfg) == "mini"
+    ev = eval_rollout_config(cfg, dare)
+    assert type(ev).__name__ == "MiniRolloutConfig"
+    assert (ev.gen_length, ev.steps, ev.temperature) == (24, 6, 0.0)
+    same = _resolve(dare, ckpt, "rollout.steps=16")
+    assert eval_backend_name(same) == "low_confidence"
+    assert eval_rollout_config(same).steps == same.rollout.gen_length  # eval.steps null: one token per step
