@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Optional, Sequence
 
 from dare_core.errors import DareError
-from dare_core.rundir import _umask
+from dare_core.rundir import atomic_write_file
 
 __all__ = ["Curve", "load_curves", "moving_average", "plot_runs"]
 
@@ -155,18 +154,8 @@ def plot_runs(run_dirs: Sequence[str], metrics: Sequence[str], out: str, *,
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        atomic_write_file(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"), suffix=".png")
     finally:
         plt.close(fig)
     return out

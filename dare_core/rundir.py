@@ -41,21 +41,33 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str, text: str) -> None:
+def atomic_write_file(path: str, write: Callable[[str], None], suffix: str = "") -> None:
+    """Call ``write(tmp_path)`` on a temp file next to ``path`` (``suffix`` kept, e.g. for
+    writers that pick the format from it), then move it to ``path``; on failure the temp file is
+    removed and an existing ``path`` is untouched. The file gets the permissions of a plain
+    ``open()``."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    atomic_write_file(path, write)
 
 
 def atomic_write_dir(path: str, write: Callable[[str], None]) -> None:

@@ -204,10 +204,7 @@ def test_delayed_cache_queries_masked_and_just_committed_positions():
 
 
 def test_delayed_cache_refuses_shifted_logits():
-    base = toy()
-    w = ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
-                   mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
-                   pad_token_id=base.pad_token_id, capabilities=base.capabilities)
+    w = shifted_toy()
     pid, pm = prompts(w)
     with pytest.raises(ValueError, match="logit_shift = 1.*rollout.cache=dual"):
         fast(gen_length=8, block_length=4, steps=8, cache="delayed").generate(w, pid, pm)
@@ -233,10 +230,7 @@ def test_dual_and_prefix_query_lengths_and_nfe():
 
 
 def test_shifted_family_queries_start_one_before_the_block():
-    base = toy()
-    w = ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
-                   mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
-                   pad_token_id=base.pad_token_id, capabilities=base.capabilities)
+    w = shifted_toy()
     pid, pm = prompts(w)
     ref = reference(gen_length=12, block_length=4, steps=12).generate(w, pid, pm, record=REVEAL)
     out = fast(gen_length=12, block_length=4, steps=12, cache="none",
@@ -259,6 +253,14 @@ class ShiftedToy(ToyWrapper):
 
     def align(self, logits):
         return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+def shifted_toy():
+    """The toy's module behind a wrapper whose logits are shifted by one (like Dream's)."""
+    base = toy()
+    return ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
+                      mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
+                      pad_token_id=base.pad_token_id, capabilities=base.capabilities)
 
 
 def test_refresh_every_reruns_the_full_forward():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -165,18 +164,9 @@ def save_pairs(path: str, pairs: Sequence[PreferencePair]) -> None:
         {"prompt": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
          "chosen": pa.array([], pa.string()), "rejected": pa.array([], pa.string()),
          "meta": pa.array([], pa.string())})
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        from dare_core.rundir import _umask
+    from dare_core.rundir import atomic_write_file
 
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; match a plain open()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_file(path, lambda tmp: pq.write_table(table, tmp), suffix=".parquet")
 
 
 def pairs_from_scores(examples: Sequence[Example], texts: Sequence[str], scores: Sequence[Any],
