@@ -145,10 +145,11 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
     gen = seed_everything(config.seed)
+    eval_rollout = build_eval_rollout(dare, config)  # config errors before the model is loaded
     wrapper = load_model(dare, config, trainable=False)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
     ctx = Context(dare, config, None, dare.registries.models.get(model), wrapper,
-                  None, build_eval_rollout(dare, config), task, None,
+                  None, eval_rollout, task, None,
                   build_engine(config.engine.name, resolve_device(config.model.device)), None, gen)
     examples = task.examples("eval", limit=config.task.num_eval, seed=config.seed)
     result = evaluate(ctx, examples, "eval")

@@ -134,11 +134,6 @@ def _backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset,
             and all(callable(getattr(rollout_spec.build, m, None)) for m in methods))
 
 
-def _fits(rollout_spec: Any, family: Any) -> bool:
-    return ((not rollout_spec.kinds or family.kind in rollout_spec.kinds)
-            and set(rollout_spec.requires) <= set(family.capabilities))
-
-
 def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
                      raw: dict[str, Any]) -> str:
     """The rollout backend when ``rollout.backend`` is not given: the checkpoint preset's
@@ -156,26 +151,30 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
         if name not in dare.registries.rollouts:
             continue
         rs = dare.registries.rollouts.get(name)
-        if name == suggested and not _fits(rs, family):
+        if name == suggested and _misfit("", rs, family, ""):
             continue
         if _backend_offers(rs, *needs):
             return name
     return family.default_rollout
 
 
-def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
-    """Raise a one-line CapabilityError when ``spec`` (with ``kinds``/``requires``) cannot serve
-    ``family``."""
+def _misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
+    """One line saying why ``spec`` (with ``kinds``/``requires``) cannot serve ``family``, or
+    ``None`` when it can."""
     if spec.kinds and family.kind not in spec.kinds:
-        raise CapabilityError(
-            f"{subject} does not support {family.kind}-diffusion models such as {family.name!r} "
-            f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}"
-        )
+        return (f"{subject} does not support {family.kind}-diffusion models such as {family.name!r} "
+                f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}")
     missing = sorted(set(spec.requires) - set(family.capabilities))
     if missing:
-        raise CapabilityError(
-            f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
-        )
+        return f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
+    return None
+
+
+def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
+    """Raise a one-line CapabilityError when ``spec`` cannot serve ``family`` (:func:`_misfit`)."""
+    problem = _misfit(subject, spec, family, hint)
+    if problem:
+        raise CapabilityError(problem)
 
 
 def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
@@ -254,8 +253,8 @@ def resolve(
     rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
     backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset, raw)
     rollout_spec = dare.registries.rollouts.get(str(backend_name))
-    _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family,
-                f"use one of: {', '.join(family.rollouts) or family.default_rollout}")
+    backend_hint = f"use one of: {', '.join(family.rollouts) or family.default_rollout}"
+    _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family, backend_hint)
     # the preset's rollout keys apply only where the chosen backend has them
     if isinstance(preset.get("rollout"), dict):
         names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
@@ -288,11 +287,10 @@ def resolve(
         if top.eval.backend not in dare.registries.rollouts:
             problems.append("eval.backend: " + dare.registries.rollouts.unknown_message(top.eval.backend))
         else:
-            try:
-                _check_fits(f"eval.backend {top.eval.backend!r}", dare.registries.rollouts.get(top.eval.backend),
-                            family, f"use one of: {', '.join(family.rollouts) or family.default_rollout}")
-            except CapabilityError as exc:
-                problems.append(str(exc))
+            problem = _misfit(f"eval.backend {top.eval.backend!r}",
+                              dare.registries.rollouts.get(top.eval.backend), family, backend_hint)
+            if problem:
+                problems.append(problem)
     if problems:
         raise ConfigError(problems)
     return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name)

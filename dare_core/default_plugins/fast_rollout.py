@@ -143,11 +143,11 @@ class _BlockForward:
 
     def __init__(self, wrapper: Any, cache: str, x: torch.Tensor, valid: torch.Tensor,
                  padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int,
-                 refresh_every: int = 0, mask_id: int = -1):
+                 refresh_every: int = 0):
         self.wrapper, self.cache, self.x, self.valid = wrapper, cache, x, valid
         self.padded, self.pos, self.lo, self.hi, self.shift = padded, pos, lo, hi, shift
         self.refresh_every = refresh_every
-        self.mask_id = mask_id
+        self.mask_id = int(wrapper.mask_token_id)
         self.calls = 0
         self.past: Optional[list] = None
         self.mask: Optional[torch.Tensor] = None
@@ -342,7 +342,7 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
             forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi,
-                                    shift, cfg.refresh_every, mask_id)
+                                    shift, cfg.refresh_every)
             if quota_mode:
                 quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), cfg.steps_per_block)
                 n_steps = cfg.steps_per_block

@@ -236,12 +236,13 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     task = dare.registries.tasks.get(config.task.name).build(config.task)
     components = spec.build(config.algorithm, ComponentLookup(dare.registries))
     engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    # the samplers need no model: a bad eval rollout config fails before the model is loaded
+    rollout = build_rollout(dare, config)
+    eval_rollout = build_eval_rollout(dare, config)
     wrapper = load_model(dare, config)
     wrapper.module = engine.wrap(wrapper.module)
     train_paths = configure_training_paths(
         wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device))
-    rollout = build_rollout(dare, config)
-    eval_rollout = build_eval_rollout(dare, config)
     if rundir is not None and engine.is_main:
         rundir.write_config(to_dict(config))
         rundir.write_json("plugins.json", {
