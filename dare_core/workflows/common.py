@@ -20,6 +20,7 @@ from dare_core.config.structure import structure
 from dare_core.errors import ConfigError, DareError
 from dare_core.interfaces import Example
 from dare_core.ops.paths import configure_training_paths
+from dare_core.pairing import compare, describe, paired_counts
 from dare_core.rundir import RunDir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -256,10 +257,12 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     return ctx
 
 
-def evaluate(ctx: Context, examples: Sequence[Example], label: str) -> dict[str, Any]:
+def evaluate(ctx: Context, examples: Sequence[Example], label: str,
+             items: Optional[list[float]] = None) -> dict[str, Any]:
     """Generate for ``examples`` with the eval sampling config and score them.
 
-    Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples.
+    Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples; the
+    per-item accuracies of this rank's shard are appended to ``items`` when it is given.
     """
     cfg = ctx.config
     wrapper = ctx.wrapper
@@ -286,6 +289,8 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str) -> dict[str,
                                 "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
     seconds = time.perf_counter() - start
     n = len(accs)
+    if items is not None:
+        items.extend(accs)
     result = ctx.engine.reduce_mean({
         "accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n),
     })
@@ -314,6 +319,7 @@ class Tracker:
         self.eval_examples = eval_examples
         self.summary: dict[str, Any] = {"eval": {}}
         self.bar = None
+        self.before_items: Optional[list[float]] = None
 
     def log(self, record: dict[str, Any]) -> None:
         if self.ctx.rundir is not None and self.ctx.engine.is_main:
@@ -323,9 +329,18 @@ class Tracker:
         ctx = self.ctx
         ctx.log(f"evaluating on {len(self.eval_examples)} held-out prompts ({label}) ...")
         was_training = ctx.wrapper.module.training
-        res = evaluate(ctx, self.eval_examples, label)
+        items: list[float] = []
+        res = evaluate(ctx, self.eval_examples, label, items)
         ctx.wrapper.module.train(was_training)
-        ctx.log(f"eval {label}: accuracy={res['accuracy']:.3f} reward={res['reward']:.3f}")
+        line = f"eval {label}: accuracy={res['accuracy']:.3f} reward={res['reward']:.3f}"
+        if label == "before":
+            self.before_items = items
+        elif self.before_items is not None:  # same items, same sampler: a paired comparison
+            counts = ctx.engine.reduce_mean(dict(zip(("gained", "lost"), paired_counts(self.before_items, items))))
+            res["vs_before"] = compare(*(round(counts[k] * ctx.engine.world_size) for k in ("gained", "lost")),
+                                       res["n"])
+            line += f" ({describe(res['vs_before'])})"
+        ctx.log(line)
         self.log({"step": step, "eval": res})
         return res
 

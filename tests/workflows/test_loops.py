@@ -45,6 +45,12 @@ def test_rl_loop_learns_and_writes_run_dir(dare, tmp_path):
     stored = json.loads((root / "summary.json").read_text())
     assert {"algo", "model", "task", "eval"} <= set(stored)
     assert stored["eval"]["after"]["accuracy"] == after["accuracy"]
+    # the after-eval is compared item by item with the before-eval (same prompts, same sampler)
+    pair = after["vs_before"]
+    n = before["n"]
+    assert pair["delta"] == pytest.approx(after["accuracy"] - before["accuracy"])
+    assert pair["gained"] - pair["lost"] == round(n * (after["accuracy"] - before["accuracy"]))
+    assert 0.0 <= pair["p_value"] <= 1.0 and "vs_before" not in before
     lines = [json.loads(l) for l in (root / "metrics.jsonl").read_text().splitlines()]
     steps = [l for l in lines if "reward" in l]
     assert len(steps) == 25 and all("pg_clipfrac" in l and "grad_norm" in l for l in steps)
