@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Prepare, on this (CPU) machine, what scripts/device/run.sh needs on a GPU machine that can
+# reach nothing: the pure-Python wheels of the dependencies its image lacks (cattrs), into
+# .device/wheels (git-ignored; pass `carry: [".device"]` to the device tool).
+#   bash scripts/device/prepare.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .device/wheels
+python -m pip download -q --no-deps --only-binary=:all: -d .device/wheels "cattrs>=23.2"
+ls .device/wheels
