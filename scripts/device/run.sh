@@ -8,7 +8,8 @@
 # table), runs.tar.gz (metrics.jsonl, summary.json, config.yaml and logs of every run), setup.log.
 # Knobs (environment): BENCH_S (bench time limit, default 150), RUNS_S (learning runs' limit,
 # default 330), STEPS (RL steps per run, default 300), DARE_DEVICE (cuda; cpu for a dry run here),
-# EXTRA (more key=value overrides for every run, e.g. "task.num_eval=8" for a dry run).
+# EXTRA (more key=value overrides for every run, e.g. "task.num_eval=8" for a dry run), ONLY
+# (space-separated run names: run only these).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-runs/device-out}"
@@ -56,7 +57,8 @@ declare -A runs=(
     [coupled_grpo-sdar]="--algo coupled_grpo --model sdar ${b32[*]}"
 )
 mkdir -p "$work/runs"
-for name in "${!runs[@]}"; do
+for name in ${ONLY:-${!runs[@]}}; do
+    [ -n "${runs[$name]:-}" ] || { echo "unknown run $name (valid: ${!runs[*]})"; continue; }
     # shellcheck disable=SC2086
     timeout "${RUNS_S:-330}" dare train ${runs[$name]} "${common[@]}" run_name="$name" \
         ${EXTRA:-} > "$work/runs/$name.log" 2>&1 &
