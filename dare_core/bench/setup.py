@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
 import attrs
@@ -9,7 +10,7 @@ import click
 import torch
 
 from dare_core.bench.common import BenchError, prepare_model, random_prompts
-from dare_core.config.loader import parse_overrides
+from dare_core.config.loader import misfit, parse_overrides
 from dare_core.config.structure import structure
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -109,13 +110,12 @@ def rollout_config(dare: Any, name: str, backend: str, common: dict[str, Any],
 
 
 def check_backend(spec: Any, wrapper: Any, side: str) -> None:
-    if spec.kinds and wrapper.kind not in spec.kinds:
-        raise BenchError(f"the {side} backend {spec.name!r} does not drive {wrapper.kind}-diffusion "
-                         f"models; choose another --{side}-backend")
-    missing = sorted(set(spec.requires) - set(wrapper.capabilities))
-    if missing:
-        raise BenchError(f"the {side} backend {spec.name!r} needs model capability "
-                         f"{', '.join(missing)}, which the loaded {wrapper.family!r} model lacks")
+    """One-line error when the ``side`` backend cannot drive the loaded model (the config
+    loader's kinds/requires check, on the wrapper instead of the registered family)."""
+    model = SimpleNamespace(kind=wrapper.kind, capabilities=wrapper.capabilities, name=wrapper.family)
+    problem = misfit(f"the {side} backend {spec.name!r}", spec, model, f"choose another --{side}-backend")
+    if problem:
+        raise BenchError(problem)
 
 
 def validate(kw: dict[str, Any]) -> None:

@@ -151,14 +151,14 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
         if name not in dare.registries.rollouts:
             continue
         rs = dare.registries.rollouts.get(name)
-        if name == suggested and _misfit("", rs, family, ""):
+        if name == suggested and misfit("", rs, family, ""):
             continue
         if _backend_offers(rs, *needs):
             return name
     return family.default_rollout
 
 
-def _misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
+def misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
     """One line saying why ``spec`` (with ``kinds``/``requires``) cannot serve ``family``, or
     ``None`` when it can."""
     if spec.kinds and family.kind not in spec.kinds:
@@ -171,8 +171,8 @@ def _misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
 
 
 def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
-    """Raise a one-line CapabilityError when ``spec`` cannot serve ``family`` (:func:`_misfit`)."""
-    problem = _misfit(subject, spec, family, hint)
+    """Raise a one-line CapabilityError when ``spec`` cannot serve ``family`` (:func:`misfit`)."""
+    problem = misfit(subject, spec, family, hint)
     if problem:
         raise CapabilityError(problem)
 
@@ -287,7 +287,7 @@ def resolve(
         if top.eval.backend not in dare.registries.rollouts:
             problems.append("eval.backend: " + dare.registries.rollouts.unknown_message(top.eval.backend))
         else:
-            problem = _misfit(f"eval.backend {top.eval.backend!r}",
+            problem = misfit(f"eval.backend {top.eval.backend!r}",
                               dare.registries.rollouts.get(top.eval.backend), family, backend_hint)
             if problem:
                 problems.append(problem)
