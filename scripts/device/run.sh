@@ -36,7 +36,7 @@ command -v dare >/dev/null || { echo "dare did not install; see setup.log"; cat 
 # 1. rollout benchmark, issue 6's GPU check: ~1B random LLaDA-shape model, bf16
 if [ "$device" = cuda ]; then
     timeout "${BENCH_S:-150}" dare bench rollout --model llada --random --device cuda --dtype bfloat16 \
-        --size d_model=2048 --size n_heads=16 --size n_kv_heads=16 --size n_layers=16 \
+        --size d_model=2048 --size n_heads=16 --size n_kv_heads=16 --size n_layers=20 \
         --size mlp_hidden_size=5632 --prompt-length 64 --gen-length 256 --block-length 32 --batch 8 \
         --repeats 2 > "$work/bench.log" 2>&1
     tail -n 1 "$work/bench.log" > "$out/bench.json"
