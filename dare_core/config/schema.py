@@ -109,6 +109,12 @@ class TrainerConfig:
         0, "RL: sequences per optimizer step within an epoch; 0 = the whole rollout batch.", non_negative
     )
     micro_batch_size: int = option(8, "Sequences per forward/backward pass (gradient accumulation).", positive)
+    reuse_logprob: bool = option(
+        True, "RL: when each rollout batch gets exactly one optimizer step (ppo_epochs=1 and "
+        "mini_batch_size 0 or >= the batch), take the old log-likelihoods from the update's own "
+        "forward (detached) instead of a separate no-grad pass: the same values (ratio 1), one "
+        "forward pass over the batch less per step. Losses that run their own Monte-Carlo "
+        "backward passes (accumulate) always get the separate pass.")
     max_prompt_length: int = option(512, "Prompts longer than this (in tokens) are an error.", positive)
     max_response_length: int = option(512, "SFT: responses are truncated to this many tokens.", positive)
     log_every: int = option(1, "Print a metrics line every N steps.", positive)

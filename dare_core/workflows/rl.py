@@ -5,6 +5,8 @@ rollouts per prompt → reward → advantage (the algorithm's estimator, group-n
 → training input from the trajectory builder → corruption drawn **once** for the batch → old (and
 optional reference) log-likelihoods under that same corruption → for each PPO epoch and
 mini-batch: estimator → policy loss → backward over micro-batches → clip → optimizer step.
+With one optimizer step per batch (``ppo_epochs=1``, no mini-batches) the old log-likelihoods
+are the update's own forward, detached (``trainer.reuse_logprob``): one pass less, same values.
 The loop calls component objects directly; pluggy is only used for the step-end observers.
 """
 
@@ -124,13 +126,17 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         corrupted = rows.corrupted
         if corrupted is None and comps.corruption is not None:
             corrupted = comps.corruption(wrapper, batch, gen)
-        old = _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
+        total = batch.batch_size
+        mini = tr.mini_batch_size or total
+        accumulating = callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None
+        # one optimizer step per batch: the policy that produced the rollouts is the one being
+        # differentiated, so its log-likelihoods are the update's own forward, detached
+        on_policy = tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total and not accumulating
+        old = None if on_policy else _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
         ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
         t_old = time.perf_counter()
 
         wrapper.module.train()
-        total = batch.batch_size
-        mini = tr.mini_batch_size or total
         loss_sum, n_micro = 0.0, 0
         agg: dict[str, float] = {}
         norms, skipped = [], 0
@@ -142,12 +148,12 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                     idx = mb[usl]
                     sub_batch = batch.select(idx)
                     sub_corr = corrupted.select(idx) if corrupted is not None else None
-                    old_i = old.index_select(1, idx.to(old.device))
+                    old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
                     ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
                     mask = rows.select_weights(idx)
                     kw = {"extras": rows.select_extras(idx)} if rows.extras else {}
                     scale = len(idx) / len(mb)
-                    if callable(getattr(comps.loss, "accumulate", None)) and sub_corr is not None:
+                    if accumulating:
                         # the loss runs its own backward(s), one Monte-Carlo row at a time
                         loss, metrics = comps.loss.accumulate(
                             _row_estimate(comps.estimator, wrapper, sub_batch, sub_corr),
@@ -155,6 +161,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                             **kw)
                     else:
                         logp = comps.estimator(wrapper, sub_batch, sub_corr)
+                        if old_i is None:
+                            old_i = logp.detach()
                         loss, metrics = comps.loss(logp, old_i, ref_i, advantages[idx.to(device)], mask, **kw)
                         (loss * scale).backward()
                     loss_sum += float(loss.detach())

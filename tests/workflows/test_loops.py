@@ -60,16 +60,44 @@ def test_rl_loop_learns_and_writes_run_dir(dare, tmp_path):
 
 
 def test_old_and_new_logprobs_share_the_corruption(dare, tmp_path, monkeypatch):
-    """With one epoch and one mini-batch the first update's ratio is exactly 1."""
+    """With one epoch and one mini-batch the first update's ratio is exactly 1 (here from a
+    separate no-grad pass under the same corruption, not from the update's own forward)."""
     cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r1", "trainer.steps=1",
         "trainer.batch_size=2", "trainer.group_size=4", "eval.before=false", "eval.after=false",
+        "trainer.reuse_logprob=false",
     ])
     summary = train(dare, cfg)
     metrics = [json.loads(l) for l in (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics[0]["ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert summary["eval"] == {}
+
+
+def test_reused_logprobs_train_the_same_weights(dare, tmp_path):
+    """``trainer.reuse_logprob`` skips the separate old-log-likelihood pass when each batch gets
+    one optimizer step; the run must end with the same weights and metrics as without it."""
+    import torch
+
+    runs = {}
+    for reuse in (False, True):
+        cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
+            f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name=reuse-{reuse}",
+            "trainer.steps=3", "trainer.batch_size=4", "trainer.group_size=4", "rollout.temperature=1.0",
+            "trainer.micro_batch_size=8", "eval.before=false", "eval.after=false",
+            f"trainer.reuse_logprob={reuse}"])
+        train(dare, cfg)
+        root = tmp_path / f"reuse-{reuse}"
+        runs[reuse] = (torch.load(root / "final" / "toy.pt"),
+                       [json.loads(l) for l in (root / "metrics.jsonl").read_text().splitlines()])
+    (w_sep, m_sep), (w_reuse, m_reuse) = runs[False], runs[True]
+    assert w_sep.keys() == w_reuse.keys()
+    for k in w_sep:
+        torch.testing.assert_close(w_reuse[k], w_sep[k], rtol=1e-5, atol=1e-6)
+    for a, b in zip(m_sep, m_reuse):
+        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert b["ratio_mean"] == 1.0
+    assert any(abs(a["grad_norm"]) > 0 for a in m_sep)
 
 
 def test_sft_loop_lowers_loss(dare, tmp_path):

@@ -171,11 +171,13 @@ def test_config_invariants_are_validators():
     assert len(problems) == 2
 
 
-def test_masks_drawn_once_per_rollout_batch_shared_by_old_ref_new(tmp_path):
+@pytest.mark.parametrize("reuse,passes", [(False, 2), (True, 1)])
+def test_masks_drawn_once_per_rollout_batch_shared_by_old_ref_new(tmp_path, reuse, passes):
     log = spy_run(tmp_path, dare_plugin_coupled_grpo, "coupled_grpo", toy, [
         "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
-        "algorithm.seed_mode=stream", "algorithm.kl_coef=0.1"])
+        "algorithm.seed_mode=stream", "algorithm.kl_coef=0.1", f"trainer.reuse_logprob={reuse}"])
     assert_one_draw_per_batch(log, steps=2)
-    # with a reference model: old, ref (no grad) and new (grad) calls per micro-batch
+    # with a reference model: old (unless taken from the update's forward), ref (no grad) and
+    # new (grad) calls per micro-batch
     n_nograd = sum(1 for e in log.events if e[0] == "estimate" and not e[1])
-    assert n_nograd == 2 * 2 * 3  # 2 steps x (old + ref) x 3 micro-batches of 8 rows
+    assert n_nograd == 2 * passes * 3  # 2 steps x (old + ref, or ref) x 3 micro-batches of 8 rows
