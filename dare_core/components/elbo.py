@@ -306,9 +306,19 @@ class RowMeanObjective:
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
         return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask)
 
+    #: ``accumulate`` takes ``old_logp=None`` (policy unchanged since the rollout): the first,
+    #: gradient-free pass over all rows then doubles as the old log-likelihoods
+    computes_own_old = True
+
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
                    scale: float):
+        values = None
+        if old_logp is None:
+            with torch.no_grad():
+                values = estimate(list(range(num_rows)))
+            old_logp = values.detach()
+
         def objective(z, rows):
             return self.objective(z, rows, old_logp, ref_logp, advantages, mask)
 
-        return proxy_backward(estimate, num_rows, objective, scale)
+        return proxy_backward(estimate, num_rows, objective, scale, values=values)

@@ -115,6 +115,10 @@ class ReplayClippedLoss:
                             weights.sum(), stats)
         return value, self._metrics(stats)
 
+    #: ``accumulate`` takes ``old_logp=None`` to mean "the policy has not changed since the rollout":
+    #: each chunk's own detached log-likelihoods are then the old ones (ratio 1)
+    computes_own_old = True
+
     def accumulate(self, estimate, num_rows: int, old_logp, ref_logp, advantages, mask,
                    scale: float, extras: Optional[dict] = None):
         """Forward and backward ``row_chunk`` steps at a time; returns the (detached) loss."""
@@ -132,7 +136,8 @@ class ReplayClippedLoss:
                 continue  # no target in this micro-batch: the term is exactly 0
             logp = estimate(rows)
             ref = ref_logp[rows[0]: rows[-1] + 1] if ref_logp is not None else None
-            value = self._chunk(logp, old_logp[rows[0]: rows[-1] + 1], ref, advantages,
+            old = logp.detach() if old_logp is None else old_logp[rows[0]: rows[-1] + 1]
+            value = self._chunk(logp, old, ref, advantages,
                                 w.to(logp.dtype), mode, steps, total_w, stats)
             (value * scale).backward()
             total = total + value.detach().cpu()

@@ -114,7 +114,7 @@ class TrainerConfig:
         "mini_batch_size 0 or >= the batch), take the old log-likelihoods from the update's own "
         "forward (detached) instead of a separate no-grad pass: the same values (ratio 1), one "
         "forward pass over the batch less per step. Losses that run their own Monte-Carlo "
-        "backward passes (accumulate) always get the separate pass.")
+        "backward passes (accumulate) get the separate pass unless they declare computes_own_old.")
     max_prompt_length: int = option(512, "Prompts longer than this (in tokens) are an error.", positive)
     max_response_length: int = option(512, "SFT: responses are truncated to this many tokens.", positive)
     log_every: int = option(1, "Print a metrics line every N steps.", positive)

@@ -244,6 +244,50 @@ class AlgorithmContract:
         grads = [p.grad for p in wrapper.module.parameters() if p.grad is not None]
         assert grads and any(g.abs().sum() > 0 for g in grads)
 
+    def test_own_old_logprobs_give_the_same_gradient(self, spec, components):
+        """``trainer.reuse_logprob``: with one optimizer step per batch the RL loop takes the old
+        log-likelihoods from the update's own forward (detached), or calls ``loss.accumulate``
+        with ``old_logp=None`` when the loss declares ``computes_own_old``; the loss and the
+        gradient must equal those with a separate gradient-free old pass."""
+        if spec.workflow != "rl":
+            pytest.skip("not an RL algorithm")
+        from dare_core.workflows.rl import _row_estimate
+
+        wrapper = make_toy_wrapper()
+        rows = self._rows(components, wrapper)
+        batch = rows.batch
+        corrupted = rows.corrupted
+        if corrupted is None and components.corruption:
+            corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            old = components.estimator(wrapper, batch, corrupted)
+        mask = rows.loss_weights()
+        kw = {"extras": rows.extras} if rows.extras else {}
+        accumulating = callable(getattr(components.loss, "accumulate", None)) and corrupted is not None
+        if accumulating and not getattr(components.loss, "computes_own_old", False):
+            pytest.skip("the loop gives this loss a separate old pass (no computes_own_old)")
+
+        def run(own: bool):
+            wrapper.module.zero_grad()
+            if accumulating:
+                loss, _ = components.loss.accumulate(
+                    _row_estimate(components.estimator, wrapper, batch, corrupted),
+                    corrupted.num_samples, None if own else old, old, rows.advantages, mask, 1.0, **kw)
+            else:
+                logp = components.estimator(wrapper, batch, corrupted)
+                loss, _ = components.loss(logp, logp.detach() if own else old, old, rows.advantages,
+                                          mask, **kw)
+                loss.backward()
+            grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                     for p in wrapper.module.parameters()]
+            return float(loss.detach()), grads
+
+        (l_sep, g_sep), (l_own, g_own) = run(False), run(True)
+        assert l_own == pytest.approx(l_sep, rel=1e-5, abs=1e-7)
+        assert any(g.abs().sum() > 0 for g in g_sep), "the loss has no gradient"
+        for a, b in zip(g_sep, g_own):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
     def test_corruption_is_drawn_once_and_reused(self, spec, components):
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)

@@ -130,8 +130,10 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         mini = tr.mini_batch_size or total
         accumulating = callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None
         # one optimizer step per batch: the policy that produced the rollouts is the one being
-        # differentiated, so its log-likelihoods are the update's own forward, detached
-        on_policy = tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total and not accumulating
+        # differentiated, so its log-likelihoods are the update's own forward, detached (a loss
+        # that runs its own backward passes must say it can take old_logp=None)
+        on_policy = (tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total
+                     and (not accumulating or getattr(comps.loss, "computes_own_old", False)))
         old = None if on_policy else _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
         ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
         t_old = time.perf_counter()

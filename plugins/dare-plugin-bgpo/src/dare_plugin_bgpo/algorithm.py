@@ -134,13 +134,18 @@ class BGPOLoss:
         agg.update(mc_diagnostics(logp, "elbo"))
         return total, agg
 
+    #: ``accumulate`` takes ``old_logp=None`` (policy unchanged since the rollout): each row's own
+    #: detached ELBO is then its old value (ratio 1)
+    computes_own_old = True
+
     def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale):
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
 
         def row_loss(e, m):
             seen.append(e.detach())
-            return self.row(e, old_logp[m], ref_mean, advantages, mask)
+            old = e.detach() if old_logp is None else old_logp[m]
+            return self.row(e, old, ref_mean, advantages, mask)
 
         loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale)
         metrics.update(mc_diagnostics(torch.stack(seen, 0), "elbo"))
