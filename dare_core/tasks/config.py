@@ -13,6 +13,14 @@ def _positive(_inst: Any, _attr: Any, value: Any) -> None:
         raise ValueError(f"must be > 0, got {value!r}")
 
 
+def _one_of(*choices: str):
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
 @attrs.frozen
 class TaskConfig:
     """Which task (dataset + reward rule) a run uses, and where its data comes from."""
@@ -41,6 +49,17 @@ class TaskConfig:
         default=200,
         validator=_positive,
         metadata={"help": "Number of held-out items evaluated (the first N of the eval set)."},
+    )
+    reward: str = attrs.field(
+        default="score",
+        validator=_one_of("score", "acc"),
+        metadata={
+            "help": "The RL reward: score = the task's own reward (partial credit where the task "
+            "defines it, e.g. the fraction of Sudoku cells filled correctly), acc = exact "
+            "correctness (1 or 0). Partial credit can reinforce near misses: on the bundled "
+            "Sudoku checkpoints a policy-gradient step on the cell reward lowers the exact-solve "
+            "rate (docs/results.md). Evaluations always report both."
+        },
     )
     seed: int = attrs.field(
         default=0,

@@ -117,7 +117,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         t_roll = time.perf_counter()
         texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
         scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
-        rewards = torch.tensor([s.score for s in scored], dtype=torch.float32)
+        rewards = torch.tensor([_reward(ctx, s) for s in scored], dtype=torch.float32)
         accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
         advantages = advantage(rewards, group_ids).to(device)
 
@@ -208,6 +208,12 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     })
 
 
+def _reward(ctx: Context, scored: Any) -> float:
+    """The RL reward of one scored response: the task's score or its exact correctness
+    (``task.reward``)."""
+    return float(scored.acc if ctx.config.task.reward == "acc" else scored.score)
+
+
 def _check_records(ctx: Context, records: frozenset) -> None:
     """Refuse, before any work, a rollout backend that cannot record what the trajectory needs."""
     spec = ctx.dare.registries.rollouts.get(ctx.config.rollout_backend)
@@ -231,7 +237,7 @@ def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, 
 
     def score(response_ids: torch.Tensor, response_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         texts = decode_responses(ctx.wrapper, response_ids.cpu(), response_mask.cpu())
-        return torch.tensor([float(ctx.task.score(expanded[int(r)], t).score)
+        return torch.tensor([_reward(ctx, ctx.task.score(expanded[int(r)], t))
                              for r, t in zip(rows.tolist(), texts)], dtype=torch.float32)
 
     context = TrajectoryContext(rewards, advantages, group_ids, score, step,

@@ -100,6 +100,31 @@ def test_reused_logprobs_train_the_same_weights(dare, tmp_path):
     assert any(abs(a["grad_norm"]) > 0 for a in m_sep)
 
 
+@pytest.mark.parametrize("reward", ["score", "acc"])
+def test_task_reward_chooses_partial_credit_or_exact(dare, tmp_path, reward):
+    """``task.reward=acc`` trains on exact correctness (0/1) instead of the task's partial
+    credit; the logged reward is then the rollouts' accuracy."""
+    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
+        f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name={reward}", "trainer.steps=3",
+        "trainer.batch_size=4", "trainer.group_size=4", "rollout.temperature=1.0",
+        "eval.before=false", "eval.after=false", f"task.reward={reward}"])
+    train(dare, cfg)
+    steps = [json.loads(l) for l in (tmp_path / reward / "metrics.jsonl").read_text().splitlines()]
+    partial = False
+    for rec in steps:
+        if reward == "acc":
+            assert rec["reward"] == pytest.approx(rec["accuracy"])
+        partial |= rec["reward"] != pytest.approx(rec["accuracy"])
+    assert partial == (reward == "score")  # the digits task gives partial credit
+
+
+def test_task_reward_rejects_unknown_values(dare):
+    from dare_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="task.reward"):
+        resolve(dare, algo="pg_test", model="toy", overrides=COMMON + ["model.path=x", "task.reward=cells"])
+
+
 def test_sft_loop_lowers_loss(dare, tmp_path):
     cfg = resolve(dare, algo="sup_test", model="toy", overrides=COMMON + [
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=sft", "trainer.steps=60",
