@@ -284,7 +284,8 @@ class Example:
 
 @attrs.frozen
 class Score:
-    """A reward: ``score`` (the training reward), ``acc`` (1.0 iff fully correct), ``pred``."""
+    """A reward: ``score`` (the training reward, partial credit allowed), ``acc`` (1.0 iff fully
+    correct; the training reward instead with ``task.reward=acc``), ``pred``."""
 
     score: float
     acc: float
