@@ -24,14 +24,14 @@ Any ``KEY=VALUE`` is a run-config override (e.g. ``task.reward=acc``, ``rollout.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
 from dare_core.config import resolve
 from dare_core.plugins import build
-from dare_core.workflows.common import decode_responses, encode_prompts, evaluate, left_pad, setup
-from dare_core.workflows.rl import _reward, _row_estimate, _training_rows
+from dare_core.components import FinalSequence, GroupNormAdvantage
+from dare_core.workflows.common import evaluate, setup
+from dare_core.workflows.rl import collect, policy_backward
 
 
 def main(argv=None) -> int:
@@ -50,39 +50,21 @@ def main(argv=None) -> int:
     cfg = resolve(dare, algo=args.algo, model=args.model, overrides=[
         "progress=false", "eval.temperature=1.0", f"seed={args.seed}", *args.overrides])
     ctx = setup(dare, cfg)
-    wrapper, comps, gen = ctx.wrapper, ctx.components, ctx.generator
+    wrapper, comps = ctx.wrapper, ctx.components
     examples = ctx.task.examples("train", limit=args.prompts, seed=cfg.seed)[: args.prompts]
     n = args.group
-    ids, mask = left_pad(encode_prompts(wrapper, examples, cfg.trainer.max_prompt_length), wrapper.pad_token_id)
-    ids, mask = ids.repeat_interleave(n, 0).to(wrapper.device), mask.repeat_interleave(n, 0).to(wrapper.device)
-    groups = torch.arange(len(examples)).repeat_interleave(n)
-    expanded = [ex for ex in examples for _ in range(n)]
-    trajectory = comps.trajectory
-    records = frozenset(getattr(trajectory, "records", frozenset()))
-    rollout = ctx.rollout.generate(wrapper, ids, mask, record=records, generator=gen)
-    texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
-    rewards = torch.tensor([_reward(ctx, ctx.task.score(ex, t)) for ex, t in zip(expanded, texts)])
-    advantages = comps.advantage(rewards, groups)
-    rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, groups, expanded, 1)
-    batch = rows.batch
-    corrupted = rows.corrupted
-    if corrupted is None and comps.corruption is not None:
-        corrupted = comps.corruption(wrapper, batch, gen)
-    everything = torch.arange(batch.batch_size)
-    weights = rows.select_weights(everything)
-    kw = {"extras": rows.select_extras(everything)} if rows.extras else {}
-    adv = rows.advantages.to(wrapper.device)
+    c = collect(ctx, ctx.rollout, comps.trajectory or FinalSequence(), comps.advantage or GroupNormAdvantage(),
+                examples, n, 1)
+    rows, rewards = c.rows, c.rewards
+    if (callable(getattr(comps.loss, "accumulate", None)) and c.corrupted is not None
+            and not getattr(comps.loss, "computes_own_old", False)):
+        raise SystemExit(f"{args.algo}'s loss needs separate old log-likelihoods; not supported here")
+    everything = torch.arange(rows.batch.batch_size)
     wrapper.module.train()
     wrapper.module.zero_grad()
-    if callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None:
-        if not getattr(comps.loss, "computes_own_old", False):
-            sys.exit(f"{args.algo}'s loss needs separate old log-likelihoods; not supported here")
-        comps.loss.accumulate(_row_estimate(comps.estimator, wrapper, batch, corrupted),
-                              corrupted.num_samples, None, None, adv, weights, 1.0, **kw)
-    else:
-        logp = comps.estimator(wrapper, batch, corrupted)
-        loss, _ = comps.loss(logp, logp.detach(), None, adv, weights, **kw)
-        loss.backward()
+    policy_backward(comps, wrapper, rows.batch, c.corrupted, None, None,
+                    rows.advantages.to(wrapper.device), rows.select_weights(everything), 1.0,
+                    rows.select_extras(everything) if rows.extras else None)
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     grad = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     g_norm = torch.sqrt(sum((x.float() ** 2).sum() for x in grad))

@@ -251,7 +251,7 @@ class AlgorithmContract:
         gradient must equal those with a separate gradient-free old pass."""
         if spec.workflow != "rl":
             pytest.skip("not an RL algorithm")
-        from dare_core.workflows.rl import _row_estimate
+        from dare_core.workflows.rl import policy_backward
 
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)
@@ -261,26 +261,17 @@ class AlgorithmContract:
             corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
         with torch.no_grad():
             old = components.estimator(wrapper, batch, corrupted)
-        mask = rows.loss_weights()
-        kw = {"extras": rows.extras} if rows.extras else {}
         accumulating = callable(getattr(components.loss, "accumulate", None)) and corrupted is not None
         if accumulating and not getattr(components.loss, "computes_own_old", False):
             pytest.skip("the loop gives this loss a separate old pass (no computes_own_old)")
 
         def run(own: bool):
             wrapper.module.zero_grad()
-            if accumulating:
-                loss, _ = components.loss.accumulate(
-                    _row_estimate(components.estimator, wrapper, batch, corrupted),
-                    corrupted.num_samples, None if own else old, old, rows.advantages, mask, 1.0, **kw)
-            else:
-                logp = components.estimator(wrapper, batch, corrupted)
-                loss, _ = components.loss(logp, logp.detach() if own else old, old, rows.advantages,
-                                          mask, **kw)
-                loss.backward()
+            loss, _ = policy_backward(components, wrapper, batch, corrupted, None if own else old, old,
+                                      rows.advantages, rows.loss_weights(), 1.0, rows.extras)
             grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                      for p in wrapper.module.parameters()]
-            return float(loss.detach()), grads
+            return float(loss), grads
 
         (l_sep, g_sep), (l_own, g_own) = run(False), run(True)
         assert l_own == pytest.approx(l_sep, rel=1e-5, abs=1e-7)

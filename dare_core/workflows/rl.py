@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Optional
 
+import attrs
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
@@ -104,28 +105,11 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     history = []
     for step in range(1, tr.steps + 1):
         t0 = time.perf_counter()
-        examples = next(batches)
-        prompts = encode_prompts(wrapper, examples, tr.max_prompt_length)
-        prompt_ids, prompt_mask = left_pad(prompts, wrapper.pad_token_id)
-        n = tr.group_size
-        prompt_ids = prompt_ids.repeat_interleave(n, 0).to(device)
-        prompt_mask = prompt_mask.repeat_interleave(n, 0).to(device)
-        group_ids = torch.arange(len(examples)).repeat_interleave(n)
-        expanded = [ex for ex in examples for _ in range(n)]
-
-        rollout = train_rollout.generate(wrapper, prompt_ids, prompt_mask, record=records, generator=gen)
-        t_roll = time.perf_counter()
-        texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
-        scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
-        rewards = torch.tensor([_reward(ctx, s) for s in scored], dtype=torch.float32)
-        accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
-        advantages = advantage(rewards, group_ids).to(device)
-
-        rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, group_ids, expanded, step)
+        c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
+        rollout, rewards, accs, group_ids, rows, corrupted = (
+            c.rollout, c.rewards, c.accs, c.group_ids, c.rows, c.corrupted)
+        t_roll = t0 + c.rollout_seconds
         batch, advantages = rows.batch, rows.advantages.to(device)
-        corrupted = rows.corrupted
-        if corrupted is None and comps.corruption is not None:
-            corrupted = comps.corruption(wrapper, batch, gen)
         total = batch.batch_size
         mini = tr.mini_batch_size or total
         accumulating = callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None
@@ -152,22 +136,11 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                     sub_corr = corrupted.select(idx) if corrupted is not None else None
                     old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
                     ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
-                    mask = rows.select_weights(idx)
-                    kw = {"extras": rows.select_extras(idx)} if rows.extras else {}
-                    scale = len(idx) / len(mb)
-                    if accumulating:
-                        # the loss runs its own backward(s), one Monte-Carlo row at a time
-                        loss, metrics = comps.loss.accumulate(
-                            _row_estimate(comps.estimator, wrapper, sub_batch, sub_corr),
-                            sub_corr.num_samples, old_i, ref_i, advantages[idx.to(device)], mask, scale,
-                            **kw)
-                    else:
-                        logp = comps.estimator(wrapper, sub_batch, sub_corr)
-                        if old_i is None:
-                            old_i = logp.detach()
-                        loss, metrics = comps.loss(logp, old_i, ref_i, advantages[idx.to(device)], mask, **kw)
-                        (loss * scale).backward()
-                    loss_sum += float(loss.detach())
+                    loss, metrics = policy_backward(
+                        comps, wrapper, sub_batch, sub_corr, old_i, ref_i, advantages[idx.to(device)],
+                        rows.select_weights(idx), len(idx) / len(mb),
+                        rows.select_extras(idx) if rows.extras else None)
+                    loss_sum += float(loss)
                     n_micro += 1
                     for k, v in metrics.items():
                         agg[k] = agg.get(k, 0.0) + float(v)
@@ -206,6 +179,63 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         "steps": tr.steps,
         "final_reward_mean_last5": sum(r["reward"] for r in last) / max(1, len(last)),
     })
+
+
+@attrs.frozen
+class Collected:
+    """One rollout batch made ready for the update (:func:`collect`)."""
+
+    rollout: Any
+    rewards: torch.Tensor
+    accs: torch.Tensor
+    group_ids: torch.Tensor
+    rows: TrainingRows
+    corrupted: Any
+    rollout_seconds: float
+
+
+def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples,
+            group_size: int, step: int) -> Collected:
+    """``group_size`` rollouts of each example → rewards (``task.reward``) → advantages →
+    training rows → the one corruption draw of the batch (unless the rows bring their states)."""
+    wrapper = ctx.wrapper
+    t0 = time.perf_counter()
+    prompts = encode_prompts(wrapper, examples, ctx.config.trainer.max_prompt_length)
+    prompt_ids, prompt_mask = left_pad(prompts, wrapper.pad_token_id)
+    prompt_ids = prompt_ids.repeat_interleave(group_size, 0).to(wrapper.device)
+    prompt_mask = prompt_mask.repeat_interleave(group_size, 0).to(wrapper.device)
+    group_ids = torch.arange(len(examples)).repeat_interleave(group_size)
+    expanded = [ex for ex in examples for _ in range(group_size)]
+    records = frozenset(getattr(trajectory, "records", frozenset()))
+    rollout = rollout_backend.generate(wrapper, prompt_ids, prompt_mask, record=records,
+                                       generator=ctx.generator)
+    seconds = time.perf_counter() - t0
+    texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
+    scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
+    rewards = torch.tensor([_reward(ctx, s) for s in scored], dtype=torch.float32)
+    accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
+    advantages = advantage(rewards, group_ids).to(wrapper.device)
+    rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, group_ids, expanded, step)
+    corrupted = rows.corrupted
+    if corrupted is None and ctx.components.corruption is not None:
+        corrupted = ctx.components.corruption(wrapper, rows.batch, ctx.generator)
+    return Collected(rollout, rewards, accs, group_ids, rows, corrupted, seconds)
+
+
+def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advantages, mask,
+                    scale: float, extras: Optional[dict] = None):
+    """One micro-batch of the update: estimator → loss → ``backward`` of ``scale · loss``, or the
+    loss's own ``accumulate`` (one Monte-Carlo row at a time) when it has one and there is a
+    corruption. ``old=None`` means the policy has not changed since the rollout: the old
+    log-likelihoods are this forward's own, detached. Returns ``(detached loss, metrics)``."""
+    kw = {"extras": extras} if extras else {}
+    if callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None:
+        return comps.loss.accumulate(_row_estimate(comps.estimator, wrapper, batch, corrupted),
+                                     corrupted.num_samples, old, ref, advantages, mask, scale, **kw)
+    logp = comps.estimator(wrapper, batch, corrupted)
+    loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask, **kw)
+    (loss * scale).backward()
+    return loss.detach(), metrics
 
 
 def _reward(ctx: Context, scored: Any) -> float:
