@@ -37,7 +37,7 @@ def test_auto_follows_capabilities():
     p = select_training_paths(_toy(pack=False), "auto", "auto", "cpu")
     assert (p.attention, p.fused_ce) == ("padded", True)
     p = select_training_paths(_toy(pack=True), "auto", "auto", "cpu")
-    assert (p.attention, p.attention_kernel, p.fused_ce) == ("packed", "bool_mask", True)
+    assert (p.attention, p.attention_kernel, p.fused_ce) == ("packed", "sdpa_mask", True)
     p = select_training_paths(_toy(pack=True, hidden=False), "auto", "auto", "cpu")
     assert (p.attention, p.fused_ce) == ("packed", False)
 
@@ -126,3 +126,47 @@ def test_config_rejects_unknown_choice(tmp_path):
     with pytest.raises(DareError) as e:
         resolve(dare, algo="sup_paths", model="toy", overrides=["model.cross_entropy=maybe", f"model.path={tmp_path}"])
     assert "cross_entropy" in str(e.value)
+
+
+def test_kernel_choice_follows_device_and_dtype():
+    # the choice needs no GPU: only what torch provides and the dtype of the weights
+    assert available_kernels("cuda", torch.float32)[-2:] == ("flex", "sdpa_mask")
+    assert "varlen" not in available_kernels("cuda", torch.float32)
+    assert "varlen" in available_kernels("cuda", torch.bfloat16)
+    w = _toy(pack=True)
+    assert select_training_paths(w, "auto", "auto", "cuda").attention_kernel == available_kernels("cuda", torch.float32)[0]
+    w.module.to(torch.bfloat16)
+    p = select_training_paths(w, "auto", "auto", "cuda")
+    assert p.attention_kernel == available_kernels("cuda", torch.bfloat16)[0]
+    assert p.attention_kernel in ("flash_attn", "varlen")
+    p = select_training_paths(w, "auto", "auto", "cuda", attention_kernel="flex")
+    assert p.attention_kernel == "flex" and "FlexAttention" in p.describe() and "requested flex" in p.describe()
+
+
+def test_kernel_errors_are_one_line():
+    with pytest.raises(DareError) as e:
+        select_training_paths(_toy(pack=True), "auto", "auto", "cpu", attention_kernel="flex")
+    assert "\n" not in str(e.value) and "runnable here: sdpa_mask" in str(e.value)
+    with pytest.raises(DareError) as e:
+        select_training_paths(_toy(pack=True), "auto", "auto", "cuda", attention_kernel="varlen")
+    assert "float32" in str(e.value) and "flex" in str(e.value)
+    with pytest.raises(DareError) as e:
+        select_training_paths(_toy(pack=True), "padded", "auto", "cpu", attention_kernel="sdpa_mask")
+    assert "\n" not in str(e.value) and "model.train_attention=packed" in str(e.value)
+    with pytest.raises(DareError, match="not one of"):
+        select_training_paths(_toy(pack=True), "auto", "auto", "cpu", attention_kernel="triton")
+
+
+def test_configure_sets_the_kernel_the_wrapper_packs_with():
+    from dare_core.ops.attention import DocumentMask
+    from dare_core.ops.packing import plan_packing
+
+    w = _toy(pack=True)
+    configure_training_paths(w, "auto", "auto", "cpu", attention_kernel="sdpa_mask")
+    assert w.attention_kernel == "sdpa_mask"
+    plan = plan_packing(torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    assert plan.attention_mask().dtype == torch.bool
+    doc = plan.attention_mask("flex")
+    assert isinstance(doc, DocumentMask) and doc.kernel == "flex" and doc.doc_ids.equal(plan.doc_ids)
+    with pytest.raises(ValueError, match="unknown document attention kernel"):
+        plan.attention_mask("triton")

@@ -240,3 +240,21 @@ def test_a_batch_that_packing_would_not_shrink_runs_padded():
     spread = _batch(w, lengths=((3, 5), (6, 2), (2, 9), (5, 7)))
     w.token_logprobs(spread.input_ids, spread.input_ids, spread.attention_mask)
     assert seen == [2, 4]  # key-padding mask (padded), then the document mask (packed)
+
+
+def test_document_mask_through_the_shared_attention_layer():
+    """``layers.attend`` runs a DocumentMask's kernel; with sdpa_mask it equals the boolean mask,
+    GQA included, and a mismatched mask is a clean error."""
+    from dare_core.models import layers
+    from dare_core.ops.attention import DocumentMask, document_mask
+
+    g = torch.Generator().manual_seed(1)
+    doc = torch.tensor([[0, 0, 1, 1, 1, -1], [2, 2, 2, 2, 2, 2]])
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(2))
+    want, _ = layers.attend(q, k, v, document_mask(doc), scale=0.3, implementation=None)
+    dm = layers.prepare_attention_mask(DocumentMask(doc), 2, 6, 6, 4)
+    got, kv = layers.attend(q, k, v, dm, scale=0.3, implementation=None)
+    assert torch.equal(got, want) and kv[0] is k
+    with pytest.raises(layers.AttentionMaskError, match="DocumentMask"):
+        layers.prepare_attention_mask(DocumentMask(doc), 2, 3, 6, 4)

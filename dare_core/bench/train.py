@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-response", type=int, default=512, help="Packing: longest response (default 512).")
     p.add_argument("--pack-cross-entropy", choices=("naive", "fused"), default="naive",
                    help="Packing: cross entropy used on both sides (default naive, to isolate the attention path).")
+    p.add_argument("--kernels", default="auto",
+                   help="Packing: packed-attention kernel(s) to run against padded: auto (the one "
+                        "training picks), all (every one the device and dtype run), or a comma list "
+                        "of sdpa_mask, flex, varlen, flash_attn (default auto).")
     p.add_argument("--tokens", type=int, default=4096, help="CE: hidden rows N (default 4096).")
     p.add_argument("--vocab", type=int, default=126464, help="CE: vocabulary V (default 126464).")
     p.add_argument("--hidden", type=int, default=256, help="CE: hidden size D (default 256).")
@@ -223,14 +227,20 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
     valid = int(batch.attention_mask.sum())
     padded_slots = batch.input_ids.numel()
     paths = {}
+    kernels = _packed_kernels(a, wrapper)
 
-    def side(name: str):
+    def side(name: str, attention: str, kernel: str = "auto"):
         def fn():
-            paths[name] = configure_training_paths(wrapper, name, a.pack_cross_entropy, a.device).describe()
+            paths[name] = configure_training_paths(wrapper, attention, a.pack_cross_entropy, a.device,
+                                                   attention_kernel=kernel).describe()
             return _nelbo_step(wrapper, batch, corrupted)
         return fn
 
-    runs = _interleaved({"padded": side("padded"), "packed": side("packed")}, a.repeats, a.warmup, a.device)
+    sides = {"padded": side("padded", "padded")}
+    names = {k: ("packed" if i == 0 else f"packed:{k}") for i, k in enumerate(kernels)}
+    for k, name in names.items():
+        sides[name] = side(name, "packed", k)
+    runs = _interleaved(sides, a.repeats, a.warmup, a.device)
     rows, out = [], {}
     for name, rs in runs.items():
         t = _median([r["seconds"] for r in rs])
@@ -248,8 +258,13 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
         }
         rows.append((name, f"{t:.3f}", f"{valid / t:.0f}", f"{c:.3f}", f"{out[name]['peak_memory_mb']:.0f}",
                      f"{out[name]['loss']:.6f}"))
-    loss_rel = abs(out["packed"]["loss"] - out["padded"]["loss"]) / abs(out["padded"]["loss"])
-    grad_rel = _rel(runs["packed"][-1]["result"]["grads"], runs["padded"][-1]["result"]["grads"])
+    for k, name in names.items():
+        o = out[name]
+        o["kernel"] = k
+        o["loss_rel_diff"] = abs(o["loss"] - out["padded"]["loss"]) / abs(out["padded"]["loss"])
+        o["grad_rel_diff"] = _rel(runs[name][-1]["result"]["grads"], runs["padded"][-1]["result"]["grads"])
+        o["over_padded_tokens_per_s"] = ratio(o["tokens_per_s"], out["padded"]["tokens_per_s"])
+    loss_rel, grad_rel = out["packed"]["loss_rel_diff"], out["packed"]["grad_rel_diff"]
     speedup = ratio(out["packed"]["tokens_per_s"], out["padded"]["tokens_per_s"])
     cpu_speedup = ratio(out["padded"]["cpu_s"], out["packed"]["cpu_s"])
     print(f"\npacking: {a.batch} sequences, prompts <= {a.prompt_length} (ragged {a.ragged}), responses "
@@ -257,7 +272,12 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
           f"{tuple(batch.input_ids.shape)} = {padded_slots} slots, packed {plan.rows}x{plan.width} = "
           f"{plan.rows * plan.width} slots; cross entropy {a.pack_cross_entropy} on both sides")
     print_table(("attention", "step s (median)", "valid tok/s", "cpu s (median)", "peak MB", "loss"), rows)
-    print(f"packed/padded tokens/s = {speedup}x (wall), {cpu_speedup}x (process CPU time); loss rel. diff {loss_rel:.2e}, gradient rel. diff {grad_rel:.2e}")
+    print(f"packed ({kernels[0]})/padded tokens/s = {speedup}x (wall), {cpu_speedup}x (process CPU time); "
+          f"loss rel. diff {loss_rel:.2e}, gradient rel. diff {grad_rel:.2e}")
+    for k, name in list(names.items())[1:]:
+        o = out[name]
+        print(f"packed ({k})/padded tokens/s = {o['over_padded_tokens_per_s']}x; loss rel. diff "
+              f"{o['loss_rel_diff']:.2e}, gradient rel. diff {o['grad_rel_diff']:.2e}")
     return {
         "model": source,
         "batch": a.batch,
@@ -268,12 +288,36 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
         "cross_entropy": a.pack_cross_entropy,
         "padded": out["padded"],
         "packed": out["packed"],
+        "packed_other_kernels": {k: out[name] for k, name in list(names.items())[1:]},
         "packed_over_padded_tokens_per_s": speedup,
         "packed_over_padded_tokens_per_cpu_s": cpu_speedup,
         "loss_rel_diff": loss_rel,
         "grad_rel_diff": grad_rel,
         "target_met": bool(speedup is not None and speedup >= PACKED_TARGET and loss_rel <= EQUAL_TARGET),
     }
+
+
+def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
+    """The packed-attention kernels of ``--kernels``, the one training would pick first."""
+    from dare_core.ops.attention import available_kernels
+    from dare_core.ops.paths import select_training_paths
+
+    try:
+        dtype = next(wrapper.module.parameters()).dtype
+    except StopIteration:
+        dtype = None
+    runnable = list(available_kernels(a.device, dtype))
+    auto = select_training_paths(wrapper, "packed", a.pack_cross_entropy, a.device).attention_kernel
+    if a.kernels == "auto":
+        return [auto]
+    if a.kernels == "all":
+        return [auto] + [k for k in runnable if k != auto]
+    wanted = [k.strip() for k in a.kernels.split(",") if k.strip()]
+    bad = [k for k in wanted if k not in runnable]
+    if bad or not wanted:
+        raise BenchError(f"--kernels {a.kernels}: {', '.join(bad) or 'none given'} cannot run on {a.device} with "
+                         f"{str(dtype).replace('torch.', '')} weights; runnable: {', '.join(runnable)} (or auto, all)")
+    return list(dict.fromkeys(wanted))
 
 
 # --------------------------------------------------------------------------- cross entropy

@@ -82,6 +82,12 @@ class ModelConfig:
                 "with document masks (no padding computed); padded = padded rows; auto = packed "
                 "when the model supports it. Independent of the rollout path."
     )
+    attention_kernel: Literal["auto", "sdpa_mask", "flex", "varlen", "flash_attn"] = option(
+        "auto", "Kernel of the packed training path: sdpa_mask = SDPA with a block-diagonal boolean "
+                "mask (every device); flex = FlexAttention with a BlockMask (CUDA); varlen = torch's "
+                "varlen_attn (CUDA, bf16/fp16); flash_attn = the flash-attn package (CUDA, bf16/fp16, "
+                "when installed); auto = the best one the device and dtype run."
+    )
     cross_entropy: Literal["auto", "fused", "naive"] = option(
         "auto", "Training cross entropy: fused = logits-free, chunked over tokens from hidden states "
                 "(never builds [tokens, vocab] logits); naive = full logits; auto = fused when the "

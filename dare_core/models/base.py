@@ -164,6 +164,8 @@ class HFDiffusionWrapper:
     # -- training paths (chosen by dare_core.ops.paths.configure_training_paths) ---------------
     #: ``padded`` or ``packed``: how ``token_logprobs`` lays out a padded micro-batch.
     train_attention: str = "padded"
+    #: kernel of the packed path (:data:`dare_core.ops.attention.KERNELS`).
+    attention_kernel: str = "sdpa_mask"
     #: compute ``token_logprobs`` from hidden states with the chunked (logits-free) head.
     fused_ce: bool = False
     #: bound on the logits one chunk of the fused head holds (rows x vocabulary).
@@ -186,8 +188,9 @@ class HFDiffusionWrapper:
                 and cls._raw_logits is HFDiffusionWrapper._raw_logits)
 
     def supports_packing(self) -> bool:
-        """``packed_varlen`` capability (the module takes ``position_ids`` and 4-D boolean
-        masks) and the default masked-diffusion training layout."""
+        """``packed_varlen`` capability (the module takes ``position_ids``, 4-D boolean masks and
+        :class:`~dare_core.ops.attention.DocumentMask`) and the default masked-diffusion training
+        layout."""
         cls = type(self)
         return ("packed_varlen" in self.capabilities and self.kind == "masked"
                 and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
@@ -249,7 +252,7 @@ class HFDiffusionWrapper:
         module once, unpack; ``log p`` at valid positions, 0 at padding."""
         plan = plan_packing(attention_mask) if plan is None else plan
         ids = plan.pack(noisy_ids, self.pad_token_id)
-        mask, positions = plan.attention_mask(), plan.position_ids
+        mask, positions = plan.attention_mask(self.attention_kernel), plan.position_ids
         if self.fused_ce:
             out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=positions)
         else:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dare_core.errors import DareError
+from dare_core.ops.attention import DocumentMask, document_attention
 
 __all__ = [
     "ModelInputError",
@@ -288,6 +289,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[tor
     """
     k, v = append_kv(past, k, v)
     groups = q.shape[1] // k.shape[1]
+    if isinstance(mask, DocumentMask):
+        out = document_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask.doc_ids, scale=scale,
+                                 kernel=mask.kernel)
+        return merge_heads(out), (k, v)
     out = attention(implementation)(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale,
                                     fp32_scores=fp32_scores)
     return merge_heads(out), (k, v)
@@ -331,10 +336,17 @@ def prepare_attention_mask(attention_mask: Any, batch: int, queries: int, keys: 
     * ``None`` or ``"full"`` -> ``None``;
     * 2D ``[B, K]`` 0/1 (or bool) key-padding mask -> ``None`` when all ones, else bool ``[B, 1, 1, K]``;
     * 4D bool or additive float mask broadcastable to ``[B, heads, Q, K]`` -> unchanged;
+    * a :class:`~dare_core.ops.attention.DocumentMask` (packed rows, no cache) -> unchanged:
+      :func:`attend` runs its document kernel;
     * anything else -> ``error``.
     """
     if attention_mask is None or (isinstance(attention_mask, str) and attention_mask == "full"):
         return None
+    if isinstance(attention_mask, DocumentMask):
+        if tuple(attention_mask.doc_ids.shape) != (batch, keys) or queries != keys:
+            raise error(f"a DocumentMask needs doc_ids of shape [batch, keys] = {(batch, keys)} and no cache, "
+                        f"got doc_ids {tuple(attention_mask.doc_ids.shape)} for {queries} queries")
+        return attention_mask
     if not isinstance(attention_mask, torch.Tensor):
         raise error(f"attention_mask must be a tensor, None or 'full', got {type(attention_mask).__name__}")
     if attention_mask.dim() == 2:

@@ -11,8 +11,14 @@ softmax attention of each query over the keys of its own document only (bidirect
 * ``flash_attn`` — ``flash_attn_varlen_func`` from the flash-attn package (CUDA, only when the
   package is importable).
 
-:func:`available_kernels` lists the ones that can run on a device, best first. Only ``sdpa_mask``
-is exercised by the tests on this CPU machine; the CUDA kernels are untested here.
+``varlen`` and ``flash_attn`` are FlashAttention kernels: half precision (bf16 / fp16) only.
+FlexAttention runs compiled (``torch.compile``; eager FlexAttention materialises the scores), with
+the packed width padded to a multiple of its 128-slot block so that few shapes are compiled.
+
+:func:`available_kernels` lists the ones that can run on a device and dtype, best first. A model
+receives a chosen kernel as a :class:`DocumentMask` in place of its attention mask (the shared
+layers of :mod:`dare_core.models.layers` dispatch on it). On CPU only ``sdpa_mask`` runs; the CUDA
+kernels are tested by ``tests/test_cuda_kernels.py`` (skipped without a GPU).
 """
 
 from __future__ import annotations
@@ -20,8 +26,36 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
+import attrs
 import torch
 import torch.nn.functional as F
+
+KERNELS = ("flash_attn", "varlen", "flex", "sdpa_mask")
+HALF = (torch.float16, torch.bfloat16)
+FLEX_BLOCK = 128
+
+
+@attrs.frozen(eq=False)
+class DocumentMask:
+    """Attention of packed rows restricted to documents, to be run by ``kernel``.
+
+    Passed to a model as its ``attention_mask`` in place of a 4-D boolean mask: ``doc_ids``
+    ``[R, L]`` is the document of each slot (``-1`` on filler slots, which attend only to
+    themselves), ``kernel`` one of :data:`KERNELS`.
+    """
+
+    doc_ids: torch.Tensor
+    kernel: str = "sdpa_mask"
+
+    def __attrs_post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown document attention kernel {self.kernel!r}; valid: {KERNELS}")
+        if self.doc_ids.dim() != 2:
+            raise ValueError(f"doc_ids must be [rows, length], got {tuple(self.doc_ids.shape)}")
+
+    def to(self, device) -> "DocumentMask":
+        """The same mask with ``doc_ids`` on ``device`` (like ``Tensor.to`` for a mask)."""
+        return DocumentMask(self.doc_ids.to(device), self.kernel)
 
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -51,20 +85,46 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def available_kernels(device: torch.device | str) -> tuple[str, ...]:
-    """Kernels that can run forward and backward on ``device``, best first."""
+def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] = None) -> tuple[str, ...]:
+    """Kernels that can run forward and backward on ``device`` for inputs of ``dtype`` (``None``:
+    any dtype), best first."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return ("sdpa_mask",)
     found = []
-    if flash_attn_importable():
+    half = dtype is None or dtype in HALF
+    if half and flash_attn_importable():
         found.append("flash_attn")
-    if _varlen_available():
+    if half and _varlen_available():
         found.append("varlen")
     if _flex_available():
         found.append("flex")
     found.append("sdpa_mask")
     return tuple(found)
+
+
+_COMPILED_FLEX = None
+
+
+def _flex_document_attention(q, k, v, doc_ids, scale):
+    """FlexAttention, compiled once per process, over rows padded to a multiple of its block."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    rows, width = doc_ids.shape
+    pad = (-width) % FLEX_BLOCK
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        doc_ids = F.pad(doc_ids, (0, pad), value=-1)
+
+    def same_doc(b, h, qi, ki):
+        return (doc_ids[b, qi] == doc_ids[b, ki]) & ((doc_ids[b, qi] >= 0) | (qi == ki))
+
+    size = width + pad
+    block = create_block_mask(same_doc, rows, None, size, size, device=q.device)
+    return _COMPILED_FLEX(q, k, v, block_mask=block, scale=scale)[:, :, :width]
 
 
 def _cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -87,14 +147,10 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_id
     if q.device.type != "cuda":
         raise ValueError(f"document attention kernel {kernel!r} runs only on CUDA; use sdpa_mask")
     if kernel == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        def same_doc(b, h, qi, ki):
-            return (doc_ids[b, qi] == doc_ids[b, ki]) & ((doc_ids[b, qi] >= 0) | (qi == ki))
-
-        rows, width = doc_ids.shape
-        block = create_block_mask(same_doc, rows, None, width, width, device=q.device)
-        return flex_attention(q, k, v, block_mask=block, scale=scale)
+        return _flex_document_attention(q, k, v, doc_ids, scale)
+    if kernel in ("varlen", "flash_attn") and q.dtype not in HALF:
+        raise ValueError(f"document attention kernel {kernel!r} needs bf16 or fp16 inputs, got {q.dtype}; "
+                         f"use flex or sdpa_mask for {q.dtype}")
     rows, heads, width, dim = q.shape
     cu, longest = _cu_seqlens(doc_ids)
     flat = [t.transpose(1, 2).reshape(rows * width, t.shape[1], dim) for t in (q, k, v)]

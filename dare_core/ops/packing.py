@@ -24,7 +24,7 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.ops.attention import _cu_seqlens, document_mask
+from dare_core.ops.attention import DocumentMask, _cu_seqlens, document_mask
 
 
 @attrs.frozen
@@ -74,10 +74,14 @@ class PackPlan:
         out = values.new_full((b, s) + tuple(values.shape[2:]), fill)
         return out.index_put((self.src_batch, self.src_col), values[self.dst_row, self.dst_slot])
 
-    def attention_mask(self) -> torch.Tensor:
-        """Boolean ``[rows, 1, width, width]``: True where query and key share a document
-        (filler slots attend only to themselves)."""
-        return document_mask(self.doc_ids)
+    def attention_mask(self, kernel: str = "sdpa_mask"):
+        """The packed rows' attention mask for a model: with ``sdpa_mask`` a boolean
+        ``[rows, 1, width, width]``, True where query and key share a document (filler slots
+        attend only to themselves); with another document kernel a
+        :class:`~dare_core.ops.attention.DocumentMask` for it."""
+        if kernel == "sdpa_mask":
+            return document_mask(self.doc_ids)
+        return DocumentMask(self.doc_ids, kernel)
 
     def segments(self) -> torch.Tensor:
         """``cu_seqlens`` (int32, ``[n+1]``) over the row-major flattening of the packed rows,

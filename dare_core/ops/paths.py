@@ -9,8 +9,14 @@ what the wrapper can do and the device, independently of the rollout backend:
 * **cross entropy** — ``fused`` (chunked, logits-free; :mod:`dare_core.ops.fused_ce`) when the
   native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``.
 
-``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded`` and
-``fused`` / ``naive`` force one, and forcing an unsupported path is a one-line error.
+* **attention kernel** of the packed path (``model.attention_kernel``) — the best document
+  kernel of :func:`dare_core.ops.attention.available_kernels` for the device and the model's
+  dtype: flash-attn or torch's ``varlen_attn`` (CUDA, half precision), FlexAttention (CUDA),
+  else SDPA with a block-diagonal boolean mask (every device, the only one on CPU).
+
+``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded``,
+``fused`` / ``naive`` and a kernel name force one, and forcing an unsupported path is a one-line
+error.
 """
 
 from __future__ import annotations
@@ -21,9 +27,17 @@ import attrs
 import torch
 
 from dare_core.errors import DareError
+from dare_core.ops.attention import available_kernels
 
 TRAIN_ATTENTION_CHOICES = ("auto", "padded", "packed")
 CROSS_ENTROPY_CHOICES = ("auto", "fused", "naive")
+ATTENTION_KERNEL_CHOICES = ("auto", "sdpa_mask", "flex", "varlen", "flash_attn")
+_KERNEL_WORDS = {
+    "sdpa_mask": "block-diagonal document mask as a 4-D boolean mask through SDPA",
+    "flex": "FlexAttention with a document BlockMask",
+    "varlen": "torch varlen_attn over cu_seqlens",
+    "flash_attn": "flash-attn varlen over cu_seqlens",
+}
 
 
 @attrs.frozen
@@ -36,11 +50,12 @@ class TrainingPaths:
     device: str
     requested_attention: str = "auto"
     requested_cross_entropy: str = "auto"
+    requested_kernel: str = "auto"
 
     def describe(self) -> str:
         if self.attention == "packed":
-            att = (f"packed (block-diagonal document mask as a 4-D boolean mask through the model's "
-                   f"attention, per-document positions, on {self.device})")
+            att = (f"packed (kernel {self.attention_kernel}: {_KERNEL_WORDS[self.attention_kernel]}, "
+                   f"per-document positions, on {self.device}) [kernel requested {self.requested_kernel}]")
         else:
             att = f"padded (key-padding mask on {self.device})"
         ce = "fused (chunked, no [N, V] logits)" if self.fused_ce else "naive (full logits)"
@@ -56,15 +71,26 @@ def _supports(wrapper: Any, name: str) -> bool:
     return bool(fn()) if callable(fn) else False
 
 
+def _param_dtype(wrapper: Any):
+    try:
+        return next(wrapper.module.parameters()).dtype
+    except (AttributeError, StopIteration, TypeError):
+        return None
+
+
 def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
-                          device: Any = None) -> TrainingPaths:
-    """Resolve ``auto`` / forced choices against the wrapper's capabilities and the device."""
+                          device: Any = None, attention_kernel: str = "auto") -> TrainingPaths:
+    """Resolve ``auto`` / forced choices against the wrapper's capabilities, the device and the
+    model's dtype."""
     if train_attention not in TRAIN_ATTENTION_CHOICES:
         raise DareError(f"model.train_attention={train_attention!r} is not one of "
                         f"{', '.join(TRAIN_ATTENTION_CHOICES)}; pick one of them")
     if cross_entropy not in CROSS_ENTROPY_CHOICES:
         raise DareError(f"model.cross_entropy={cross_entropy!r} is not one of "
                         f"{', '.join(CROSS_ENTROPY_CHOICES)}; pick one of them")
+    if attention_kernel not in ATTENTION_KERNEL_CHOICES:
+        raise DareError(f"model.attention_kernel={attention_kernel!r} is not one of "
+                        f"{', '.join(ATTENTION_KERNEL_CHOICES)}; pick one of them")
     name = getattr(wrapper, "family", type(wrapper).__name__)
     can_pack = _supports(wrapper, "supports_packing")
     can_fuse = _supports(wrapper, "supports_fused_ce")
@@ -80,21 +106,34 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
             f"model.cross_entropy=naive or auto")
     dev = torch.device(device) if device is not None else getattr(wrapper, "device", torch.device("cpu"))
     attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
-    # the native modules take the document mask as a 4-D boolean mask through their own attention
-    # implementation (SDPA with a boolean mask by default); the CUDA document kernels of
-    # dare_core.ops.attention (FlexAttention, varlen, flash-attn) need a module that takes document
-    # ids, which no family module does yet, so they are never selected here
-    kernel = "bool_mask" if attention == "packed" else "-"
+    kernel = "-"
+    if attention == "packed":
+        dtype = _param_dtype(wrapper)
+        runnable = available_kernels(dev, dtype)
+        if attention_kernel == "auto":
+            kernel = runnable[0]
+        elif attention_kernel in runnable:
+            kernel = attention_kernel
+        else:
+            raise DareError(f"model.attention_kernel={attention_kernel} cannot run on {dev.type} with "
+                            f"{str(dtype).replace('torch.', '')} weights; runnable here: "
+                            f"{', '.join(runnable)} (or auto)")
+    elif attention_kernel != "auto":
+        raise DareError(f"model.attention_kernel={attention_kernel} applies to the packed training path, "
+                        f"but {name!r} trains padded here; drop model.attention_kernel or use "
+                        f"model.train_attention=packed")
     fused = cross_entropy == "fused" or (cross_entropy == "auto" and can_fuse)
-    return TrainingPaths(attention, kernel, fused, dev.type, train_attention, cross_entropy)
+    return TrainingPaths(attention, kernel, fused, dev.type, train_attention, cross_entropy, attention_kernel)
 
 
 def configure_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
-                             device: Any = None) -> TrainingPaths:
+                             device: Any = None, attention_kernel: str = "auto") -> TrainingPaths:
     """Select the paths and set them on the wrapper (``wrapper.train_attention``,
-    ``wrapper.fused_ce``); returns what was chosen."""
-    paths = select_training_paths(wrapper, train_attention, cross_entropy, device)
+    ``wrapper.attention_kernel``, ``wrapper.fused_ce``); returns what was chosen."""
+    paths = select_training_paths(wrapper, train_attention, cross_entropy, device, attention_kernel)
     wrapper.train_attention = paths.attention
+    if paths.attention == "packed":
+        wrapper.attention_kernel = paths.attention_kernel
     wrapper.fused_ce = paths.fused_ce
     wrapper.training_paths = paths
     return paths

@@ -27,6 +27,9 @@ from dare_core.plugins import build
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 
 
+_NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
 def _dare(plugins: Sequence[Any]):
     return build(load_entrypoints=False, extra_plugins=list(plugins))
 
@@ -131,6 +134,65 @@ class ModelFamilyContract:
         out = backend.generate(wrapper, pid, pmask, generator=torch.Generator().manual_seed(0))
         assert out.response_ids.shape[0] == 2
         assert not (out.response_ids == wrapper.mask_token_id).any()
+
+    @pytest.mark.parametrize("device,dtype", [
+        ("cpu", torch.float32),
+        pytest.param("cuda", torch.float32, marks=_NEEDS_CUDA),
+        pytest.param("cuda", torch.bfloat16, marks=_NEEDS_CUDA),
+    ])
+    def test_packed_kernels_match_padded(self, spec, checkpoint, device, dtype):
+        """Every packed-attention kernel the device runs gives the padded path's log-probs and
+        gradients; a :class:`DocumentMask` reaches the module's attention like a boolean mask."""
+        from dare_core.ops.attention import DocumentMask, available_kernels
+        from dare_core.ops.packing import plan_packing
+        from dare_core.ops.paths import configure_training_paths
+
+        wrapper = spec.load(checkpoint, dtype=dtype, device=device)
+        if not wrapper.supports_packing():
+            pytest.skip("family does not pack sequences")
+        ids, mask = _ragged_batch(wrapper, device)
+        plan = plan_packing(mask)
+        with torch.no_grad():
+            packed = plan.pack(ids, wrapper.pad_token_id)
+            a = wrapper.module(input_ids=packed, attention_mask=plan.attention_mask(),
+                               position_ids=plan.position_ids).logits
+            b = wrapper.module(input_ids=packed, attention_mask=DocumentMask(plan.doc_ids, "sdpa_mask"),
+                               position_ids=plan.position_ids).logits
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+        def run(attention: str, kernel: str = "auto"):
+            configure_training_paths(wrapper, attention, "naive", device, attention_kernel=kernel)
+            wrapper.module.zero_grad(set_to_none=True)
+            lp = wrapper.token_logprobs(ids, ids, mask)
+            (-(lp.float() * mask).sum()).backward()  # valid positions only (padding differs by path)
+            grads = torch.cat([p.grad.float().reshape(-1) for p in wrapper.module.parameters()
+                               if p.grad is not None])
+            return lp.detach().float()[mask.bool()], grads
+
+        def rel(x, y):
+            return float((x - y).norm() / y.norm().clamp_min(1e-30))
+
+        ref_lp, ref_g = run("padded")
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        for kernel in available_kernels(device, dtype):
+            lp, g = run("packed", kernel)
+            assert wrapper.attention_kernel == kernel
+            assert rel(lp, ref_lp) < tol and rel(g, ref_g) < 10 * tol, (kernel, rel(lp, ref_lp), rel(g, ref_g))
+
+
+def _ragged_batch(wrapper, device, lengths=((5, 20), (12, 6), (3, 33), (9, 11), (4, 2))):
+    """Left-padded prompts and right-padded responses of random ordinary tokens."""
+    vocab = int(wrapper.module.get_input_embeddings().num_embeddings)
+    special = {wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids}
+    allowed = torch.tensor([i for i in range(min(vocab, 256)) if i not in special])
+    g = torch.Generator().manual_seed(5)
+    p, r = max(x for x, _ in lengths), max(y for _, y in lengths)
+    ids = torch.full((len(lengths), p + r), wrapper.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, (x, y) in enumerate(lengths):
+        ids[i, p - x:p + y] = allowed[torch.randint(0, allowed.numel(), (x + y,), generator=g)]
+        mask[i, p - x:p + y] = 1
+    return ids.to(device), mask.to(device)
 
 
 class AlgorithmContract:

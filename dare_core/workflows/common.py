@@ -243,7 +243,8 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     wrapper = load_model(dare, config)
     wrapper.module = engine.wrap(wrapper.module)
     train_paths = configure_training_paths(
-        wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device))
+        wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device),
+        attention_kernel=config.model.attention_kernel)
     if rundir is not None and engine.is_main:
         rundir.write_config(to_dict(config))
         rundir.write_json("plugins.json", {

@@ -1,88 +1,95 @@
 #!/usr/bin/env bash
-# One prepared GPU session: install DARE offline, a `dare bench` run on a ~1B-parameter random
-# LLaDA-shape model in bf16 (issue 6), then longer RL learning runs on the bundled tiny
-# checkpoints, several at once on the one GPU (the runs that are too slow for the CPU machine).
-# Meant for the `device` tool, after `bash scripts/device/prepare.sh` here:
-#   run(command="bash scripts/device/run.sh", carry=[".device"], timeout_s=570)
-# Everything comes back under $OUT as at most 8 files: bench.json, learning.txt (the before/after
-# table), runs.tar.gz (metrics.jsonl, summary.json, config.yaml and logs of every run), setup.log.
-# Knobs (environment): BENCH_S (bench time limit, default 150), RUNS_S (learning runs' limit,
-# default 330), STEPS (RL steps per run, default 300), DARE_DEVICE (cuda; cpu for a dry run here),
-# EXTRA (more key=value overrides for every run, e.g. "task.num_eval=8" for a dry run), ONLY
-# (space-separated run names: run only these).
+# One prepared GPU session (issue 6's GPU checks), for the `device` tool, after
+# `bash scripts/device/prepare.sh` here:
+#   run(command="bash scripts/device/run.sh", carry=[".device"], timeout_s=480)
+# Stages, each under its own time limit, in order of value:
+#   pytest    the CUDA kernel tests (FlexAttention, varlen_attn, flash-attn if present, fused CE)
+#             and every family contract's packed-kernels-vs-padded test on CUDA (fp32 and bf16)
+#   init      a ~1B-parameter random LLaDA-shape checkpoint (d 2048, 20 layers, MLP 5632)
+#   train_*   `dare bench train` packing (padded vs packed with every kernel, bf16 and fp32) and
+#             the fused cross entropy (vocab 126,464, 4,096 tokens, fp32 and bf16)
+#   rollout   `dare bench rollout` on the 1B model in bf16 (no-cache reference vs fast)
+#   rl        `dare bench rl` on the 1B model in bf16 (eager vs accelerated RL step)
+#   e2e       `dare train` for 2 steps on the bundled LLaDA checkpoint on CUDA, fp32 and bf16
+#             (which training paths ran is in the run log)
+# What comes back under $OUT: summary.txt (each stage's exit code and last lines) and logs.tgz
+# (every stage's full log), both rewritten after every stage so a cut-short call keeps what ran.
+# Knobs (environment): DARE_DEVICE (cuda; cpu for a dry run here), SIZES (architecture of the
+# random model, "k=v k=v"), ONLY (space-separated stage names), BATCH (rollout/RL rows, 8).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-runs/device-out}"
 mkdir -p "$out"
 work="$(mktemp -d)"
 device="${DARE_DEVICE:-cuda}"
-steps="${STEPS:-300}"
+sizes="${SIZES:-d_model=2048 n_heads=16 n_kv_heads=16 n_layers=20 mlp_hidden_size=5632}"
+batch="${BATCH:-8}"
 py="$(command -v python3 || command -v python)"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false py device work
+: > "$out/summary.txt"
 
-{
-    echo "== setup $(date -u +%FT%TZ)"
+stage() {  # stage NAME LIMIT_S CMD...: run unless ONLY excludes it; log, summarise, pack
+    local name="$1" limit="$2"
+    shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$work/$name.log" 2>&1
+    local rc=$?
+    {
+        echo "== $name: rc=$rc, $((SECONDS - t0)) s (limit $limit)"
+        grep -v '^{' "$work/$name.log" | grep -v -e 'it/s\]' -e '^\[[0-9]*/[0-9]*\]' | tail -n "${TAIL:-25}"
+        grep '^{' "$work/$name.log" | tail -n 1 | cut -c1-3000
+    } >> "$out/summary.txt"
+    tar -czf "$out/logs.tgz" -C "$work" $(cd "$work" && ls *.log)
+}
+
+setup() {
     if [ -d .device/wheels ]; then
-        "$py" -m pip install -q --no-index --find-links .device/wheels cattrs
+        "$py" -m pip install -q --no-index --find-links .device/wheels cattrs || return 1
     fi
-    plugins=()
+    local plugins=()
     for p in plugins/*/; do [ -f "$p/pyproject.toml" ] && plugins+=(-e "$p"); done
-    "$py" -m pip install -q --no-deps --no-build-isolation -e . "${plugins[@]}"
-    "$py" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__)"
+    "$py" -m pip install -q --no-deps --no-build-isolation -e . "${plugins[@]}" || return 1
+    "$py" -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__, 'triton', triton.__version__)"
+    "$py" -c "from dare_core.ops.attention import available_kernels as a; import torch; print('kernels fp32', a('$device', torch.float32), 'bf16', a('$device', torch.bfloat16))"
     dare plugins | head -n 3
-} > "$out/setup.log" 2>&1
-command -v dare >/dev/null || { echo "dare did not install; see setup.log"; cat "$out/setup.log"; exit 1; }
+}
+export -f setup
+TAIL=6 stage setup 150 bash -c setup
+command -v dare >/dev/null || { cat "$out/summary.txt"; exit 1; }
 
-# 1. rollout benchmark, issue 6's GPU check: ~1B random LLaDA-shape model, bf16
-if [ "$device" = cuda ]; then
-    timeout "${BENCH_S:-150}" dare bench rollout --model llada --random --device cuda --dtype bfloat16 \
-        --size d_model=2048 --size n_heads=16 --size n_kv_heads=16 --size n_layers=20 \
-        --size mlp_hidden_size=5632 --prompt-length 64 --gen-length 256 --block-length 32 --batch 8 \
-        --repeats 2 > "$work/bench.log" 2>&1
-    tail -n 1 "$work/bench.log" > "$out/bench.json"
-fi
+stage pytest 150 "$py" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_kernels.py \
+    plugins/dare-plugin-llada/tests/test_contract.py plugins/dare-plugin-dream/tests/test_contract.py \
+    -k "cuda_kernels or packed_kernels or fused_cross_entropy or every_kernel or half_precision"
 
-# 2. learning runs, all at once (tiny models: the GPU is far from full)
-common=(output_dir="$work/runs" progress=false eval.every=50 trainer.steps="$steps" model.device="$device")
-b32=(trainer.batch_size=32 trainer.lr=3e-5)
-fastllada=(rollout.backend=fast rollout.cache=delayed rollout.decoding=quota)
-declare -A runs=(
-    [d1-llada]="--algo d1 --model llada"
-    [d1-dream]="--algo d1 --model dream"
-    [spg-llada]="--algo spg --model llada ${b32[*]} ${fastllada[*]}"
-    [coupled_grpo-llada]="--algo coupled_grpo --model llada ${b32[*]} ${fastllada[*]}"
-    [bgpo-llada]="--algo bgpo --model llada ${b32[*]} ${fastllada[*]} algorithm.mc_num=4 algorithm.n_l=4"
-    [espo-llada]="--algo espo --model llada ${b32[*]} ${fastllada[*]}"
-    [ebpo-sdar]="--algo ebpo --model sdar ${b32[*]} algorithm.mc_num=4 algorithm.n_l=4"
-    [coupled_grpo-sdar]="--algo coupled_grpo --model sdar ${b32[*]}"
-)
-mkdir -p "$work/runs"
-for name in ${ONLY:-${!runs[@]}}; do
-    [ -n "${runs[$name]:-}" ] || { echo "unknown run $name (valid: ${!runs[*]})"; continue; }
-    # shellcheck disable=SC2086
-    timeout "${RUNS_S:-330}" dare train ${runs[$name]} "${common[@]}" run_name="$name" \
-        ${EXTRA:-} > "$work/runs/$name.log" 2>&1 &
-done
-wait
+ckpt="$work/llada-random"
+# shellcheck disable=SC2086
+TAIL=3 stage init 120 dare init --model llada --out "$ckpt" $sizes
+common=(--model llada --checkpoint "$ckpt" --device "$device")
+stage train_packing_bf16 100 dare bench train --part packing "${common[@]}" --dtype bfloat16 \
+    --kernels all --batch 8 --prompt-length 64 --min-response 32 --max-response 512 --repeats 3
+stage train_packing_fp32 100 dare bench train --part packing "${common[@]}" --dtype float32 \
+    --kernels all --batch 8 --prompt-length 64 --min-response 32 --max-response 512 --repeats 3
+stage train_ce 60 dare bench train --part ce --device "$device" --tokens 4096 --vocab 126464 --hidden 2048 --repeats 3
+stage train_ce_bf16 60 dare bench train --part ce --device "$device" --tokens 4096 --vocab 126464 --hidden 2048 \
+    --ce-dtype bfloat16 --repeats 3
+stage rollout 120 dare bench rollout "${common[@]}" --dtype bfloat16 --prompt-length 64 \
+    --gen-length 256 --block-length 32 --batch "$batch" --repeats 2
+stage rl 120 dare bench rl "${common[@]}" --dtype bfloat16 --prompt-length 64 --gen-length 256 \
+    --block-length 32 --batch "$batch" --group-size 2 --repeats 2
 
-# 3. the table: before, every evaluation, paired comparison of the last one
-"$py" - "$work/runs" > "$out/learning.txt" <<'PY'
-import json, os, sys
-root = sys.argv[1]
-print(f"{'run':22} {'steps':>5}  accuracy: before -> evaluations ...  (last vs before)")
-for name in sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))):
-    path = os.path.join(root, name, "metrics.jsonl")
-    if not os.path.exists(path):
-        print(f"{name:22} no metrics (see {name}.log)")
-        continue
-    lines = [json.loads(l) for l in open(path)]
-    evals = [(l["step"], l["eval"]) for l in lines if "eval" in l]
-    steps = max((l["step"] for l in lines if "reward" in l), default=0)
-    accs = " -> ".join(f"{100 * e['accuracy']:.1f}@{s}" for s, e in evals)
-    pair = evals[-1][1].get("vs_before") if evals else None
-    tail = (f"  (+{pair['gained']}/-{pair['lost']}, p={pair['p_value']:.3g})" if pair else "")
-    print(f"{name:22} {steps:>5}  {accs}{tail}")
-PY
-cat "$out/learning.txt"
-tar -czf "$out/runs.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.pt' runs $(ls "$work"/*.log 2>/dev/null | xargs -r -n1 basename)
+e2e() {
+    local runs="$work/runs"
+    for dtype in float32 bfloat16; do
+        dare train --algo d1 --model llada trainer.steps=2 trainer.batch_size=8 eval.before=false \
+            eval.after=false model.device="$device" model.dtype="$dtype" progress=false \
+            output_dir="$runs" run_name="d1-$dtype" || return 1
+        grep -h "training paths" "$runs/d1-$dtype"/*.log 2>/dev/null | head -n 1
+        cat "$runs/d1-$dtype/training_paths.json"; echo
+        tail -n 2 "$runs/d1-$dtype/metrics.jsonl" | cut -c1-400
+    done
+}
+export -f e2e
+TAIL=12 stage e2e 120 bash -c e2e
+cat "$out/summary.txt"
 rm -rf "$work"
