@@ -29,6 +29,7 @@ KV cache (the DARE contract of native modules): ``past_key_values`` is ``None`` 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import torch
@@ -612,3 +613,24 @@ def attn_implementation_kwargs(kwargs: dict[str, Any], equivalent: Optional[dict
     if equivalent and impl in equivalent:
         kwargs["attn_implementation"] = equivalent[impl]
     return kwargs
+
+
+# --------------------------------------------------------------------------------------- outputs
+def cache_field(output_cls: type) -> str:
+    """The name of the KV-cache field of a transformers output class: ``cache`` since transformers
+    renamed it, ``past_key_values`` before (both releases are supported)."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def model_output(output_cls: type, cache: Any = None, **fields: Any) -> Any:
+    """``output_cls(**fields)`` with ``cache`` under the field name this transformers declares."""
+    if cache is not None:
+        fields[cache_field(output_cls)] = cache
+    return output_cls(**fields)
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache of a transformers output, under either field name."""
+    return getattr(output, cache_field(type(output)))
+

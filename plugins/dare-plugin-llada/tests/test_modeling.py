@@ -374,12 +374,16 @@ def test_gradient_checkpointing_same_gradients():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model.gradient_checkpointing_enable()
-    assert model.is_activation_checkpointing and all(b.gradient_checkpointing for b in blocks)
+    assert getattr(model, "is_activation_checkpointing", True)  # (newer transformers only)
+    assert all(b.gradient_checkpointing for b in blocks)
     ckpt = grads()
     assert len(calls) == 2 * len(blocks)  # every block was recomputed in backward
     for n in plain:
         torch.testing.assert_close(ckpt[n], plain[n], atol=1e-6, rtol=1e-5)
-    model.activation_checkpointing_disable()
+    # renamed in newer transformers; the old name still works there but warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     assert not any(b.gradient_checkpointing for b in blocks)
 
 

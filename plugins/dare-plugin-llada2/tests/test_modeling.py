@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 import dare_plugin_llada2  # noqa: F401  (registers the Auto classes)
+from dare_core.models import layers
 from dare_core.models.block import block_causal_mask, block_index
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2ConfigError, LLaDA2MoeConfig
 from dare_plugin_llada2.modeling_llada2_moe import (
@@ -280,12 +281,12 @@ def test_kv_cache_matches_full_forward(model):
     mask, pos = _block_mask(9, 3)
     full = model(ids, attention_mask=mask, position_ids=pos).logits
     pre = model(ids[:, :6], attention_mask=mask[:, :, :6, :6], position_ids=pos[:, :6], use_cache=True)
-    cache = pre.cache
+    cache = layers.output_cache(pre)
     assert len(cache) == 2 and cache[0][0].shape == (1, KV, 6, HD)
     out = model(ids[:, 6:], attention_mask=torch.ones(1, 9), position_ids=pos[:, 6:], past_key_values=cache,
                 use_cache=True)
     torch.testing.assert_close(out.logits, full[:, 6:], rtol=1e-5, atol=1e-5)
-    assert out.cache[0][0].shape[2] == 9
+    assert layers.output_cache(out)[0][0].shape[2] == 9
 
 
 def test_eager_equals_sdpa_and_additive_equals_bool(model):

@@ -37,6 +37,7 @@ Beyond the published code (shared DARE contracts):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
@@ -44,7 +45,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 
 from dare_core.models import layers
 
@@ -72,12 +73,18 @@ _REJECTED_IF_SET = ("labels", "cu_seqlens", "max_seqlen", "replace_position", "d
 KVCache = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
-class DreamOutput(CausalLMOutputWithPast):
-    """``logits``, ``hidden_states`` and the KV cache (a list of ``(k, v)`` per layer), readable
-    as ``.past_key_values`` (the shared DARE contract) or ``.cache`` (transformers 5 name)."""
+@dataclasses.dataclass
+class DreamOutput(ModelOutput):
+    """``logits``, the KV cache (a list of ``(k, v)`` per layer) and ``hidden_states``; the cache
+    is readable as ``.cache`` (the newer transformers name) or ``.past_key_values`` (the DARE
+    contract) under every transformers release."""
+
+    logits: Optional[torch.Tensor] = None
+    cache: Optional[Any] = None
+    hidden_states: Optional[tuple] = None
 
     @property
-    def past_key_values(self):  # the base class warns that the name is deprecated
+    def past_key_values(self):
         return self.cache
 
 

@@ -32,7 +32,6 @@ mask is a bool ``[B, 1, Q, P+Q]`` (True = may attend) or a 2-D ``[B, P+Q]`` key-
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -46,10 +45,6 @@ from dare_core.models import layers
 
 from .configuration_llada import LLaDAConfig
 
-# transformers 5 renamed the output field ``past_key_values`` to ``cache`` (the old name still
-# works but warns); returned under whichever name this transformers version declares.
-_CACHE_FIELD = ("cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
-                else "past_key_values")
 
 __all__ = [
     "LLaDARMSNorm",
@@ -272,4 +267,4 @@ class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
             return (logits,) + extra
         if present is None:
             return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
-        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden, **{_CACHE_FIELD: present})
+        return layers.model_output(CausalLMOutputWithPast, present, logits=logits, hidden_states=hidden)

@@ -317,7 +317,7 @@ class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
         want_hidden = bool(output_hidden_states if output_hidden_states is not None else cfg.output_hidden_states)
         x, hidden, presents = layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
                                                 output_hidden_states=want_hidden, use_cache=use_cache)
-        out = MoeModelOutputWithPast(last_hidden_state=x, cache=presents, hidden_states=hidden)
+        out = layers.model_output(MoeModelOutputWithPast, presents, last_hidden_state=x, hidden_states=hidden)
         if return_dict is False:
             return out.to_tuple()
         return out
@@ -360,8 +360,8 @@ class LLaDA2MoeModelLM(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device))
-        result = MoeCausalLMOutputWithPast(loss=loss, logits=logits, cache=out.cache,
-                                           hidden_states=out.hidden_states)
+        result = layers.model_output(MoeCausalLMOutputWithPast, layers.output_cache(out), loss=loss,
+                                     logits=logits, hidden_states=out.hidden_states)
         if return_dict is False:
             return result.to_tuple()
         return result

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper
+from dare_core.models import HFDiffusionWrapper, layers
 from dare_core.models.base import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_core.models.base import save_new_checkpoint, tiny_params
 from dare_core.models.block import (
@@ -141,7 +141,7 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
             mask = attention_mask
         out = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                           past_key_values=past_key_values or None, use_cache=use_cache)
-        return out.logits, (out.cache if use_cache else None)
+        return out.logits, (layers.output_cache(out) if use_cache else None)
 
 
 def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
