@@ -85,3 +85,27 @@ def test_fused_cross_entropy_on_cuda_equals_naive():
         results.append((lp.detach(), h.grad, w.grad))
     for a, b in zip(*results):
         assert float((a - b).norm() / b.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["low_confidence", "fast"])
+def test_sampling_rollouts_on_cuda_with_the_runs_cpu_generator(backend):
+    """Temperature > 0 and random remasking draw on the GPU from the run's CPU generator,
+    reproducibly for one seed."""
+    from dare_core.config.structure import structure
+    from dare_core.plugins import build
+    from dare_core.testing.toy import make_toy_wrapper
+    from dare_core.workflows.common import left_pad
+
+    dare = build(load_entrypoints=False)
+    w = make_toy_wrapper()
+    w.module.cuda()
+    spec = dare.registries.rollouts.get(backend)
+    fields = dict(gen_length=16, block_length=8, steps=8, temperature=1.0, remasking="random")
+    if backend == "fast":
+        fields["decoding"] = "quota"  # threshold decoding needs model confidences
+    cfg, problems = structure(spec.config_cls, fields)
+    assert not problems, problems
+    ids, mask = left_pad([w.encode("12+3="), w.encode("7")], w.pad_token_id)
+    runs = [spec.build(cfg).generate(w, ids.cuda(), mask.cuda(), generator=torch.Generator().manual_seed(0))
+            for _ in range(2)]
+    assert runs[0].response_ids.is_cuda and torch.equal(runs[0].response_ids, runs[1].response_ids)

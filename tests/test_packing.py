@@ -258,3 +258,18 @@ def test_document_mask_through_the_shared_attention_layer():
     assert torch.equal(got, want) and kv[0] is k
     with pytest.raises(layers.AttentionMaskError, match="DocumentMask"):
         layers.prepare_attention_mask(DocumentMask(doc), 2, 3, 6, 4)
+
+
+def test_document_kernel_setup_is_built_once_per_forward():
+    """The layers of one forward share the kernel's set-up through the mask's cache; a mask moved
+    with ``to`` (what a module does at the start of a forward) starts empty."""
+    from dare_core.ops.attention import DocumentMask, document_attention
+
+    doc = torch.tensor([[0, 0, 1, 1]])
+    q = torch.randn(1, 2, 4, 8)
+    mask = DocumentMask(doc)
+    document_attention(q, q, q, doc, kernel="sdpa_mask", cache=mask.cache)
+    built = mask.cache["bool_mask"]
+    document_attention(q, q, q, doc, kernel="sdpa_mask", cache=mask.cache)
+    assert mask.cache["bool_mask"] is built
+    assert mask.to("cpu").cache == {}

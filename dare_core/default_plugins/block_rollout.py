@@ -64,6 +64,7 @@ from dare_core.errors import CapabilityError, DareError
 from dare_core.interfaces import RolloutBatch, RolloutSpec
 from dare_core.models.block import block_causal_mask, block_index
 from dare_core.plugins import hookimpl
+from dare_core.rng import for_device
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 
@@ -306,7 +307,7 @@ class BlockSampler(ConfiguredSampler):
         else:
             filtered = _filter_top_p(_filter_top_k(scaled, cfg.top_k), cfg.top_p)
             fp = torch.softmax(filtered, dim=-1).reshape(-1, vocab)
-            x0 = torch.multinomial(fp, 1, generator=generator).reshape(logits.shape[:-1])
+            x0 = torch.multinomial(fp, 1, generator=for_device(generator, fp.device)).reshape(logits.shape[:-1])
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
         ent = None
         if cfg.remasking == "entropy_bounded":

@@ -17,6 +17,7 @@ import torch
 
 from dare_core.config.schema import option
 from dare_core.config.validators import non_negative, one_of, positive
+from dare_core.rng import for_device
 
 __all__ = [
     "REMASKING",
@@ -196,7 +197,8 @@ class CandidateScoring:
         temp = float(self.config.temperature)
         if temp == 0.0:
             return logits.argmax(dim=-1)
-        u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+        u = torch.rand(logits.shape, generator=for_device(generator, logits.device), dtype=torch.float64,
+                       device=logits.device)
         z = logits.double()
         z = (z - z.amax(dim=-1, keepdim=True)).exp()
         return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
@@ -211,7 +213,8 @@ class CandidateScoring:
             probs = torch.softmax(logits.float(), dim=-1)
             conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
         else:
-            conf = torch.rand(x0.shape, generator=generator, dtype=torch.float64, device=x0.device)
+            conf = torch.rand(x0.shape, generator=for_device(generator, x0.device), dtype=torch.float64,
+                              device=x0.device)
         if cfg.stop_confidence != "keep":
             value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
             conf = conf.masked_fill(torch.isin(x0, stop_ids), value)

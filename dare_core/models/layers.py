@@ -292,7 +292,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[tor
     groups = q.shape[1] // k.shape[1]
     if isinstance(mask, DocumentMask):
         out = document_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask.doc_ids, scale=scale,
-                                 kernel=mask.kernel)
+                                 kernel=mask.kernel, cache=mask.cache)
         return merge_heads(out), (k, v)
     out = attention(implementation)(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale,
                                     fp32_scores=fp32_scores)

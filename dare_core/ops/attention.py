@@ -11,14 +11,22 @@ softmax attention of each query over the keys of its own document only (bidirect
 * ``flash_attn`` — ``flash_attn_varlen_func`` from the flash-attn package (CUDA, only when the
   package is importable).
 
-``varlen`` and ``flash_attn`` are FlashAttention kernels: half precision (bf16 / fp16) only.
-FlexAttention runs compiled (``torch.compile``; eager FlexAttention materialises the scores), with
-the packed width padded to a multiple of its 128-slot block so that few shapes are compiled.
+``varlen`` and ``flash_attn`` are FlashAttention kernels: half precision (bf16 / fp16) only, head
+dimension padded with zeros to a multiple of 8. FlexAttention runs compiled (``torch.compile``;
+eager FlexAttention materialises the scores), with the packed width padded to a multiple of its
+128-slot block so that few shapes are compiled, and head dimensions below 16 padded to 16 (zero
+padding changes neither the scores nor the output; the scale is the unpadded one).
 
-:func:`available_kernels` lists the ones that can run on a device and dtype, best first. A model
-receives a chosen kernel as a :class:`DocumentMask` in place of its attention mask (the shared
-layers of :mod:`dare_core.models.layers` dispatch on it). On CPU only ``sdpa_mask`` runs; the CUDA
-kernels are tested by ``tests/test_cuda_kernels.py`` (skipped without a GPU).
+A model receives a kernel as a :class:`DocumentMask` in place of its attention mask (the shared
+layers of :mod:`dare_core.models.layers` dispatch on it). What every layer of one forward (and its
+backward) shares — FlexAttention's ``BlockMask``, the ``cu_seqlens`` of the varlen kernels — is
+built once per mask, at the first layer, and kept on it.
+
+:func:`available_kernels` lists the ones that can run on a device and dtype, the default first.
+``sdpa_mask`` is the default everywhere: on an H200 (a 1B-parameter random checkpoint, 8 sequences of
+96–576 tokens) it was the fastest packed kernel in bf16 and fp32, with the other kernels measured
+before their per-forward set-up was cached (``docs/benchmarks.md``). On CPU only ``sdpa_mask``
+runs; the CUDA kernels are tested by ``tests/test_cuda_kernels.py`` (skipped without a GPU).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("flash_attn", "varlen", "flex", "sdpa_mask")
+KERNELS = ("sdpa_mask", "flash_attn", "varlen", "flex")
 HALF = (torch.float16, torch.bfloat16)
 FLEX_BLOCK = 128
 
@@ -46,6 +54,8 @@ class DocumentMask:
 
     doc_ids: torch.Tensor
     kernel: str = "sdpa_mask"
+    #: per-forward set-up shared by the layers (block mask, cu_seqlens), filled by the first layer
+    cache: dict = attrs.field(factory=dict, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -87,11 +97,11 @@ def flash_attn_importable() -> bool:
 
 def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] = None) -> tuple[str, ...]:
     """Kernels that can run forward and backward on ``device`` for inputs of ``dtype`` (``None``:
-    any dtype), best first."""
+    any dtype), the default (``sdpa_mask``) first."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return ("sdpa_mask",)
-    found = []
+    found = ["sdpa_mask"]
     half = dtype is None or dtype in HALF
     if half and flash_attn_importable():
         found.append("flash_attn")
@@ -99,15 +109,15 @@ def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] =
         found.append("varlen")
     if _flex_available():
         found.append("flex")
-    found.append("sdpa_mask")
     return tuple(found)
 
 
 _COMPILED_FLEX = None
 
 
-def _flex_document_attention(q, k, v, doc_ids, scale):
-    """FlexAttention, compiled once per process, over rows padded to a multiple of its block."""
+def _flex_document_attention(q, k, v, doc_ids, scale, cache):
+    """FlexAttention, compiled once per process, over rows padded to a multiple of its block; the
+    ``BlockMask`` is built once per ``cache`` (one forward)."""
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -117,14 +127,15 @@ def _flex_document_attention(q, k, v, doc_ids, scale):
     pad = (-width) % FLEX_BLOCK
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        doc_ids = F.pad(doc_ids, (0, pad), value=-1)
+    if "block_mask" not in cache:
+        docs = F.pad(doc_ids, (0, pad), value=-1) if pad else doc_ids
 
-    def same_doc(b, h, qi, ki):
-        return (doc_ids[b, qi] == doc_ids[b, ki]) & ((doc_ids[b, qi] >= 0) | (qi == ki))
+        def same_doc(b, h, qi, ki):
+            return (docs[b, qi] == docs[b, ki]) & ((docs[b, qi] >= 0) | (qi == ki))
 
-    size = width + pad
-    block = create_block_mask(same_doc, rows, None, size, size, device=q.device)
-    return _COMPILED_FLEX(q, k, v, block_mask=block, scale=scale)[:, :, :width]
+        size = width + pad
+        cache["block_mask"] = create_block_mask(same_doc, rows, None, size, size, device=q.device)
+    return _COMPILED_FLEX(q, k, v, block_mask=cache["block_mask"], scale=scale)[:, :, :width]
 
 
 def _cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -138,22 +149,42 @@ def _cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
+def _pad_head_dim(q, k, v, dim: int):
+    """Zero-pad the last dimension of ``q``/``k``/``v`` to ``dim`` (scores and outputs unchanged)."""
+    extra = dim - q.shape[-1]
+    if extra <= 0:
+        return q, k, v
+    return tuple(F.pad(t, (0, extra)) for t in (q, k, v))
+
+
 def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor,
-                       scale: Optional[float] = None, kernel: str = "sdpa_mask") -> torch.Tensor:
+                       scale: Optional[float] = None, kernel: str = "sdpa_mask",
+                       cache: Optional[dict] = None) -> torch.Tensor:
     """Attention within documents. ``q``/``k``/``v`` ``[R, H, L, hd]`` (same head count),
-    ``doc_ids`` ``[R, L]`` → ``[R, H, L, hd]``."""
+    ``doc_ids`` ``[R, L]`` → ``[R, H, L, hd]``. ``cache``: a dict shared by the calls of one
+    forward (every layer sees the same ``doc_ids``), holding the kernel's set-up."""
+    cache = {} if cache is None else cache
     if kernel == "sdpa_mask":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(doc_ids), scale=scale)
+        if "bool_mask" not in cache:
+            cache["bool_mask"] = document_mask(doc_ids)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=cache["bool_mask"], scale=scale)
     if q.device.type != "cuda":
         raise ValueError(f"document attention kernel {kernel!r} runs only on CUDA; use sdpa_mask")
+    dim = q.shape[-1]
+    scale = dim ** -0.5 if scale is None else scale
     if kernel == "flex":
-        return _flex_document_attention(q, k, v, doc_ids, scale)
+        q, k, v = _pad_head_dim(q, k, v, max(16, dim))
+        return _flex_document_attention(q, k, v, doc_ids, scale, cache)[..., :dim]
     if kernel in ("varlen", "flash_attn") and q.dtype not in HALF:
         raise ValueError(f"document attention kernel {kernel!r} needs bf16 or fp16 inputs, got {q.dtype}; "
                          f"use flex or sdpa_mask for {q.dtype}")
-    rows, heads, width, dim = q.shape
-    cu, longest = _cu_seqlens(doc_ids)
-    flat = [t.transpose(1, 2).reshape(rows * width, t.shape[1], dim) for t in (q, k, v)]
+    q, k, v = _pad_head_dim(q, k, v, -(-dim // 8) * 8)
+    padded = q.shape[-1]
+    rows, heads, width, _ = q.shape
+    if "cu_seqlens" not in cache:
+        cache["cu_seqlens"] = _cu_seqlens(doc_ids)
+    cu, longest = cache["cu_seqlens"]
+    flat = [t.transpose(1, 2).reshape(rows * width, t.shape[1], padded) for t in (q, k, v)]
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -165,4 +196,4 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_id
                                      softmax_scale=scale, causal=False)
     else:
         raise ValueError(f"unknown document attention kernel {kernel!r}; valid: {available_kernels(q.device)}")
-    return out.reshape(rows, width, heads, dim).transpose(1, 2)
+    return out.reshape(rows, width, heads, padded).transpose(1, 2)[..., :dim]

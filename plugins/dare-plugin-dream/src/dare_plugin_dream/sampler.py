@@ -54,6 +54,7 @@ from dare_core.default_plugins.rollout import mask_through_first_stop
 from dare_core.default_plugins.rollout_common import ConfiguredSampler, check_prompt_shapes, check_records
 from dare_core.default_plugins.rollout_common import join_micro_batches, run_micro_batches
 from dare_core.interfaces import RolloutBatch
+from dare_core.rng import for_device
 
 __all__ = [
     "ALGORITHMS",
@@ -139,7 +140,7 @@ def sample_tokens(logits: torch.Tensor, *, temperature: float, top_p: float = 1.
     z = top_k_filter(top_p_filter(z, top_p), top_k)
     probs = torch.softmax(z, dim=-1)
     if temperature > 0 and probs.shape[0] > 0:
-        x0 = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        x0 = torch.multinomial(probs, 1, generator=for_device(generator, probs.device)).squeeze(-1)
         conf = probs.gather(-1, x0[:, None]).squeeze(-1)
     else:
         conf, x0 = probs.max(dim=-1)
@@ -257,7 +258,7 @@ class DreamSampler(ConfiguredSampler):
     def _origin_step(self, logits: torch.Tensor, pending: torch.Tensor, p_transfer: float,
                      generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        u = torch.rand(pending.shape, generator=generator, device=pending.device)
+        u = torch.rand(pending.shape, generator=for_device(generator, pending.device), device=pending.device)
         commit = pending & (u < p_transfer)
         tokens = torch.zeros_like(pending, dtype=torch.long)
         if bool(commit.any()):
@@ -281,10 +282,11 @@ class DreamSampler(ConfiguredSampler):
             # rows with fewer masks than k: only their masked positions can be drawn
             counts = pending.sum(dim=1)
             picks = torch.zeros_like(pending)
+            gen = for_device(generator, weights.device)
             for row in range(pending.shape[0]):
                 kr = min(k, int(counts[row]))
                 if kr > 0:
-                    idx = torch.multinomial(weights[row], kr, replacement=False, generator=generator)
+                    idx = torch.multinomial(weights[row], kr, replacement=False, generator=gen)
                     picks[row, idx] = True
         else:
             idx = torch.topk(full, k, dim=-1).indices

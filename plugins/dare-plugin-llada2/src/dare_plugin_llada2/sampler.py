@@ -59,6 +59,7 @@ from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch
 from dare_core.models.block import block_causal_mask
+from dare_core.rng import for_device
 
 __all__ = ["ThresholdConfig", "EditingConfig", "ThresholdSampler", "EditingSampler", "SUPPORTED_RECORDS",
            "transfer_schedule", "sample_candidates"]
@@ -160,7 +161,7 @@ def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_
         drop[..., 0] = False
         z = z.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(z, dim=-1)
-    x0 = torch.multinomial(probs, 1, generator=generator)
+    x0 = torch.multinomial(probs, 1, generator=for_device(generator, probs.device))
     return x0.view(shape), probs.gather(-1, x0).view(shape)
 
 
