@@ -1,7 +1,7 @@
 """Does one policy-gradient step of an RL algorithm improve what it should?
 
     python scripts/rl_direction_probe.py --algo d1 --model llada [--prompts 32] [--group 8]
-        [--step-norm 0.008] [--samples 16] [KEY=VALUE ...]
+        [--step-norm 0.008] [--samples 16] [--sign] [KEY=VALUE ...]
 
 Takes the first ``--prompts`` training prompts of the run's task, rolls out ``--group`` responses
 each with the run's training sampler, and computes the algorithm's loss gradient ``g`` exactly as
@@ -11,6 +11,9 @@ weights by ``--step-norm`` (in parameter L2 norm) along
 
 * ``-g`` (the direction training takes), ``+g`` (the opposite), and a random direction and its
   negative (a control: how much any step of that size changes the samples),
+* with ``--sign``, also ``-sign(g)`` and ``+sign(g)``: the direction of Adam's first step
+  (``m / sqrt(v)`` after one step is ``g / |g|`` per weight), to see whether the per-weight
+  normalisation of the optimizer the runs use keeps the gradient's effect,
 
 and evaluates each on the same prompts, ``--samples`` sampled responses per prompt with the run's
 evaluation sampler (``eval.temperature``, default 1.0 here) and *common random numbers*: every
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group", type=int, default=8, help="rollouts per prompt")
     ap.add_argument("--step-norm", type=float, default=0.008, help="L2 norm of the weight step")
     ap.add_argument("--samples", type=int, default=16, help="evaluation samples per prompt")
+    ap.add_argument("--sign", action="store_true", help="also step along -sign(g) and +sign(g) (Adam's first step)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
     args = ap.parse_args(argv)
@@ -78,6 +82,11 @@ def main(argv=None) -> int:
     directions = {"no step": None, "-g (training)": [-x / g_norm for x in grad],
                   "+g (opposite)": [x / g_norm for x in grad], "random": [x / r_norm for x in rand],
                   "-random": [-x / r_norm for x in rand]}
+    if args.sign:
+        sign = [torch.sign(x) for x in grad]
+        s_norm = torch.sqrt(sum((x.float() ** 2).sum() for x in sign))
+        directions["-sign(g) (Adam)"] = [-x / s_norm for x in sign]
+        directions["+sign(g)"] = [x / s_norm for x in sign]
     eval_examples = [ex for ex in examples for _ in range(args.samples)]
     base = None
     wrapper.module.eval()
