@@ -37,6 +37,11 @@ from dare_core.workflows.common import evaluate, setup
 from dare_core.workflows.rl import collect, policy_backward
 
 
+def _norm(tensors) -> torch.Tensor:
+    """L2 norm of a list of tensors taken as one vector."""
+    return torch.sqrt(sum((x.float() ** 2).sum() for x in tensors))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--algo", required=True)
@@ -71,10 +76,10 @@ def main(argv=None) -> int:
                     rows.select_extras(everything) if rows.extras else None)
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     grad = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-    g_norm = torch.sqrt(sum((x.float() ** 2).sum() for x in grad))
+    g_norm = _norm(grad)
     noise = torch.Generator().manual_seed(args.seed + 1)
     rand = [torch.randn(p.shape, generator=noise).to(p) for p in params]
-    r_norm = torch.sqrt(sum((x.float() ** 2).sum() for x in rand))
+    r_norm = _norm(rand)
     print(f"{args.algo} x {args.model}: {len(examples)} prompts x {n} rollouts, mean reward "
           f"{rewards.mean():.3f} ({cfg.task.reward}), gradient norm {g_norm:.4f}, step norm {args.step_norm}")
 
@@ -84,7 +89,7 @@ def main(argv=None) -> int:
                   "-random": [-x / r_norm for x in rand]}
     if args.sign:
         sign = [torch.sign(x) for x in grad]
-        s_norm = torch.sqrt(sum((x.float() ** 2).sum() for x in sign))
+        s_norm = _norm(sign)
         directions["-sign(g) (Adam)"] = [-x / s_norm for x in sign]
         directions["+sign(g)"] = [x / s_norm for x in sign]
     eval_examples = [ex for ex in examples for _ in range(args.samples)]

@@ -301,12 +301,9 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
 def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
     """The packed-attention kernels of ``--kernels``, the one training would pick first."""
     from dare_core.ops.attention import available_kernels
-    from dare_core.ops.paths import select_training_paths
+    from dare_core.ops.paths import param_dtype, select_training_paths
 
-    try:
-        dtype = next(wrapper.module.parameters()).dtype
-    except StopIteration:
-        dtype = None
+    dtype = param_dtype(wrapper)
     runnable = list(available_kernels(a.device, dtype))
     auto = select_training_paths(wrapper, "packed", a.pack_cross_entropy, a.device).attention_kernel
     if a.kernels == "auto":

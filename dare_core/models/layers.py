@@ -633,4 +633,3 @@ def model_output(output_cls: type, cache: Any = None, **fields: Any) -> Any:
 def output_cache(output: Any) -> Any:
     """The KV cache of a transformers output, under either field name."""
     return getattr(output, cache_field(type(output)))
-

@@ -9,10 +9,10 @@ what the wrapper can do and the device, independently of the rollout backend:
 * **cross entropy** — ``fused`` (chunked, logits-free; :mod:`dare_core.ops.fused_ce`) when the
   native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``.
 
-* **attention kernel** of the packed path (``model.attention_kernel``) — the best document
-  kernel of :func:`dare_core.ops.attention.available_kernels` for the device and the model's
-  dtype: flash-attn or torch's ``varlen_attn`` (CUDA, half precision), FlexAttention (CUDA),
-  else SDPA with a block-diagonal boolean mask (every device, the only one on CPU).
+* **attention kernel** of the packed path (``model.attention_kernel``) — one of
+  :func:`dare_core.ops.attention.available_kernels` for the device and the model's dtype: SDPA
+  with a block-diagonal boolean mask (every device; the default, fastest measured), or on CUDA
+  FlexAttention, torch's ``varlen_attn`` and flash-attn (these two in half precision) by name.
 
 ``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded``,
 ``fused`` / ``naive`` and a kernel name force one, and forcing an unsupported path is a one-line
@@ -27,11 +27,11 @@ import attrs
 import torch
 
 from dare_core.errors import DareError
-from dare_core.ops.attention import available_kernels
+from dare_core.ops.attention import KERNELS, available_kernels
 
 TRAIN_ATTENTION_CHOICES = ("auto", "padded", "packed")
 CROSS_ENTROPY_CHOICES = ("auto", "fused", "naive")
-ATTENTION_KERNEL_CHOICES = ("auto", "sdpa_mask", "flex", "varlen", "flash_attn")
+ATTENTION_KERNEL_CHOICES = ("auto",) + KERNELS
 _KERNEL_WORDS = {
     "sdpa_mask": "block-diagonal document mask as a 4-D boolean mask through SDPA",
     "flex": "FlexAttention with a document BlockMask",
@@ -71,7 +71,8 @@ def _supports(wrapper: Any, name: str) -> bool:
     return bool(fn()) if callable(fn) else False
 
 
-def _param_dtype(wrapper: Any):
+def param_dtype(wrapper: Any):
+    """The dtype of the wrapper's (first) parameters, or ``None`` when it has none."""
     try:
         return next(wrapper.module.parameters()).dtype
     except (AttributeError, StopIteration, TypeError):
@@ -108,7 +109,7 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
     attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
     kernel = "-"
     if attention == "packed":
-        dtype = _param_dtype(wrapper)
+        dtype = param_dtype(wrapper)
         runnable = available_kernels(dev, dtype)
         if attention_kernel == "auto":
             kernel = runnable[0]
