@@ -137,21 +137,12 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
     """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
     from dare_core.config import resolve
-    from dare_core.engines import build_engine
-    from dare_core.workflows.common import (
-        Context, build_eval_rollout, evaluate, load_model, resolve_device, seed_everything,
-    )
+    from dare_core.workflows.common import eval_context, evaluate
 
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
-    gen = seed_everything(config.seed)
-    eval_rollout = build_eval_rollout(dare, config)  # config errors before the model is loaded
-    wrapper = load_model(dare, config, trainable=False)
-    task = dare.registries.tasks.get(config.task.name).build(config.task)
-    ctx = Context(dare, config, None, dare.registries.models.get(model), wrapper,
-                  None, eval_rollout, task, None,
-                  build_engine(config.engine.name, resolve_device(config.model.device)), None, gen)
-    examples = task.examples("eval", limit=config.task.num_eval, seed=config.seed)
+    ctx = eval_context(dare, config)
+    examples = ctx.task.examples("eval", limit=config.task.num_eval, seed=config.seed)
     result = evaluate(ctx, examples, "eval")
     if as_json:
         click.echo(json.dumps(result))

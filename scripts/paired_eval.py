@@ -1,6 +1,6 @@
 """Is checkpoint B better than checkpoint A on the held-out prompts? A paired evaluation.
 
-    python scripts/paired_eval.py --model llada --a PATH_A --b PATH_B [--samples 8]
+    python scripts/paired_eval.py --model llada --a PATH_A --b PATH_B [--b PATH_B2 ...] [--samples 8]
         [--config RUN/config.yaml] [KEY=VALUE ...]
 
 Both checkpoints answer the same held-out prompts (``task.num_eval`` of them, each ``--samples``
@@ -9,8 +9,11 @@ times) with the run's evaluation sampler (``eval.*``; ``KEY=VALUE`` run-config o
 settings) and *common random numbers*:
 sample ``i`` of both checkpoints uses the same sampling noise, so the comparison is paired per
 sample. Prints each accuracy, the samples B gains and loses against A, McNemar's exact p-value,
-and the same count per prompt (prompts B solves more / less often than A). ``--a`` or ``--b`` may
-be ``bundled`` (the family's bundled checkpoint).
+the same count per prompt (prompts B solves more / less often than A: a sign test) and the
+prompt-clustered difference (``dare_core.pairing.clustered``: the prompt as the unit, its
+solve-rate change as the measurement). ``--a`` or ``--b`` may
+be ``bundled`` (the family's bundled checkpoint). ``--b`` may be repeated: each B is compared
+with A, which is evaluated once.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import argparse
 import json
 
 from dare_core.config import resolve
-from dare_core.pairing import compare, describe, paired_counts
+from dare_core.pairing import clustered, compare, describe, paired_counts
 from dare_core.plugins import build
-from dare_core.workflows.common import evaluate, setup
+from dare_core.workflows.common import eval_context, evaluate
 
 
 def _items(dare, args, path: str) -> tuple[list[float], dict]:
@@ -29,40 +32,49 @@ def _items(dare, args, path: str) -> tuple[list[float], dict]:
     if path != "bundled":
         overrides.append(f"model.path={path}")
     cfg = resolve(dare, model=args.model, config_file=args.config, overrides=overrides, need_algo=False)
-    ctx = setup(dare, cfg)
-    examples = ctx.task.examples("eval", limit=cfg.task.num_eval)
+    ctx = eval_context(dare, cfg)
+    examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     repeated = [ex for ex in examples for _ in range(args.samples)]
-    ctx.wrapper.module.eval()
     items: list[float] = []
     res = evaluate(ctx, repeated, "paired", items)
     return items, res
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="model family")
-    ap.add_argument("--a", required=True, help="checkpoint A (or 'bundled')")
-    ap.add_argument("--b", required=True, help="checkpoint B (or 'bundled')")
-    ap.add_argument("--samples", type=int, default=8, help="samples per prompt")
-    ap.add_argument("--config", default=None, help="run config file (e.g. a run's config.yaml)")
-    ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
-    args = ap.parse_args(argv)
-    dare = build()
-    a, res_a = _items(dare, args, args.a)
-    b, res_b = _items(dare, args, args.b)
+def _report(name_a: str, a: list[float], res_a: dict, name_b: str, b: list[float], res_b: dict,
+            k: int) -> None:
     gained, lost = paired_counts(a, b)
-    k = args.samples
     per_a = [sum(a[i:i + k]) for i in range(0, len(a), k)]
     per_b = [sum(b[i:i + k]) for i in range(0, len(b), k)]
     more = sum(1 for x, y in zip(per_a, per_b) if y > x)
     less = sum(1 for x, y in zip(per_a, per_b) if y < x)
     record = compare(gained, lost, len(a))
-    print(f"A {args.a}: accuracy {res_a['accuracy']:.4f}   B {args.b}: accuracy {res_b['accuracy']:.4f} "
+    print(f"A {name_a}: accuracy {res_a['accuracy']:.4f}   B {name_b}: accuracy {res_b['accuracy']:.4f} "
           f"({len(per_a)} prompts x {k} samples)")
     print(f"samples: {describe(record)}")
     prompts = compare(more, less, len(per_a))
     print(f"prompts solved more / less often by B: +{more} / -{less}, sign-test p = {prompts['p_value']:.3g}")
-    print(json.dumps({"a": res_a, "b": res_b, "samples": record, "prompts": prompts}))
+    clus = clustered(a, b, k)
+    print(f"prompt-clustered difference: {100 * clus['delta']:+.2f} ± {100 * clus['se']:.2f} points, "
+          f"p = {clus['p_value']:.3g}")
+    print(json.dumps({"a": res_a, "b": res_b, "b_path": name_b, "samples": record, "prompts": prompts,
+                      "clustered": clus}), flush=True)
+
+
+def main(argv=None, dare=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="model family")
+    ap.add_argument("--a", required=True, help="checkpoint A (or 'bundled')")
+    ap.add_argument("--b", required=True, action="append",
+                    help="checkpoint B (or 'bundled'); repeat to compare several with A")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--config", default=None, help="run config file (e.g. a run's config.yaml)")
+    ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
+    args = ap.parse_args(argv)
+    dare = dare if dare is not None else build()
+    a, res_a = _items(dare, args, args.a)
+    for path in args.b:
+        b, res_b = _items(dare, args, path)
+        _report(args.a, a, res_a, path, b, res_b, args.samples)
     return 0
 
 

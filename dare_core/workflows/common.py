@@ -258,6 +258,20 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     return ctx
 
 
+def eval_context(dare: Any, config: RunConfig) -> Context:
+    """The context of an evaluation without training: model (frozen), eval sampler, task, engine.
+
+    Config errors of the sampler surface before the model is loaded.
+    """
+    gen = seed_everything(config.seed)
+    eval_rollout = build_eval_rollout(dare, config)
+    wrapper = load_model(dare, config, trainable=False)
+    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    return Context(dare, config, None, dare.registries.models.get(config.model.family), wrapper,
+                   None, eval_rollout, task, None, engine, None, gen)
+
+
 def evaluate(ctx: Context, examples: Sequence[Example], label: str,
              items: Optional[list[float]] = None) -> dict[str, Any]:
     """Generate for ``examples`` with the eval sampling config and score them.

@@ -1,0 +1,56 @@
+"""Evaluation commands on the bundled checkpoint: ``dare eval``, and ``scripts/paired_eval.py``,
+whose common random numbers make a checkpoint's sampled answers identical to its own (A vs A: no
+discordant sample, no clustered change)."""
+
+import importlib.util
+import json
+import os
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+import dare_plugin_llada
+import dare_core.plugins
+from dare_core.cli import cli
+from dare_core.plugins import build
+from dare_plugin_llada.wrapper import BUNDLED
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "paired_eval.py"
+pytestmark = pytest.mark.skipif(not (os.path.isdir(BUNDLED) and SCRIPT.is_file()),
+                                reason="needs the bundled checkpoint and the repository's scripts/")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("paired_eval", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def dare():
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_llada])
+
+
+def test_dare_eval_json(dare, monkeypatch):
+    monkeypatch.setattr(dare_core.plugins, "_DARE", dare)
+    result = CliRunner().invoke(cli, ["eval", "--model", "llada", "--json", "task.num_eval=6",
+                                      "eval.batch_size=4"], prog_name="dare")
+    assert result.exit_code == 0, result.output
+    rec = json.loads(result.stdout.strip().splitlines()[-1])
+    assert rec["n"] == 6 and 0.0 <= rec["accuracy"] <= 1.0 and rec["nfe"] == 2 * 20  # two batches x 20 steps
+
+
+def test_a_against_itself_under_sampling(dare, capsys, tmp_path):
+    _script().main(["--model", "llada", "--a", "bundled", "--b", "bundled", "--b", BUNDLED, "--samples", "3",
+                    "task.num_eval=4", "eval.temperature=1.0", "eval.batch_size=12", f"output_dir={tmp_path}"],
+                   dare=dare)
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(records) == 2 and records[1]["b_path"] == BUNDLED
+    for rec in records:
+        assert rec["a"]["n"] == rec["b"]["n"] == 12
+        assert rec["a"]["accuracy"] == rec["b"]["accuracy"]
+        assert (rec["samples"]["gained"], rec["samples"]["lost"]) == (0, 0)
+        assert rec["clustered"]["prompts"] == 4 and rec["clustered"]["delta"] == 0.0
+        assert rec["clustered"]["p_value"] == 1.0
