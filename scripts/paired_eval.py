@@ -13,7 +13,8 @@ the same count per prompt (prompts B solves more / less often than A: a sign tes
 prompt-clustered difference (``dare_core.pairing.clustered``: the prompt as the unit, its
 solve-rate change as the measurement). ``--a`` or ``--b`` may
 be ``bundled`` (the family's bundled checkpoint). ``--b`` may be repeated: each B is compared
-with A, which is evaluated once.
+with A, which is evaluated once; ``--pool`` then also compares A with the mean of the B (e.g. the
+seeds of one recipe: each prompt's solve rate averaged over them, prompt-clustered).
 """
 
 from __future__ import annotations
@@ -68,13 +69,23 @@ def main(argv=None, dare=None) -> int:
                     help="checkpoint B (or 'bundled'); repeat to compare several with A")
     ap.add_argument("--samples", type=int, default=8, help="samples per prompt")
     ap.add_argument("--config", default=None, help="run config file (e.g. a run's config.yaml)")
+    ap.add_argument("--pool", action="store_true",
+                    help="also compare A with the mean of all B (e.g. one recipe's seeds), prompt-clustered")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
     args = ap.parse_args(argv)
     dare = dare if dare is not None else build()
     a, res_a = _items(dare, args, args.a)
+    bs = []
     for path in args.b:
         b, res_b = _items(dare, args, path)
         _report(args.a, a, res_a, path, b, res_b, args.samples)
+        bs.append(b)
+    if args.pool and len(bs) > 1:
+        mean_b = [sum(col) / len(bs) for col in zip(*bs)]
+        clus = clustered(a, mean_b, args.samples)
+        print(f"pooled over {len(bs)} B: accuracy {sum(mean_b) / len(mean_b):.4f}, prompt-clustered difference "
+              f"{100 * clus['delta']:+.2f} ± {100 * clus['se']:.2f} points, p = {clus['p_value']:.3g}")
+        print(json.dumps({"pooled": args.b, "accuracy": sum(mean_b) / len(mean_b), "clustered": clus}), flush=True)
     return 0
 
 

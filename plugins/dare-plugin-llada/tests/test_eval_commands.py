@@ -43,11 +43,14 @@ def test_dare_eval_json(dare, monkeypatch):
 
 
 def test_a_against_itself_under_sampling(dare, capsys, tmp_path):
-    _script().main(["--model", "llada", "--a", "bundled", "--b", "bundled", "--b", BUNDLED, "--samples", "3",
+    _script().main(["--model", "llada", "--a", "bundled", "--b", "bundled", "--b", BUNDLED, "--samples", "3", "--pool",
                     "task.num_eval=4", "eval.temperature=1.0", "eval.batch_size=12", f"output_dir={tmp_path}"],
                    dare=dare)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert len(records) == 2 and records[1]["b_path"] == BUNDLED
+    assert len(records) == 3 and records[1]["b_path"] == BUNDLED
+    pooled = records.pop()
+    assert pooled["pooled"] == ["bundled", BUNDLED] and pooled["accuracy"] == records[0]["a"]["accuracy"]
+    assert pooled["clustered"]["delta"] == 0.0
     for rec in records:
         assert rec["a"]["n"] == rec["b"]["n"] == 12
         assert rec["a"]["accuracy"] == rec["b"]["accuracy"]
