@@ -11,31 +11,39 @@ sample ``i`` of both checkpoints uses the same sampling noise, so the comparison
 sample. Prints each accuracy, the samples B gains and loses against A, McNemar's exact p-value,
 the same count per prompt (prompts B solves more / less often than A: a sign test) and the
 prompt-clustered difference (``dare_core.pairing.clustered``: the prompt as the unit, its
-solve-rate change as the measurement). ``--a`` or ``--b`` may
-be ``bundled`` (the family's bundled checkpoint). ``--b`` may be repeated: each B is compared
-with A, which is evaluated once; ``--pool`` then also compares A with the mean of the B (e.g. the
-seeds of one recipe: each prompt's solve rate averaged over them, prompt-clustered).
+solve-rate change as the measurement). ``--a`` or ``--b`` may be ``bundled`` (the family's
+bundled checkpoint). ``--b`` may be repeated: each B is compared with A, which is evaluated once;
+``--pool`` then also compares A with the mean of the B (e.g. the seeds of one recipe: each
+prompt's solve rate averaged over them, prompt-clustered). Bad input is one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from dare_core.config import resolve
+from dare_core.errors import DareError
 from dare_core.pairing import clustered, compare, describe, paired_counts
 from dare_core.plugins import build
 from dare_core.workflows.common import eval_context, evaluate
 
 
-def _items(dare, args, path: str) -> tuple[list[float], dict]:
+def _config(dare, args, path: str):
     overrides = ["progress=false", *args.overrides]
     if path != "bundled":
+        if not os.path.isdir(path):
+            raise DareError(f"checkpoint directory {path!r} does not exist; pass a directory or 'bundled'")
         overrides.append(f"model.path={path}")
-    cfg = resolve(dare, model=args.model, config_file=args.config, overrides=overrides, need_algo=False)
+    return resolve(dare, model=args.model, config_file=args.config, overrides=overrides, need_algo=False)
+
+
+def _items(dare, cfg, samples: int) -> tuple[list[float], dict]:
     ctx = eval_context(dare, cfg)
     examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
-    repeated = [ex for ex in examples for _ in range(args.samples)]
+    repeated = [ex for ex in examples for _ in range(samples)]
     items: list[float] = []
     res = evaluate(ctx, repeated, "paired", items)
     return items, res
@@ -74,10 +82,11 @@ def main(argv=None, dare=None) -> int:
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
     args = ap.parse_args(argv)
     dare = dare if dare is not None else build()
-    a, res_a = _items(dare, args, args.a)
+    configs = [_config(dare, args, path) for path in [args.a, *args.b]]  # every config error first
+    a, res_a = _items(dare, configs[0], args.samples)
     bs = []
-    for path in args.b:
-        b, res_b = _items(dare, args, path)
+    for path, cfg in zip(args.b, configs[1:]):
+        b, res_b = _items(dare, cfg, args.samples)
         _report(args.a, a, res_a, path, b, res_b, args.samples)
         bs.append(b)
     if args.pool and len(bs) > 1:
@@ -90,4 +99,8 @@ def main(argv=None, dare=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except DareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)

@@ -57,3 +57,10 @@ def test_a_against_itself_under_sampling(dare, capsys, tmp_path):
         assert (rec["samples"]["gained"], rec["samples"]["lost"]) == (0, 0)
         assert rec["clustered"]["prompts"] == 4 and rec["clustered"]["delta"] == 0.0
         assert rec["clustered"]["p_value"] == 1.0
+
+
+def test_missing_checkpoint_fails_before_any_evaluation(dare, tmp_path):
+    from dare_core.errors import DareError
+
+    with pytest.raises(DareError, match="does not exist"):
+        _script().main(["--model", "llada", "--a", "bundled", "--b", str(tmp_path / "nope")], dare=dare)
