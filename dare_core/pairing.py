@@ -55,14 +55,19 @@ def compare(gained: int, lost: int, n: int) -> dict[str, float]:
             "p_value": mcnemar_exact_p(gained, lost)}
 
 
+def per_prompt(items: Sequence[float], k: int) -> list[float]:
+    """Each prompt's total over its ``k`` consecutive samples."""
+    if k < 1 or len(items) % k:
+        raise ValueError(f"{len(items)} items are not a whole number of prompts of {k} samples")
+    return [sum(items[i:i + k]) for i in range(0, len(items), k)]
+
+
 def clustered(before: Sequence[float], after: Sequence[float], k: int) -> dict[str, float]:
     """Prompt-clustered paired difference; items are ``k`` consecutive samples per prompt."""
     if len(before) != len(after):
         raise ValueError(f"paired evaluations need the same items, got {len(before)} and {len(after)}")
-    if k < 1 or len(before) % k:
-        raise ValueError(f"{len(before)} items are not a whole number of prompts of {k} samples")
-    n = len(before) // k
-    d = [(sum(after[i:i + k]) - sum(before[i:i + k])) / k for i in range(0, len(before), k)]
+    d = [(y - x) / k for x, y in zip(per_prompt(before, k), per_prompt(after, k))]
+    n = len(d)
     mean = sum(d) / n if n else 0.0
     var = sum((x - mean) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
     se = math.sqrt(var / n) if n else 0.0
@@ -71,6 +76,11 @@ def clustered(before: Sequence[float], after: Sequence[float], k: int) -> dict[s
     else:
         p = 1.0 if mean == 0 else 0.0
     return {"prompts": n, "delta": mean, "se": se, "p_value": p}
+
+
+def describe_clustered(record: dict[str, float]) -> str:
+    """One line, e.g. ``+1.82 ± 0.92 points, p = 0.047``."""
+    return f"{100 * record['delta']:+.2f} ± {100 * record['se']:.2f} points, p = {record['p_value']:.3g}"
 
 
 def describe(record: dict[str, float]) -> str:

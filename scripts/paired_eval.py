@@ -26,7 +26,7 @@ import sys
 
 from dare_core.config import resolve
 from dare_core.errors import DareError
-from dare_core.pairing import clustered, compare, describe, paired_counts
+from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
 from dare_core.plugins import build
 from dare_core.workflows.common import eval_context, evaluate
 
@@ -52,8 +52,7 @@ def _items(dare, cfg, samples: int) -> tuple[list[float], dict]:
 def _report(name_a: str, a: list[float], res_a: dict, name_b: str, b: list[float], res_b: dict,
             k: int) -> None:
     gained, lost = paired_counts(a, b)
-    per_a = [sum(a[i:i + k]) for i in range(0, len(a), k)]
-    per_b = [sum(b[i:i + k]) for i in range(0, len(b), k)]
+    per_a, per_b = per_prompt(a, k), per_prompt(b, k)
     more = sum(1 for x, y in zip(per_a, per_b) if y > x)
     less = sum(1 for x, y in zip(per_a, per_b) if y < x)
     record = compare(gained, lost, len(a))
@@ -63,8 +62,7 @@ def _report(name_a: str, a: list[float], res_a: dict, name_b: str, b: list[float
     prompts = compare(more, less, len(per_a))
     print(f"prompts solved more / less often by B: +{more} / -{less}, sign-test p = {prompts['p_value']:.3g}")
     clus = clustered(a, b, k)
-    print(f"prompt-clustered difference: {100 * clus['delta']:+.2f} ± {100 * clus['se']:.2f} points, "
-          f"p = {clus['p_value']:.3g}")
+    print(f"prompt-clustered difference: {describe_clustered(clus)}")
     print(json.dumps({"a": res_a, "b": res_b, "b_path": name_b, "samples": record, "prompts": prompts,
                       "clustered": clus}), flush=True)
 
@@ -91,10 +89,11 @@ def main(argv=None, dare=None) -> int:
         bs.append(b)
     if args.pool and len(bs) > 1:
         mean_b = [sum(col) / len(bs) for col in zip(*bs)]
+        accuracy = sum(mean_b) / len(mean_b)
         clus = clustered(a, mean_b, args.samples)
-        print(f"pooled over {len(bs)} B: accuracy {sum(mean_b) / len(mean_b):.4f}, prompt-clustered difference "
-              f"{100 * clus['delta']:+.2f} ± {100 * clus['se']:.2f} points, p = {clus['p_value']:.3g}")
-        print(json.dumps({"pooled": args.b, "accuracy": sum(mean_b) / len(mean_b), "clustered": clus}), flush=True)
+        print(f"pooled over {len(bs)} B: accuracy {accuracy:.4f}, prompt-clustered difference "
+              f"{describe_clustered(clus)}")
+        print(json.dumps({"pooled": args.b, "accuracy": accuracy, "clustered": clus}), flush=True)
     return 0
 
 

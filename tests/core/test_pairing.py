@@ -2,7 +2,9 @@ import math
 
 import pytest
 
-from dare_core.pairing import clustered, compare, describe, mcnemar_exact_p, paired_counts
+from dare_core.pairing import (
+    clustered, compare, describe, describe_clustered, mcnemar_exact_p, paired_counts, per_prompt,
+)
 
 
 def test_exact_mcnemar_by_hand():
@@ -48,3 +50,5 @@ def test_clustered_by_hand():
     assert clustered([0, 0, 0, 0], [1, 1, 1, 1], 2)["p_value"] == 0.0
     with pytest.raises(ValueError, match="whole number of prompts"):
         clustered([0, 1, 1], [1, 1, 1], 2)
+    assert per_prompt(after, 2) == [2, 1, 2]
+    assert describe_clustered(rec) == f"+50.00 ± {100 * se:.2f} points, p = {rec['p_value']:.3g}"
