@@ -34,7 +34,9 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
     if m == 0:
         return 1.0
     k = min(gained, lost)
-    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2.0 ** m
+    # Integer numerator and denominator: ``2.0 ** m`` overflows a float beyond m = 1023 (a few
+    # thousand sampled answers); int / int is correctly rounded at any size.
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / (1 << m)
     return min(1.0, 2.0 * tail)
 
 

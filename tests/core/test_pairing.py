@@ -17,6 +17,14 @@ def test_exact_mcnemar_by_hand():
     assert mcnemar_exact_p(2, 8) == mcnemar_exact_p(8, 2)
     assert mcnemar_exact_p(0, 0) == 1.0
     assert mcnemar_exact_p(7, 7) == 1.0
+
+
+def test_exact_mcnemar_with_thousands_of_discordant_items():
+    # 16,000 sampled answers give thousands of discordant pairs: 2.0 ** m would overflow.
+    assert mcnemar_exact_p(1500, 1500) == 1.0
+    # 1100 vs 900: the continuity-corrected normal approximation, z = 199 / sqrt(2000).
+    approx = math.erfc(199 / math.sqrt(2000) / math.sqrt(2.0))
+    assert mcnemar_exact_p(1100, 900) == pytest.approx(approx, rel=0.05)
     with pytest.raises(ValueError):
         mcnemar_exact_p(-1, 2)
 
