@@ -20,11 +20,13 @@ prompt's solve rate averaged over them, prompt-clustered). Bad input is one ``er
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 
 from dare_core.config import resolve
+from dare_core.config.loader import to_dict
 from dare_core.errors import DareError
 from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
 from dare_core.plugins import build
@@ -38,6 +40,40 @@ def _config(dare, args, path: str):
             raise DareError(f"checkpoint directory {path!r} does not exist; pass a directory or 'bundled'")
         overrides.append(f"model.path={path}")
     return resolve(dare, model=args.model, config_file=args.config, overrides=overrides, need_algo=False)
+
+
+def _cache_key(cfg, samples: int) -> str:
+    """A digest of what decides an evaluation's answers (not the training or output settings)."""
+    data = to_dict(cfg)
+    decisive = {key: data[key] for key in ("seed", "model", "task", "eval", "rollout", "engine")}
+    decisive["max_prompt_length"] = data["trainer"]["max_prompt_length"]
+    decisive["samples"] = samples
+    root = os.path.realpath(cfg.model.path)
+    decisive["weights"] = sorted(
+        (os.path.relpath(os.path.join(d, f), root), st.st_size, st.st_mtime_ns)
+        for d, _, files in os.walk(root) for f in files
+        for st in [os.stat(os.path.join(d, f))]
+    )
+    text = json.dumps(decisive, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _cached_items(dare, cfg, samples: int, cache: str | None) -> tuple[list[float], dict]:
+    if cache is None:
+        return _items(dare, cfg, samples)
+    path = os.path.join(cache, f"{_cache_key(cfg, samples)}.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            saved = json.load(fh)
+        print(f"(cached: {cfg.model.path} from {path})", flush=True)
+        return saved["items"], saved["result"]
+    items, res = _items(dare, cfg, samples)
+    os.makedirs(cache, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump({"checkpoint": cfg.model.path, "samples": samples, "result": res, "items": items}, fh)
+    os.replace(tmp, path)  # atomic: a crash leaves no half-written entry
+    return items, res
 
 
 def _items(dare, cfg, samples: int) -> tuple[list[float], dict]:
@@ -77,14 +113,18 @@ def main(argv=None, dare=None) -> int:
     ap.add_argument("--config", default=None, help="run config file (e.g. a run's config.yaml)")
     ap.add_argument("--pool", action="store_true",
                     help="also compare A with the mean of all B (e.g. one recipe's seeds), prompt-clustered")
+    ap.add_argument("--cache", default=None,
+                    help="directory keeping each evaluation's results; a repeated evaluation is read back")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
     args = ap.parse_args(argv)
     dare = dare if dare is not None else build()
     configs = [_config(dare, args, path) for path in [args.a, *args.b]]  # every config error first
-    a, res_a = _items(dare, configs[0], args.samples)
+    if args.cache is not None and os.path.exists(args.cache) and not os.path.isdir(args.cache):
+        raise DareError(f"--cache {args.cache!r} is a file; pass a directory")
+    a, res_a = _cached_items(dare, configs[0], args.samples, args.cache)
     bs = []
     for path, cfg in zip(args.b, configs[1:]):
-        b, res_b = _items(dare, cfg, args.samples)
+        b, res_b = _cached_items(dare, cfg, args.samples, args.cache)
         _report(args.a, a, res_a, path, b, res_b, args.samples)
         bs.append(b)
     if args.pool and len(bs) > 1:

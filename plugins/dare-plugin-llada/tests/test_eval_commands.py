@@ -64,3 +64,22 @@ def test_missing_checkpoint_fails_before_any_evaluation(dare, tmp_path):
 
     with pytest.raises(DareError, match="does not exist"):
         _script().main(["--model", "llada", "--a", "bundled", "--b", str(tmp_path / "nope")], dare=dare)
+
+
+def test_cache_reads_back_repeated_evaluations(dare, capsys, tmp_path):
+    cache = tmp_path / "cache"
+    args = ["--model", "llada", "--a", "bundled", "--b", BUNDLED, "--samples", "2", "--cache", str(cache),
+            "task.num_eval=3", "eval.temperature=1.0", f"output_dir={tmp_path}"]
+    _script().main(args, dare=dare)
+    first = capsys.readouterr().out
+    assert first.count("(cached:") == 1  # B is the same checkpoint and sampler as A: read back
+    assert len(list(cache.glob("*.json"))) == 1
+    _script().main(args, dare=dare)
+    second = capsys.readouterr().out
+    assert second.count("(cached:") == 2
+    records = [json.loads(line) for line in (first + second).splitlines() if line.startswith("{")]
+    assert records[0] == records[1]
+    _script().main([*args, "eval.temperature=0.5"], dare=dare)  # another sampler: A evaluated anew
+    assert capsys.readouterr().out.count("(cached:") == 1  # and B read back from A's new entry
+    assert len(list(cache.glob("*.json"))) == 2
+    assert not list(cache.glob("*.tmp*"))
