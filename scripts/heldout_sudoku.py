@@ -20,7 +20,7 @@ import sys
 
 from dare_core.errors import DareError
 from dare_core.tasks.config import TaskConfig
-from dare_core.tasks.sudoku import SudokuTask, generate_sudoku
+from dare_core.tasks.sudoku import SudokuTask, count_solutions, generate_sudoku
 
 
 def _seeds(text: str) -> list[int]:
@@ -45,6 +45,17 @@ def build(n: int, blanks: int, train_seeds: list[int], task_seed: int, seed: str
              "extra_info": ex.extra_info} for ex in examples]
 
 
+def test_unique() -> list[dict]:
+    """The real test puzzles with exactly one solution, in file order."""
+    rows = []
+    for ex in SudokuTask(TaskConfig()).eval_set():
+        if count_solutions(str(ex.extra_info["puzzle"])) == 1:
+            rows.append({"data_source": ex.data_source, "prompt": ex.prompt,
+                         "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
+                         "extra_info": ex.extra_info})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="puzzles to draw")
@@ -52,13 +63,18 @@ def main(argv=None) -> int:
     ap.add_argument("--train-seeds", default="0-4", help="run seeds whose training pools are excluded")
     ap.add_argument("--task-seed", type=int, default=0, help="task.seed of those runs")
     ap.add_argument("--seed", default="0", help="seed of the held-out draw")
+    ap.add_argument("--test-unique", action="store_true",
+                    help="write the real test puzzles with exactly one solution instead")
     ap.add_argument("--out", required=True, help="output .jsonl file")
     args = ap.parse_args(argv)
     if args.n < 1:
         raise DareError(f"--n must be >= 1, got {args.n}")
     if not args.out.endswith(".jsonl"):
         raise DareError(f"--out {args.out!r} must end in .jsonl")
-    rows = build(args.n, args.blanks, _seeds(args.train_seeds), args.task_seed, args.seed)
+    if args.test_unique:
+        rows = test_unique()
+    else:
+        rows = build(args.n, args.blanks, _seeds(args.train_seeds), args.task_seed, args.seed)
     tmp = f"{args.out}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
         for row in rows:

@@ -46,6 +46,15 @@ def test_disjoint_from_test_set_and_training_pools(tmp_path, capsys):
     assert other.read_text() != out.read_text()
 
 
+def test_unique_solution_subset_of_the_test_set(tmp_path):
+    out = tmp_path / "u.jsonl"
+    _script().main(["--test-unique", "--out", str(out)])
+    kept = [str(ex.extra_info["puzzle"]) for ex in load_examples(str(out))]
+    every = [str(ex.extra_info["puzzle"]) for ex in SudokuTask(TaskConfig()).eval_set()]
+    assert kept == [p for p in every if count_solutions(p) == 1]
+    assert 0 < len(kept) < len(every)  # the real test set has puzzles with several solutions
+
+
 @pytest.mark.parametrize("args, message", [
     (["--train-seeds", "zero"], "--train-seeds takes seeds"),
     (["--n", "0"], "--n must be"),
