@@ -34,26 +34,26 @@ def _seeds(text: str) -> list[int]:
     return out
 
 
+def _row(ex) -> dict:
+    """An example as a verl-schema record."""
+    return {"data_source": ex.data_source, "prompt": ex.prompt,
+            "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
+            "extra_info": ex.extra_info}
+
+
 def build(n: int, blanks: int, train_seeds: list[int], task_seed: int, seed: str) -> list[dict]:
     task = SudokuTask(TaskConfig(seed=task_seed), blanks=blanks)
     exclude = {str(ex.extra_info["puzzle"]) for ex in task.eval_set()}
     for s in train_seeds:
         exclude.update(str(ex.extra_info["puzzle"]) for ex in task.examples("train", seed=s))
     examples = generate_sudoku(n, seed=f"heldout:{seed}", blanks=blanks, exclude=exclude, split="test")
-    return [{"data_source": ex.data_source, "prompt": ex.prompt,
-             "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
-             "extra_info": ex.extra_info} for ex in examples]
+    return [_row(ex) for ex in examples]
 
 
 def test_unique() -> list[dict]:
     """The real test puzzles with exactly one solution, in file order."""
-    rows = []
-    for ex in SudokuTask(TaskConfig()).eval_set():
-        if count_solutions(str(ex.extra_info["puzzle"])) == 1:
-            rows.append({"data_source": ex.data_source, "prompt": ex.prompt,
-                         "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
-                         "extra_info": ex.extra_info})
-    return rows
+    return [_row(ex) for ex in SudokuTask(TaskConfig()).eval_set()
+            if count_solutions(str(ex.extra_info["puzzle"])) == 1]
 
 
 def main(argv=None) -> int:
