@@ -7,6 +7,9 @@ no traceback is shown. Internal bugs are ordinary exceptions and keep their trac
 
 from __future__ import annotations
 
+import sys
+from typing import Callable, NoReturn
+
 
 class DareError(Exception):
     """An error caused by user input; its message names the problem and the fix."""
@@ -35,3 +38,14 @@ class ConfigError(DareError):
 
 class CapabilityError(DareError):
     """The chosen combination of model, algorithm and backend is not supported."""
+
+
+def run_script(main: Callable[[], int]) -> NoReturn:
+    """Exit with ``main()``'s status; a :class:`DareError` becomes one ``error:`` line on stderr
+    and status 2, as in the CLI (for the repository's ``scripts/``)."""
+    try:
+        status = main()
+    except DareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(status)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-from dare_core.errors import DareError
+from dare_core.errors import DareError, run_script
+from dare_core.rundir import atomic_write_text
 from dare_core.tasks.config import TaskConfig
 from dare_core.tasks.sudoku import SudokuTask, count_solutions, generate_sudoku
 
@@ -75,18 +74,10 @@ def main(argv=None) -> int:
         rows = test_unique()
     else:
         rows = build(args.n, args.blanks, _seeds(args.train_seeds), args.task_seed, args.seed)
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     print(f"wrote {len(rows)} puzzles to {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except DareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2)
+    run_script(main)

@@ -23,13 +23,13 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 
 from dare_core.config import resolve
 from dare_core.config.loader import to_dict
-from dare_core.errors import DareError
+from dare_core.errors import DareError, run_script
 from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
 from dare_core.plugins import build
+from dare_core.rundir import atomic_write_text
 from dare_core.workflows.common import eval_context, evaluate
 
 
@@ -68,11 +68,9 @@ def _cached_items(dare, cfg, samples: int, cache: str | None) -> tuple[list[floa
         print(f"(cached: {cfg.model.path} from {path})", flush=True)
         return saved["items"], saved["result"]
     items, res = _items(dare, cfg, samples)
-    os.makedirs(cache, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump({"checkpoint": cfg.model.path, "samples": samples, "result": res, "items": items}, fh)
-    os.replace(tmp, path)  # atomic: a crash leaves no half-written entry
+    # atomic: a crash leaves no half-written entry
+    atomic_write_text(path, json.dumps({"checkpoint": cfg.model.path, "samples": samples,
+                                        "result": res, "items": items}))
     return items, res
 
 
@@ -138,8 +136,4 @@ def main(argv=None, dare=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except DareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2)
+    run_script(main)
