@@ -31,6 +31,7 @@ import argparse
 import torch
 
 from dare_core.config import resolve
+from dare_core.errors import DareError, run_script
 from dare_core.plugins import build
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.workflows.common import evaluate, setup
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
     rows, rewards = c.rows, c.rewards
     if (callable(getattr(comps.loss, "accumulate", None)) and c.corrupted is not None
             and not getattr(comps.loss, "computes_own_old", False)):
-        raise SystemExit(f"{args.algo}'s loss needs separate old log-likelihoods; not supported here")
+        raise DareError(f"{args.algo}'s loss needs separate old log-likelihoods, which this probe does "
+                        "not compute; probe an algorithm whose loss takes the update's own")
     everything = torch.arange(rows.batch.batch_size)
     wrapper.module.train()
     wrapper.module.zero_grad()
@@ -110,4 +112,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)
