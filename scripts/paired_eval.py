@@ -24,13 +24,15 @@ import hashlib
 import json
 import os
 
+import attrs
+
 from dare_core.config import resolve
 from dare_core.config.loader import to_dict
 from dare_core.errors import DareError, run_script
 from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
 from dare_core.plugins import build
 from dare_core.rundir import atomic_write_text
-from dare_core.workflows.common import eval_context, evaluate
+from dare_core.workflows.common import eval_backend_name, eval_context, eval_rollout_config, evaluate
 
 
 def _config(dare, args, path: str):
@@ -42,11 +44,16 @@ def _config(dare, args, path: str):
     return resolve(dare, model=args.model, config_file=args.config, overrides=overrides, need_algo=False)
 
 
-def _cache_key(cfg, samples: int) -> str:
-    """A digest of what decides an evaluation's answers (not the training or output settings)."""
+def _cache_key(dare, cfg, samples: int) -> str:
+    """A digest of what decides an evaluation's answers: the checkpoint's files, the evaluation
+    sampler as built (backend and resolved config, so training-only rollout fields and the run's
+    eval schedule — ``eval.before`` / ``after`` / ``every`` / ``save_samples`` — do not count),
+    the task, seed, engine and prompt length."""
     data = to_dict(cfg)
-    decisive = {key: data[key] for key in ("seed", "model", "task", "eval", "rollout", "engine")}
+    decisive = {key: data[key] for key in ("seed", "model", "task", "engine")}
     decisive["max_prompt_length"] = data["trainer"]["max_prompt_length"]
+    decisive["eval_batch_size"] = cfg.eval.batch_size  # chunking decides how sampling noise is drawn
+    decisive["sampler"] = [eval_backend_name(cfg), attrs.asdict(eval_rollout_config(cfg, dare))]
     decisive["samples"] = samples
     root = os.path.realpath(cfg.model.path)
     decisive["weights"] = sorted(
@@ -61,7 +68,7 @@ def _cache_key(cfg, samples: int) -> str:
 def _cached_items(dare, cfg, samples: int, cache: str | None) -> tuple[list[float], dict]:
     if cache is None:
         return _items(dare, cfg, samples)
-    path = os.path.join(cache, f"{_cache_key(cfg, samples)}.json")
+    path = os.path.join(cache, f"{_cache_key(dare, cfg, samples)}.json")
     if os.path.exists(path):
         with open(path) as fh:
             saved = json.load(fh)

@@ -82,4 +82,8 @@ def test_cache_reads_back_repeated_evaluations(dare, capsys, tmp_path):
     _script().main([*args, "eval.temperature=0.5"], dare=dare)  # another sampler: A evaluated anew
     assert capsys.readouterr().out.count("(cached:") == 1  # and B read back from A's new entry
     assert len(list(cache.glob("*.json"))) == 2
+    # the run's eval schedule and sample dumps decide no answer: read back, no new entry
+    _script().main([*args, "eval.before=false", "eval.every=5", "eval.save_samples=1"], dare=dare)
+    assert capsys.readouterr().out.count("(cached:") == 2
+    assert len(list(cache.glob("*.json"))) == 2
     assert not list(cache.glob("*.tmp*"))
