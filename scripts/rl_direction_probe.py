@@ -35,7 +35,7 @@ from dare_core.errors import DareError, run_script
 from dare_core.plugins import build
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.workflows.common import evaluate, setup
-from dare_core.workflows.rl import collect, policy_backward
+from dare_core.workflows.rl import collect, policy_backward, training_rollout
 
 
 def _norm(tensors) -> torch.Tensor:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     wrapper, comps = ctx.wrapper, ctx.components
     examples = ctx.task.examples("train", limit=args.prompts, seed=cfg.seed)[: args.prompts]
     n = args.group
-    c = collect(ctx, ctx.rollout, comps.trajectory or FinalSequence(), comps.advantage or GroupNormAdvantage(),
+    c = collect(ctx, training_rollout(ctx), comps.trajectory or FinalSequence(), comps.advantage or GroupNormAdvantage(),
                 examples, n, 1)
     rows, rewards = c.rows, c.rewards
     if (callable(getattr(comps.loss, "accumulate", None)) and c.corrupted is not None

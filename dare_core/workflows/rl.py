@@ -91,11 +91,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     advantage = comps.advantage or GroupNormAdvantage()
     records = frozenset(getattr(trajectory, "records", frozenset()))
     _check_records(ctx, records)
-    # an algorithm may adjust the training rollout (evaluation keeps the run's settings)
-    train_rollout = (ctx.rollout if comps.rollout_config is None
-                     else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
-    if comps.wrap_rollout is not None:  # e.g. branch the sampler into a tree of partial states
-        train_rollout = comps.wrap_rollout(train_rollout, cfg)
+    train_rollout = training_rollout(ctx)
     ref = _RefWrapper(wrapper) if comps.needs_ref else None
     params = list(wrapper.module.parameters())
     optimizer, scheduler = make_optimizer(params, cfg)
@@ -192,6 +188,18 @@ class Collected:
     rows: TrainingRows
     corrupted: Any
     rollout_seconds: float
+
+
+def training_rollout(ctx: Context) -> Any:
+    """The rollout backend RL trains with: the run's, as the algorithm adjusts it
+    (``rollout_config``, e.g. one token per step left to right) and wraps it (``wrap_rollout``,
+    e.g. branching the sampler into a tree of partial states). Evaluation keeps the run's."""
+    comps, cfg = ctx.components, ctx.config
+    backend = (ctx.rollout if comps.rollout_config is None
+               else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
+    if comps.wrap_rollout is not None:
+        backend = comps.wrap_rollout(backend, cfg)
+    return backend
 
 
 def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples,

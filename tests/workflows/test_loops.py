@@ -156,3 +156,43 @@ def test_checkpoint_write_is_atomic(dare, tmp_path, monkeypatch):
     assert (tmp_path / "run" / "final" / "toy.pt").read_bytes() == before
     assert not (tmp_path / "run" / "final" / "partial").exists()
     assert [p for p in os.listdir(tmp_path / "run") if p.startswith(".tmp")] == []
+
+
+def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
+    """The loop and the probe script roll out with ``training_rollout``: the run's backend with the
+    algorithm's ``rollout_config`` applied and ``wrap_rollout`` around it; evaluation keeps the
+    run's settings."""
+    import attrs
+
+    from dare_core.interfaces import AlgorithmSpec
+    from dare_core.plugins import hookimpl
+    from dare_core.testing.digits import ClipConfig, pg_components
+    from dare_core.workflows.common import setup
+    from dare_core.workflows.rl import training_rollout
+
+    class Wrapped:
+        def __init__(self, inner, run_config):
+            self.inner, self.run_config = inner, run_config
+
+    def adjusted(cfg, lookup):
+        return attrs.evolve(pg_components(cfg, lookup),
+                            rollout_config=lambda rc: attrs.evolve(rc, temperature=0.25),
+                            wrap_rollout=Wrapped)
+
+    class Adjusted:
+        @hookimpl
+        def dare_register_algorithms(self, register):
+            register(AlgorithmSpec("adjusted_test", "rl", ClipConfig, adjusted))
+
+    dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), Adjusted()])
+    cfg = resolve(dare, algo="adjusted_test", model="toy", overrides=COMMON + [
+        f"model.path={tmp_path}", "rollout.temperature=1.0"])
+    ctx = setup(dare, cfg)
+    backend = training_rollout(ctx)
+    assert isinstance(backend, Wrapped) and backend.run_config is cfg
+    assert backend.inner.config.temperature == 0.25
+    assert ctx.rollout.config.temperature == 1.0  # the run's own backend is left as it was
+    assert ctx.eval_rollout.config.temperature == cfg.eval.temperature
+    plain = setup(build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()]),
+                  resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}"]))
+    assert training_rollout(plain) is plain.rollout
