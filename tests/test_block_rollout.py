@@ -158,6 +158,69 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy(w):
     assert torch.equal(greedy.response_ids, nuc.response_ids)
 
 
+def _last_block_entered(ids_mask, R, bs, steps, k):
+    """Rows whose last block (the one holding their last response token) global step ``k`` lies
+    strictly inside or after."""
+    n = ids_mask.sum(1)
+    c0 = int((n // bs).max()) * bs
+    start = c0 + n % bs
+    last = (start + R - 1 - c0) // bs  # decoded-block index of the last response token
+    i0, s0 = divmod(k, steps)
+    return (last < i0) | ((last == i0) & (s0 > 0))
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_static", "low_confidence_dynamic", "sequential"])
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("stop", [False, True])
+def test_resuming_reproduces_the_uninterrupted_run(w, strategy, use_cache, stop):
+    """Sampled (T = 1) generation split at every global step k: continue_from(0, k) then
+    continue_from(k, end) with the same generator gives the uninterrupted tokens and reveal steps,
+    except in rows whose last block k lies inside (its columns past the response are not part of
+    the state); those still get a complete response."""
+    R, steps = 10, 4
+    w2 = make_toy_block_wrapper(seed=3)
+    if stop:
+        w2.stop_token_ids = tuple(range(40, 80))  # some sampled tokens stop their rows
+    cfg = BlockRolloutConfig(gen_length=R, steps=steps, temperature=1.0, remasking=strategy,
+                             use_cache=use_cache, stop_at_stop_token=stop, confidence_threshold=0.3)
+    sampler = BlockSampler(cfg)
+    ids, mask = _pad(PROMPTS, w2.pad_token_id)
+    whole = sampler.generate(w2, ids, mask, record=frozenset({"reveal_step"}),
+                             generator=torch.Generator().manual_seed(5))
+    total = sampler.total_steps(w2, mask)
+    assert total == 4 * steps  # longest tail 3 + 10 tokens -> 4 blocks
+    if not stop:
+        assert whole.num_steps == total
+    for k in range(total + 1):
+        gen = torch.Generator().manual_seed(5)
+        empty = torch.full((3, R), w2.mask_token_id)
+        first = sampler.continue_from(w2, ids, mask, empty, start_step=0, stop_step=k, generator=gen)
+        assert (first.reveal_step[first.response_ids == w2.mask_token_id] == -1).all()
+        second = sampler.continue_from(w2, ids, mask, first.response_ids, start_step=k,
+                                       stop_step=total, generator=gen)
+        assert not (second.response_ids == w2.mask_token_id).any()
+        # this call commits only what the first left masked
+        assert not ((second.reveal_step >= 0) & (first.response_ids != w2.mask_token_id)).any()
+        exact = ~_last_block_entered(mask, R, 4, steps, k)
+        reveal = torch.where(second.reveal_step >= 0, second.reveal_step, first.reveal_step)
+        assert torch.equal(second.response_ids[exact], whole.response_ids[exact]), k
+        assert torch.equal(reveal[exact], whole.reveal_step[exact]), k
+    assert not exact.all()  # the last split points do lie inside some row's last block
+
+
+def test_resume_errors(w):
+    sampler = BlockSampler(BlockRolloutConfig(gen_length=10, steps=4))
+    ids, mask = _pad(PROMPTS, w.pad_token_id)
+    empty = torch.full((3, 10), w.mask_token_id)
+    with pytest.raises(ValueError, match="total_steps=16"):
+        sampler.continue_from(w, ids, mask, empty, start_step=0, stop_step=17)
+    with pytest.raises(ValueError, match=r"\[B, gen_length\]"):
+        sampler.continue_from(w, ids, mask, empty[:, :5], start_step=0, stop_step=4)
+    # a state with a masked block before the block it claims to resume in
+    with pytest.raises(ValueError, match="more MASK tokens in decoded block 0"):
+        sampler.continue_from(w, ids, mask, empty, start_step=8, stop_step=16)
+
+
 def test_confidence_is_the_unfiltered_tempered_probability():
     s = BlockSampler(BlockRolloutConfig(temperature=0.5, top_k=2))
     logits = torch.tensor([[[2.0, 1.0, 0.5, -1.0, 0.0]]])

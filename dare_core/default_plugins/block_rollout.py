@@ -164,15 +164,68 @@ class BlockSampler(ConfiguredSampler):
             (prefill and cache commits included).
         """
         record = check_records("the block rollout", record, SUPPORTED_RECORDS)
+        self._check_wrapper(wrapper, prompt_ids, prompt_mask)
+        bs = self._block_size(wrapper)
+        with eval_mode(wrapper.module):
+            resp, reveal, nfe, nblocks = self._generate(wrapper, prompt_ids, prompt_mask, bs, generator)
+        return RolloutBatch(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
+            response_mask=self._response_mask(resp, wrapper),
+            reveal_step=reveal if "reveal_step" in record else None,
+            num_steps=nblocks * self.config.steps, nfe=nfe,
+        )
+
+    def total_steps(self, wrapper: Any, prompt_mask: torch.Tensor) -> int:
+        """Global iterations of a full run on these prompts: ``steps`` per decoded block, the
+        blocks counted from the one holding the longest prompt tail (``num_steps`` of
+        :meth:`generate` when no row stops early)."""
+        bs = self._block_size(wrapper)
+        n = prompt_mask.bool().sum(1)
+        tail = n - torch.div(n, bs, rounding_mode="floor") * bs
+        width = int(tail.max().item()) if n.numel() else 0
+        return -(-(width + self.config.gen_length) // bs) * self.config.steps
+
+    def continue_from(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      response: torch.Tensor, *, start_step: int, stop_step: int,
+                      generator: Optional[torch.Generator] = None) -> RolloutBatch:
+        """Resume partial responses over the global iterations ``[start_step, stop_step)``.
+
+        Global iteration ``i * steps + s`` is iteration ``s`` of the ``i``-th decoded block (as
+        ``reveal_step`` of :meth:`generate`; :meth:`total_steps` is the end). ``response``
+        ``[B, gen_length]`` is the state another call left after ``start_step`` iterations:
+        blocks before the current one complete, MASK where still to decode. The block KV cache
+        of the finished blocks is rebuilt as :meth:`generate` builds it (prefill, then one
+        commit forward per block), the current block continues with the rest of its reveal
+        schedule, and the random stream is drawn as :meth:`generate` draws it, so resuming where
+        a run stopped reproduces the uninterrupted run — except inside a row's last block, whose
+        columns past the response end are not part of the state (they are EOS there, not
+        re-decoded). Positions still masked at ``stop_step < total_steps`` stay MASK;
+        ``reveal_step`` holds the global iteration of the tokens committed by this call, -1
+        elsewhere.
+        """
+        self._check_wrapper(wrapper, prompt_ids, prompt_mask)
+        bs = self._block_size(wrapper)
+        total = self.total_steps(wrapper, prompt_mask)
+        if not 0 <= start_step <= stop_step <= total:
+            raise ValueError(f"need 0 <= start_step <= stop_step <= total_steps={total}, got "
+                             f"{start_step}, {stop_step}")
+        if response.shape != (prompt_ids.shape[0], self.config.gen_length):
+            raise ValueError(f"response must be [B, gen_length] = "
+                             f"{(prompt_ids.shape[0], self.config.gen_length)}, got {tuple(response.shape)}")
+        with eval_mode(wrapper.module):
+            resp, reveal, nfe, _ = self._generate(wrapper, prompt_ids, prompt_mask, bs, generator,
+                                                  response.to(prompt_ids.device), start_step, stop_step)
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
+                            response_mask=self._response_mask(resp, wrapper), reveal_step=reveal,
+                            num_steps=total, nfe=nfe)
+
+    def _check_wrapper(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         kind = getattr(wrapper, "kind", None)
         if kind != "block":
             raise CapabilityError(
                 f"the block rollout drives block-diffusion models (wrapper.kind 'block'), got kind "
                 f"{kind!r}; choose a rollout backend that supports {kind!r} models")
         check_prompt_shapes(prompt_ids, prompt_mask)
-        bs = self.config.block_length or getattr(wrapper, "block_size", None)
-        if not bs:
-            raise DareError("the model declares no block size; set rollout.block_length")
         if self.config.use_cache:
             if not hasattr(wrapper, "forward_cached"):
                 raise CapabilityError(
@@ -182,14 +235,12 @@ class BlockSampler(ConfiguredSampler):
                 raise CapabilityError(
                     "the block rollout's cache path needs unshifted logits (wrapper.logit_shift 0); "
                     "set rollout.use_cache=false")
-        with eval_mode(wrapper.module):
-            resp, reveal, nfe, nblocks = self._generate(wrapper, prompt_ids, prompt_mask, int(bs), generator)
-        return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
-            response_mask=self._response_mask(resp, wrapper),
-            reveal_step=reveal if "reveal_step" in record else None,
-            num_steps=nblocks * self.config.steps, nfe=nfe,
-        )
+
+    def _block_size(self, wrapper: Any) -> int:
+        bs = self.config.block_length or getattr(wrapper, "block_size", None)
+        if not bs:
+            raise DareError("the model declares no block size; set rollout.block_length")
+        return int(bs)
 
     # ------------------------------------------------------------------ internals
     def _stop_ids(self, wrapper: Any, device) -> torch.Tensor:
@@ -200,7 +251,9 @@ class BlockSampler(ConfiguredSampler):
         return mask_through_first_stop(resp, self._stop_ids(wrapper, resp.device),
                                        self.config.truncate_at_eos)
 
-    def _generate(self, wrapper, prompt_ids, prompt_mask, bs, generator):
+    def _generate(self, wrapper, prompt_ids, prompt_mask, bs, generator, response=None, start=0, stop=None):
+        """The loop of the module docstring over the global iterations ``[start, stop)`` (all of
+        them by default), from ``response`` (all MASK by default)."""
         cfg = self.config
         device = prompt_ids.device
         B = prompt_ids.shape[0]
@@ -227,6 +280,15 @@ class BlockSampler(ConfiguredSampler):
         pos = (cols[None] - shift[:, None]).clamp_min(0)
         blocks = block_index(pos, bs)
         in_resp = (cols[None] >= resp_start[:, None]) & (cols[None] < resp_start[:, None] + R)
+        i0, s0 = divmod(start, cfg.steps)  # the block and iteration to resume at
+        if response is not None:
+            canvas.scatter_(1, resp_start[:, None] + torch.arange(R, device=device)[None], response.long())
+            # columns past a row's response end in its last block are no part of the state:
+            # MASK (as generate has them) until that block is entered, EOS once it has been
+            last = c0 + torch.div(resp_start + R - 1 - c0, bs, rounding_mode="floor") * bs
+            entered = (last < c0 + i0 * bs) | ((last == c0 + i0 * bs) & (s0 > 0))
+            past = (cols[None] >= (resp_start + R)[:, None]) & entered[:, None]
+            canvas.masked_fill_(past, eos_id)
         reveal = torch.full((B, total), -1, dtype=torch.long, device=device)
         active = torch.ones(B, dtype=torch.bool, device=device)
         sched = block_schedule(bs, cfg.steps)
@@ -239,13 +301,27 @@ class BlockSampler(ConfiguredSampler):
                                               past_key_values=None, attention_mask=m, use_cache=True)
             nfe += 1
 
-        decoded = 0
+        stop = nblocks * cfg.steps if stop is None else stop
+        decoded, halted = 0, False
         for i in range(nblocks):
             lo, hi = c0 + i * bs, c0 + (i + 1) * bs
+            first = s0 if i == i0 else 0
+            if i >= i0 and i * cfg.steps + first >= stop:
+                halted = True
+                break
+            if i > 0 and cfg.use_cache:  # commit the finished block before to the cache
+                kmask = torch.cat([valid[:, : lo - bs], torch.ones(B, bs, dtype=torch.bool, device=device)], 1)
+                _, cache = wrapper.forward_cached(canvas[:, lo - bs : lo], position_ids=pos[:, lo - bs : lo],
+                                                  past_key_values=cache, use_cache=True,
+                                                  attention_mask=kmask[:, None, None, :].expand(B, 1, bs, lo))
+                nfe += 1
             decoded = i + 1
             cur = canvas[:, lo:hi]  # a view: writes go to the canvas
             cur.masked_fill_(~active[:, None] & (cur == mask_id), eos_id)
-            for step in range(cfg.steps):
+            for step in range(first if i >= i0 else cfg.steps, cfg.steps):
+                if i * cfg.steps + step >= stop:
+                    halted = True
+                    break
                 masked = cur == mask_id
                 if not bool(masked.any()):
                     break
@@ -256,25 +332,27 @@ class BlockSampler(ConfiguredSampler):
                 cur.copy_(torch.where(commit, x0, cur))
                 reveal[:, lo:hi] = torch.where(commit, torch.full_like(x0, i * cfg.steps + step),
                                                reveal[:, lo:hi])
-            if bool((cur == mask_id).any()):  # cannot happen: the schedule sums to the block size
-                raise RuntimeError("block rollout left MASK tokens in a finished block")
+            if halted:
+                break
+            if bool((cur == mask_id).any()):
+                if response is None:  # cannot happen: the schedule sums to the block size
+                    raise RuntimeError("block rollout left MASK tokens in a finished block")
+                raise ValueError(
+                    f"the response to resume has more MASK tokens in decoded block {i} than its "
+                    f"iterations from global step {start} reveal; pass the state a run left "
+                    f"after start_step iterations")
             if cfg.stop_at_stop_token:
                 seen = torch.isin(canvas[:, :hi], stop_ids) & in_resp[:, :hi]
                 active &= ~seen.any(1)
             # rows past their response end need nothing more
             active &= (resp_start + R) > hi
-            if not bool(active.any()) or i == nblocks - 1:
+            if not bool(active.any()):
                 break
-            if cfg.use_cache:
-                kmask = torch.cat([valid[:, :lo], torch.ones(B, bs, dtype=torch.bool, device=device)], 1)
-                _, cache = wrapper.forward_cached(cur, position_ids=pos[:, lo:hi], past_key_values=cache,
-                                                  attention_mask=kmask[:, None, None, :].expand(B, 1, bs, hi),
-                                                  use_cache=True)
-                nfe += 1
 
         gather = resp_start[:, None] + torch.arange(R, device=device)[None]
         resp = canvas.gather(1, gather)
-        resp = resp.masked_fill(resp == mask_id, eos_id)  # blocks never reached (stopped rows)
+        if not halted:  # blocks never reached (stopped rows); a halted run keeps its MASKs
+            resp = resp.masked_fill(resp == mask_id, eos_id)
         rev = reveal.gather(1, gather)
         return resp, rev, nfe, decoded
 

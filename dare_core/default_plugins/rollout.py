@@ -227,6 +227,10 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
             extras=states,
         )
 
+    def total_steps(self, wrapper: Any, prompt_mask: torch.Tensor) -> int:
+        """Global denoising steps of a full run: ``steps`` (the end of :meth:`continue_from`)."""
+        return self.config.steps
+
     def continue_from(
         self,
         wrapper: Any,

@@ -36,7 +36,7 @@ def dare_register_algorithms(register):
         workflow="rl",
         config_cls=DTreeConfig,
         build=build,
-        kinds=frozenset({"masked"}),
+        kinds=frozenset({"masked", "block"}),
         components={"trajectory": "tree_transitions", "estimator": "response_token_logprob",
                     "loss": "tree_loss"},
         paper="arXiv:2512.09675",

@@ -88,6 +88,11 @@ def sd_schedule(step: int, max_steps: int, lambda_max: float, gamma: float, tau_
     return lam, tau
 
 
+#: Methods of a rollout backend the tree needs: resume partial states over a global step range,
+#: and the number of global steps of a full run on given prompts.
+RESUMABLE = frozenset({"continue_from", "total_steps"})
+
+
 class TreeRollout:
     """Branching rollout around a sampler with ``continue_from``.
 
@@ -99,9 +104,10 @@ class TreeRollout:
     """
 
     def __init__(self, backend: Any, num_tree_samples: int, branch_factor: int, contraction: int):
-        if not callable(getattr(backend, "continue_from", None)):
+        if not all(callable(getattr(backend, m, None)) for m in RESUMABLE):
             raise DareError("dtreerpo branches partial denoising runs and needs a rollout backend "
-                            "with continue_from (e.g. set rollout.backend=low_confidence)")
+                            "with continue_from and total_steps (the core low_confidence and "
+                            "block samplers)")
         self.backend = backend
         self.widths = [num_tree_samples] + [branch_factor] * (contraction - 1)
         self.contraction = contraction
@@ -112,10 +118,10 @@ class TreeRollout:
         if B % self.leaves:
             raise DareError(f"the tree has {self.leaves} leaves per prompt but the batch has {B} "
                             f"rows; set trainer.group_size={self.leaves}")
-        cfg = self.backend.config
-        T, R = cfg.steps, cfg.gen_length
-        bounds = [T - p for p in branch_points(T, self.contraction)]  # ascending global steps
+        R = self.backend.config.gen_length
         pid, pmask = prompt_ids[:: self.leaves], prompt_mask[:: self.leaves]
+        T = self.backend.total_steps(wrapper, pmask)  # e.g. steps x blocks of a block sampler
+        bounds = [T - p for p in branch_points(T, self.contraction)]  # ascending global steps
         state = torch.full((pid.shape[0], R), wrapper.mask_token_id, dtype=torch.long, device=pid.device)
         reveal = torch.full_like(state, -1)
         states, nfe = [], 0
@@ -325,7 +331,7 @@ def build(cfg: DTreeConfig, lookup) -> Components:
         needs_ref=cfg.kl_coef > 0,
         wrap_rollout=wrap,
         rollout_fields=frozenset({"steps", "gen_length"}),
-        rollout_methods=frozenset({"continue_from"}),
+        rollout_methods=RESUMABLE,
     )
 
 
