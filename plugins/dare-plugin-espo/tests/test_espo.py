@@ -145,3 +145,48 @@ def test_one_rl_step_through_the_core_loop(tmp_path):
     rec = one_rl_step((toy, dare_plugin_espo), "espo", "toy", tmp_path, ["trainer.ppo_epochs=1"])
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and rec["kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert rec["elbo_nonfinite"] == 0.0 and rec["grad_norm"] > 0
+
+
+def test_count_weighted_subsets_give_the_sum_of_block_elbos():
+    """Why the corruption serves block-diffusion models unchanged: a count ``x ~ U{0..L}`` and a
+    uniform ``x``-subset ``S`` is the law of ``t ~ U(0,1)``, ``S ~ Bernoulli(t)`` per token, and the
+    weight ``1/p = (L+1)/x`` is ``E[1/t | S]``. So for any per-block terms ``g_b(S ∩ b)`` (a block
+    model's masked-token log-likelihoods given its noisy block and the clean blocks before it) the
+    estimator's expectation is ``Σ_b ∫ 1/t E_{S_b ~ Bern(t)} g_b(S_b) dt``: the sum of the
+    block ELBOs, each at its own uniform noise level. Checked exactly by enumeration (L = 7,
+    blocks of 3, 3, 1) with random terms."""
+    from itertools import combinations
+
+    L, blocks = 7, [range(0, 3), range(3, 6), range(6, 7)]
+    gen = torch.Generator().manual_seed(0)
+    table = {}  # g_b for every block and nonempty masked subset of it
+
+    def g(b, sub):
+        key = (b, sub)
+        if key not in table:
+            table[key] = float(torch.randn((), generator=gen, dtype=torch.float64))
+        return table[key] if sub else 0.0
+
+    estimator = 0.0  # E_x E_{S|x} [(L+1)/x Σ_b g_b(S ∩ b)]
+    for x in range(1, L + 1):
+        subsets = list(combinations(range(L), x))
+        for S in subsets:
+            val = sum(g(b, tuple(j for j in S if j in blk)) for b, blk in enumerate(blocks))
+            estimator += (L + 1) / x * val / len(subsets) / (L + 1)
+    elbos = 0.0  # Σ_b Σ_{S_b ≠ ∅} ∫ t^{k-1} (1-t)^{m-k} dt · g_b(S_b),  the integral = B(k, m-k+1)
+    for b, blk in enumerate(blocks):
+        m = len(blk)
+        for k in range(1, m + 1):
+            beta = math.factorial(k - 1) * math.factorial(m - k) / math.factorial(m)
+            elbos += sum(beta * g(b, S) for S in combinations(blk, k))
+    assert estimator == pytest.approx(elbos, rel=1e-12)
+
+
+def test_block_model_trains_through_the_workflow(tmp_path):
+    from dare_core.testing import toy_block
+    from dare_core.testing.rl_probe import ProbePlugin, tiny_rl_run
+
+    summary = tiny_rl_run(tmp_path, [toy_block, dare_plugin_espo, ProbePlugin()], "espo", "block_toy",
+                          ["rollout.gen_length=8", "rollout.steps=2", "trainer.ppo_epochs=1"])
+    metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
+    assert '"elbo_mc_var"' in metrics and summary["train"]["steps"] == 2

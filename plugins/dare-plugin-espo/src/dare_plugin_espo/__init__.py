@@ -32,7 +32,7 @@ def dare_register_algorithms(register):
         workflow="rl",
         config_cls=ESPOConfig,
         build=build,
-        kinds=frozenset({"masked"}),
+        kinds=frozenset({"masked", "block"}),
         components={"corruption": "complement_masking", "estimator": "sequence_elbo", "loss": "espo",
                     "advantage": "rloo", "trajectory": "final_sequence"},
         paper="arXiv:2512.03759",
