@@ -223,12 +223,10 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
     assert checked == int((rows.weights > 0).sum()) > 0
 
 
-def test_block_model_trains_through_the_workflow(tmp_path):
+def test_one_rl_step_on_the_block_toy(tmp_path):
     from dare_core.testing import toy_block
-    from dare_core.testing.rl_probe import ProbePlugin, tiny_rl_run
+    from dare_core.testing.algorithm_checks import one_rl_step
 
-    summary = tiny_rl_run(tmp_path, [toy_block, dare_plugin_dtreerpo, ProbePlugin()], "dtreerpo",
-                          "block_toy", ["rollout.gen_length=8", "rollout.steps=2",
-                                        "algorithm.branch_factor=2"])
-    metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
-    assert '"tree_rows"' in metrics and summary["train"]["steps"] == 2
+    rec = one_rl_step((toy_block, dare_plugin_dtreerpo), "dtreerpo", "block_toy", tmp_path,
+                      ["algorithm.branch_factor=2"], gen_length=8)
+    assert rec["tree_rows"] == 2 * (2 + 4) and rec["grad_norm"] > 0
