@@ -179,11 +179,7 @@ class BlockSampler(ConfiguredSampler):
         """Global iterations of a full run on these prompts: ``steps`` per decoded block, the
         blocks counted from the one holding the longest prompt tail (``num_steps`` of
         :meth:`generate` when no row stops early)."""
-        bs = self._block_size(wrapper)
-        n = prompt_mask.bool().sum(1)
-        tail = n - torch.div(n, bs, rounding_mode="floor") * bs
-        width = int(tail.max().item()) if n.numel() else 0
-        return -(-(width + self.config.gen_length) // bs) * self.config.steps
+        return self._layout(prompt_mask, self._block_size(wrapper))[-1] * self.config.steps
 
     def continue_from(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                       response: torch.Tensor, *, start_step: int, stop_step: int,
@@ -243,6 +239,17 @@ class BlockSampler(ConfiguredSampler):
         return int(bs)
 
     # ------------------------------------------------------------------ internals
+    def _layout(self, prompt_mask: torch.Tensor, bs: int):
+        """The canvas of step 1 of the module docstring: real prompt tokens ``n`` per row, their
+        complete blocks ``full_blocks``, the first decoded column ``c0``, the prompt tokens
+        ``tail`` in the first decoded block, and the number of decoded blocks."""
+        n = prompt_mask.bool().sum(1)
+        full_blocks = torch.div(n, bs, rounding_mode="floor")
+        c0 = int(full_blocks.max().item()) * bs if n.numel() else 0
+        tail = n - full_blocks * bs
+        nblocks = -(-(int(tail.max().item()) + self.config.gen_length) // bs) if n.numel() else 0
+        return n, full_blocks, c0, tail, nblocks
+
     def _stop_ids(self, wrapper: Any, device) -> torch.Tensor:
         ids = {int(t) for t in getattr(wrapper, "stop_token_ids", ())} | {int(wrapper.eos_token_id)}
         return torch.tensor(sorted(ids), dtype=torch.long, device=device)
@@ -261,14 +268,10 @@ class BlockSampler(ConfiguredSampler):
         mask_id, eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
         stop_ids = self._stop_ids(wrapper, device)
         valid_prompt = prompt_mask.bool()
-        n = valid_prompt.sum(1)  # real prompt tokens per row
-        full_blocks = torch.div(n, bs, rounding_mode="floor")
-        c0 = int(full_blocks.max().item()) * bs if B else 0
+        n, full_blocks, c0, tail, nblocks = self._layout(prompt_mask, bs)
         shift = c0 - full_blocks * bs  # left padding columns, multiples of bs
-        tail = n - full_blocks * bs  # prompt tokens in the first decoded block
         resp_start = c0 + tail  # column of the first response token
-        total = c0 + -(-(int(tail.max().item()) + R) // bs) * bs if B else 0
-        nblocks = (total - c0) // bs
+        total = c0 + nblocks * bs
 
         cols = torch.arange(total, device=device)
         canvas = torch.full((B, total), mask_id, dtype=torch.long, device=device)

@@ -196,14 +196,14 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
     """On a block model a transition's ℓ_j is read through the BD3LM layout: position j of block
     b sees the parent's state of block b and the child's (complete) blocks before b — the context
     the sampler decoded it in, up to the mean-field step (an independent block-causal forward)."""
-    w, roll, prompts = _block_tree()
+    w, roll, _ = _block_tree()
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
     ctx = TrajectoryContext(rewards, torch.zeros(8), torch.arange(8) // 4, lambda *a: None, step=1)
     rows = TreeTransitions().expand(w, roll, ctx)
     from dare_core.components.estimators import ResponseTokenLogProb  # d-TreeRPO's estimator
 
     est = ResponseTokenLogProb()(w, rows.batch, rows.corrupted)[0]  # [rows, R]
-    P, mask_id = rows.batch.prompt_len, w.mask_token_id
+    P = rows.batch.prompt_len
     child = rows.batch.input_ids[:, P:]
     parent = rows.corrupted.noisy_ids[0, :, P:]
     checked = 0

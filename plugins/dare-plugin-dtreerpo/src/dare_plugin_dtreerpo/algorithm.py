@@ -11,7 +11,8 @@ tokens of positively rated siblings.
 Composition:
 
 * ``Components.wrap_rollout`` → :class:`TreeRollout` around the run's sampler (needs a backend
-  with ``continue_from``, e.g. the core ``low_confidence`` sampler); its leaves are the rollout
+  with ``continue_from`` and ``total_steps``, e.g. the core ``low_confidence`` and ``block``
+  samplers); its leaves are the rollout
   rows, so ``trainer.group_size`` must equal the number of leaves per prompt;
 * trajectory ``tree_transitions`` (:class:`TreeTransitions`) — one row per tree edge;
 * estimator ``response_token_logprob`` (core) — ``ℓ_j = log p_θ(child_j | parent state)``;
@@ -94,7 +95,7 @@ RESUMABLE = frozenset({"continue_from", "total_steps"})
 
 
 class TreeRollout:
-    """Branching rollout around a sampler with ``continue_from``.
+    """Branching rollout around a sampler with ``continue_from`` and ``total_steps``.
 
     ``generate`` takes the run's prompt rows (``leaves`` consecutive rows per prompt, as the RL
     loop lays them out) and returns a :class:`RolloutBatch` whose rows are the tree's leaves, in
