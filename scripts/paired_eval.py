@@ -32,7 +32,8 @@ from dare_core.errors import DareError, run_script
 from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
 from dare_core.plugins import build
 from dare_core.rundir import atomic_write_text
-from dare_core.workflows.common import eval_backend_name, eval_context, eval_rollout_config, evaluate
+from dare_core.workflows.common import (eval_backend_name, eval_context, eval_rollout_config, evaluate,
+                                        judged_by_training_rollout)
 
 
 def _config(dare, args, path: str):
@@ -120,10 +121,16 @@ def main(argv=None, dare=None) -> int:
                     help="also compare A with the mean of all B (e.g. one recipe's seeds), prompt-clustered")
     ap.add_argument("--cache", default=None,
                     help="directory keeping each evaluation's results; a repeated evaluation is read back")
+    ap.add_argument("--training-sampler", action="store_true",
+                    help="judge with the sampler the run trains with, as its algorithm adjusts it "
+                         "(e.g. JustGRPO: one token per step, left to right, at its temperature); "
+                         "replaces eval.backend, eval.steps and eval.temperature; needs the run's --config")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE run-config overrides")
     args = ap.parse_args(argv)
     dare = dare if dare is not None else build()
     configs = [_config(dare, args, path) for path in [args.a, *args.b]]  # every config error first
+    if args.training_sampler:
+        configs = [judged_by_training_rollout(dare, cfg) for cfg in configs]
     if args.cache is not None and os.path.exists(args.cache) and not os.path.isdir(args.cache):
         raise DareError(f"--cache {args.cache!r} is a file; pass a directory")
     a, res_a = _cached_items(dare, configs[0], args.samples, args.cache)

@@ -108,6 +108,28 @@ def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
     return attrs.evolve(rc, **changes)
 
 
+def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
+    """``config`` with its evaluation set to the sampler the run trains with, as its algorithm
+    adjusts it (``Components.rollout_config``, e.g. JustGRPO's one token per step, left to right,
+    at its temperature): the rollout section becomes the adjusted one, ``eval.backend`` is cleared
+    and ``eval.steps`` / ``eval.temperature`` are taken from it. An algorithm's ``wrap_rollout``
+    (d-TreeRPO's tree of partial states) is training bookkeeping over the same sampler and is not
+    applied."""
+    if not config.algo:
+        raise DareError("judging by the training sampler needs the run's algorithm; pass the run's "
+                        "config.yaml (--config) or algo=NAME")
+    spec = dare.registries.algorithms.get(config.algo)
+    comps = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    rc = config.rollout if comps.rollout_config is None else comps.rollout_config(config.rollout)
+    names = {f.name for f in attrs.fields(type(rc))}
+    changes: dict[str, Any] = {"backend": None}
+    if "steps" in names:
+        changes["steps"] = rc.steps
+    if "temperature" in names:
+        changes["temperature"] = rc.temperature
+    return attrs.evolve(config, rollout=rc, eval=attrs.evolve(config.eval, **changes))
+
+
 def build_eval_rollout(dare: Any, config: RunConfig):
     """The evaluation rollout backend (see :func:`eval_rollout_config`)."""
     spec = dare.registries.rollouts.get(eval_backend_name(config))

@@ -118,3 +118,19 @@ def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path)
     log = spy_run(tmp_path, dare_plugin_justgrpo, "justgrpo", toy, [
         "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2", "algorithm.kl_coef=0.1"])
     assert_one_draw_per_batch(log, steps=2)
+
+
+def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperature(tmp_path):
+    """`paired_eval.py --training-sampler`: the evaluation sampler is the forced training one."""
+    from dare_core.config import resolve
+    from dare_core.testing.digits import DigitsPlugin
+    from dare_core.workflows.common import eval_rollout_config, judged_by_training_rollout
+
+    dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), dare_plugin_justgrpo])
+    cfg = resolve(dare, algo="justgrpo", model="toy", overrides=[
+        "task.name=digits", "rollout.backend=low_confidence", "rollout.gen_length=6",
+        "rollout.block_length=6", "rollout.steps=3", "rollout.temperature=1.0",
+        "algorithm.temperature=0.7", "eval.temperature=0.0", "progress=false", f"model.path={tmp_path}"])
+    ev = eval_rollout_config(judged_by_training_rollout(dare, cfg), dare)
+    assert (ev.block_length, ev.steps, ev.temperature) == (1, 6, 0.7)
+    assert eval_rollout_config(cfg, dare).block_length == 6  # the run's own evaluation is unchanged

@@ -1,0 +1,34 @@
+"""`judged_by_training_rollout`: evaluating a run with the sampler it trains with."""
+
+import attrs
+import pytest
+
+from dare_core.config import resolve
+from dare_core.errors import DareError
+from dare_core.plugins import build
+from dare_core.testing import toy
+from dare_core.testing.digits import DigitsPlugin
+from dare_core.workflows.common import eval_backend_name, eval_rollout_config, judged_by_training_rollout
+
+COMMON = ["task.name=digits", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2",
+          "rollout.temperature=0.8", "progress=false"]
+
+
+@pytest.fixture
+def dare():
+    return build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()])
+
+
+def test_eval_takes_the_training_rollout(dare, tmp_path):
+    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
+        f"model.path={tmp_path}", "eval.steps=4", "eval.temperature=0.0", "eval.backend=low_confidence"])
+    judged = judged_by_training_rollout(dare, cfg)
+    assert judged.eval.backend is None and eval_backend_name(judged) == cfg.rollout_backend
+    assert eval_rollout_config(judged, dare) == cfg.rollout  # steps 2 and T 0.8, not eval's 4 and 0
+    assert attrs.evolve(judged, eval=cfg.eval) == cfg  # nothing else changes
+
+
+def test_needs_the_runs_algorithm(dare, tmp_path):
+    cfg = resolve(dare, model="toy", overrides=COMMON + [f"model.path={tmp_path}"], need_algo=False)
+    with pytest.raises(DareError, match="needs the run's algorithm"):
+        judged_by_training_rollout(dare, cfg)
