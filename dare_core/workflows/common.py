@@ -110,11 +110,11 @@ def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
 
 def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
     """``config`` with its evaluation set to the sampler the run trains with, as its algorithm
-    adjusts it (``Components.rollout_config``, e.g. JustGRPO's one token per step, left to right,
-    at its temperature): the rollout section becomes the adjusted one, ``eval.backend`` is cleared
-    and ``eval.steps`` / ``eval.temperature`` are taken from it. An algorithm's ``wrap_rollout``
-    (d-TreeRPO's tree of partial states) is training bookkeeping over the same sampler and is not
-    applied."""
+    adjusts it (``Components.rollout_config``, e.g. one token per step, left to right, at the
+    algorithm's temperature): the rollout section becomes the adjusted one, ``eval.backend`` is
+    cleared and ``eval.steps`` / ``eval.temperature`` are taken from it. An algorithm's
+    ``wrap_rollout`` (e.g. a tree of partial states) is training bookkeeping over the same sampler
+    and is not applied."""
     if not config.algo:
         raise DareError("judging by the training sampler needs the run's algorithm; pass the run's "
                         "config.yaml (--config) or algo=NAME")
