@@ -230,6 +230,11 @@ class Components:
     rollout_fields: frozenset = frozenset()
     rollout_methods: frozenset = frozenset()
 
+    def training_rollout_config(self, rollout_cfg: Any) -> Any:
+        """The rollout config RL trains with: ``rollout_config(rollout_cfg)``, or ``rollout_cfg``
+        itself when the algorithm adjusts nothing."""
+        return rollout_cfg if self.rollout_config is None else self.rollout_config(rollout_cfg)
+
 
 @attrs.frozen
 class AlgorithmSpec:

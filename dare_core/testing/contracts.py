@@ -246,9 +246,8 @@ class AlgorithmContract:
             return roll
         from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
 
-        cfg = LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0)
-        if components.rollout_config is not None:
-            cfg = components.rollout_config(cfg)
+        cfg = components.training_rollout_config(
+            LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0))
         backend = LowConfidenceSampler(cfg)
         if components.wrap_rollout is not None:
             backend = components.wrap_rollout(backend, None)

@@ -120,7 +120,7 @@ def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
                         "config.yaml (--config) or algo=NAME")
     spec = dare.registries.algorithms.get(config.algo)
     comps = spec.build(config.algorithm, ComponentLookup(dare.registries))
-    rc = config.rollout if comps.rollout_config is None else comps.rollout_config(config.rollout)
+    rc = comps.training_rollout_config(config.rollout)
     names = {f.name for f in attrs.fields(type(rc))}
     changes: dict[str, Any] = {"backend": None}
     if "steps" in names:
