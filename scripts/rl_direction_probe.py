@@ -35,7 +35,7 @@ from dare_core.errors import DareError, run_script
 from dare_core.plugins import build
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.workflows.common import evaluate, setup
-from dare_core.workflows.rl import collect, policy_backward, training_rollout
+from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
 
 
 def _norm(tensors) -> torch.Tensor:
@@ -70,12 +70,11 @@ def main(argv=None) -> int:
             and not getattr(comps.loss, "computes_own_old", False)):
         raise DareError(f"{args.algo}'s loss needs separate old log-likelihoods, which this probe does "
                         "not compute; probe an algorithm whose loss takes the update's own")
-    everything = torch.arange(rows.batch.batch_size)
     wrapper.module.train()
     wrapper.module.zero_grad()
-    policy_backward(comps, wrapper, rows.batch, c.corrupted, None, None,
-                    rows.advantages.to(wrapper.device), rows.select_weights(everything), 1.0,
-                    rows.select_extras(everything) if rows.extras else None)
+    # the whole batch as one mini-batch, in the run's micro-batches (as the loop accumulates it)
+    minibatch_backward(comps, wrapper, rows, c.corrupted, None, None, rows.advantages.to(wrapper.device),
+                       torch.arange(rows.batch.batch_size), cfg.trainer.micro_batch_size, {})
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     grad = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     g_norm = _norm(grad)

@@ -125,21 +125,10 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         for _epoch in range(tr.ppo_epochs):
             perm = torch.randperm(total, generator=gen)
             for msl in chunks(total, mini):
-                mb = perm[msl]
-                for usl in chunks(len(mb), tr.micro_batch_size):
-                    idx = mb[usl]
-                    sub_batch = batch.select(idx)
-                    sub_corr = corrupted.select(idx) if corrupted is not None else None
-                    old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
-                    ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
-                    loss, metrics = policy_backward(
-                        comps, wrapper, sub_batch, sub_corr, old_i, ref_i, advantages[idx.to(device)],
-                        rows.select_weights(idx), len(idx) / len(mb),
-                        rows.select_extras(idx) if rows.extras else None)
-                    loss_sum += float(loss)
-                    n_micro += 1
-                    for k, v in metrics.items():
-                        agg[k] = agg.get(k, 0.0) + float(v)
+                mb_loss, mb_micro = minibatch_backward(comps, wrapper, rows, corrupted, old, ref_logp,
+                                                       advantages, perm[msl], tr.micro_batch_size, agg)
+                loss_sum += mb_loss
+                n_micro += mb_micro
                 norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
                 norms.append(norm)
                 skipped += 0 if ok else 1
@@ -244,6 +233,30 @@ def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advant
     loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask, **kw)
     (loss * scale).backward()
     return loss.detach(), metrics
+
+
+def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, old, ref_logp,
+                       advantages, mb: torch.Tensor, micro_batch_size: int,
+                       agg: dict[str, float]) -> tuple[float, int]:
+    """Accumulate the gradient of one mini-batch (the rows ``mb``) in micro-batches of
+    ``micro_batch_size``, each scaled by its share of the mini-batch, so the sum is the
+    mini-batch's mean-loss gradient. Adds every micro-batch's metrics into ``agg``; returns the
+    summed micro-batch losses and how many micro-batches ran."""
+    loss_sum, n_micro = 0.0, 0
+    for usl in chunks(len(mb), micro_batch_size):
+        idx = mb[usl]
+        sub_corr = corrupted.select(idx) if corrupted is not None else None
+        old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
+        ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
+        loss, metrics = policy_backward(
+            comps, wrapper, rows.batch.select(idx), sub_corr, old_i, ref_i,
+            advantages[idx.to(advantages.device)], rows.select_weights(idx), len(idx) / len(mb),
+            rows.select_extras(idx) if rows.extras else None)
+        loss_sum += float(loss)
+        n_micro += 1
+        for k, v in metrics.items():
+            agg[k] = agg.get(k, 0.0) + float(v)
+    return loss_sum, n_micro
 
 
 def _reward(ctx: Context, scored: Any) -> float:

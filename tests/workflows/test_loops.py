@@ -196,3 +196,34 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     plain = setup(build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()]),
                   resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}"]))
     assert training_rollout(plain) is plain.rollout
+
+
+def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
+    """The loop and the probe script accumulate a mini-batch's gradient in micro-batches (each
+    scaled by its share): the sum must be the gradient of one pass over every row, so that a
+    probe of a many-row algorithm (one row per trained step) fits in memory and still measures
+    the loop's gradient."""
+    import torch
+
+    from dare_core.workflows.common import setup
+    from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
+
+    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
+        f"model.path={tmp_path}", "rollout.temperature=1.0"])
+    ctx = setup(dare, cfg)
+    comps = ctx.components
+    c = collect(ctx, training_rollout(ctx), comps.trajectory, comps.advantage,
+                ctx.task.examples("train", limit=4, seed=0)[:4], 4, 1)
+    total = c.rows.batch.batch_size
+    assert total == 16 and c.rows.advantages.abs().sum() > 0
+    grads = {}
+    for micro in (total, 3):
+        ctx.wrapper.module.zero_grad()
+        agg: dict = {}
+        _, n = minibatch_backward(comps, ctx.wrapper, c.rows, c.corrupted, None, None,
+                                  c.rows.advantages, torch.arange(total), micro, agg)
+        assert n == -(-total // micro) and "pg_clipfrac" in agg
+        grads[micro] = [p.grad.clone() for p in ctx.wrapper.module.parameters() if p.grad is not None]
+    assert grads[total] and any(g.abs().sum() > 0 for g in grads[total])
+    for whole, parts in zip(grads[total], grads[3]):
+        torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-7)
