@@ -108,15 +108,33 @@ class RunDir:
 
     @classmethod
     def create(cls, output_dir: str, run_name: Optional[str], default_name: str) -> "RunDir":
-        name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        root = os.path.join(output_dir, name)
-        if os.path.exists(os.path.join(root, "summary.json")):
-            # never overwrite a finished run's results (named or timestamped)
-            suffix = 1
-            while os.path.exists(f"{root}-{suffix}"):
+        """The run directory under ``output_dir``.
+
+        A named run (``run_name``) reuses its directory until it is finished (has a
+        ``summary.json``), then gets ``NAME-1``, ``NAME-2``, … A timestamped run
+        (``<default_name>-<YYYYmmdd-HHMMSS>``) always claims a new directory with an exclusive
+        ``mkdir`` (suffix ``-1``, ``-2``, … when taken), so runs started in the same second never
+        share one.
+        """
+        if run_name:
+            root = os.path.join(output_dir, run_name)
+            if os.path.exists(os.path.join(root, "summary.json")):
+                # never overwrite a finished run's results
+                suffix = 1
+                while os.path.exists(f"{root}-{suffix}"):
+                    suffix += 1
+                root = f"{root}-{suffix}"
+            return cls(root)
+        os.makedirs(output_dir, exist_ok=True)
+        base = os.path.join(output_dir, f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        root, suffix = base, 0
+        while True:
+            try:
+                os.mkdir(root)
+                return cls(root)
+            except FileExistsError:
                 suffix += 1
-            root = f"{root}-{suffix}"
-        return cls(root)
+                root = f"{base}-{suffix}"
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)

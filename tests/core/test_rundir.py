@@ -132,6 +132,14 @@ def test_create_never_overwrites_a_finished_timestamped_run(tmp_path, monkeypatc
     assert os.path.isdir(second.root)
 
 
+def test_timestamped_runs_started_in_the_same_second_never_share_a_directory(tmp_path, monkeypatch):
+    # two runs launched together (neither finished) once wrote into one directory
+    monkeypatch.setattr(rundir_mod.time, "strftime", lambda fmt: "20250101-000000")
+    roots = [RunDir.create(str(tmp_path / "runs"), None, "algo_a-toy").root for _ in range(3)]
+    base = str(tmp_path / "runs" / "algo_a-toy-20250101-000000")
+    assert roots == [base, base + "-1", base + "-2"]
+
+
 def test_metrics_jsonl_appends(tmp_path):
     run = RunDir(str(tmp_path / "run"))
     run.log_metrics({"step": 1, "loss": 0.5})
