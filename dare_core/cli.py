@@ -219,7 +219,7 @@ def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tup
     import torch
 
     from dare_core.config.loader import parse_overrides
-    from dare_core.tasks.config import TaskConfig
+    from dare_core.config import TaskConfig
 
     dare = _dare()
     family = dare.registries.models.get(model)
@@ -242,28 +242,6 @@ def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tup
     click.echo(f"created {out}")
 
 
-@cli.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--metric", "-m", "metrics", multiple=True,
-              help="Metric to draw (repeatable; one panel each). Training fields as logged "
-                   "(reward, loss, grad_norm, ...), evaluation fields as eval.<field> "
-                   "(eval.accuracy). Default: reward and eval.accuracy.")
-@click.option("--out", "-o", default="curves.png", show_default=True, type=click.Path(dir_okay=False),
-              help="PNG file to write (atomically).")
-@click.option("--smooth", default=1, show_default=True, type=int,
-              help="Trailing moving average over this many steps for training metrics.")
-@click.option("--label", "labels", multiple=True, help="Legend label per run (default: algo / model).")
-@click.option("--title", default=None, help="Figure title.")
-def plot(run_dirs: tuple[str, ...], metrics: tuple[str, ...], out: str, smooth: int,
-         labels: tuple[str, ...], title: Optional[str]) -> None:
-    """Draw learning curves of one or more run directories into a PNG (needs matplotlib)."""
-    from dare_core.plot import plot_runs
-
-    written = plot_runs(run_dirs, metrics or ("reward", "eval.accuracy"), out, smooth=smooth,
-                        labels=labels or None, title=title)
-    click.echo(f"wrote {written}")
-
-
 def _table(header, rows) -> None:
     rows = [tuple(str(c) for c in r) for r in rows]
     widths = [max([len(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
@@ -274,15 +252,7 @@ def _table(header, rows) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-def _add_bench() -> None:
-    from dare_core.bench.cli import bench
-
-    cli.add_command(bench)
-
-
-_add_bench()
-
-_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init", "bench", "plot"}
+_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init"}
 
 
 def main() -> None:  # console script

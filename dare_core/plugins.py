@@ -6,7 +6,7 @@ controlled by two environment variables (comma-separated plugin ids):
 * ``DARE_PLUGINS`` — load only these entry-point plugins (``none`` loads none). Unset: all.
 * ``DARE_DISABLE_PLUGINS`` — never load these (applied after ``DARE_PLUGINS``).
 
-The core's own default plugins (generic components and tasks) are always registered; they are
+The core's own default plugin (the generic components) is always registered; they are
 named ``dare_core.*`` in listings.
 """
 
@@ -29,13 +29,7 @@ hookimpl = pluggy.HookimplMarker("dare")
 
 ENTRY_POINT_GROUP = "dare"
 
-DEFAULT_PLUGINS = (
-    "dare_core.default_plugins.components",
-    "dare_core.default_plugins.rollout",
-    "dare_core.default_plugins.fast_rollout",
-    "dare_core.default_plugins.block_rollout",
-    "dare_core.tasks.plugin",
-)
+DEFAULT_PLUGINS = ("dare_core.default_plugins.components",)
 
 # hook name -> registry attribute filled by it
 REGISTRATION_HOOKS = {
@@ -119,7 +113,7 @@ def build(
     :param load_entrypoints: load the installed ``dare`` entry points (subject to the
         ``DARE_PLUGINS``/``DARE_DISABLE_PLUGINS`` variables).
     :param extra_plugins: more plugin objects/modules to register (tests use this).
-    :param default_plugins: register the core's generic components and tasks.
+    :param default_plugins: register the core's generic components.
     """
     pm = _make_pm()
     infos: list[PluginInfo] = []

@@ -5,6 +5,9 @@ import json
 import pytest
 import torch
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.config import resolve
 from dare_core.errors import DareError
 from dare_core.interfaces import Example, Score
@@ -96,7 +99,7 @@ def _plugin():
     (["model.cross_entropy=naive"], "padded", False),
 ])
 def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, _plugin()])
     cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
         "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
@@ -111,7 +114,7 @@ def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
 
 
 def test_forcing_packed_on_a_model_without_it_fails_at_setup(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, _plugin()])
     cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
         "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
         f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
@@ -122,7 +125,7 @@ def test_forcing_packed_on_a_model_without_it_fails_at_setup(tmp_path):
 
 
 def test_config_rejects_unknown_choice(tmp_path):
-    dare = build(load_entrypoints=False, extra_plugins=[toy, _plugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, _plugin()])
     with pytest.raises(DareError) as e:
         resolve(dare, algo="sup_paths", model="toy", overrides=["model.cross_entropy=maybe", f"model.path={tmp_path}"])
     assert "cross_entropy" in str(e.value)

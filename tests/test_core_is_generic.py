@@ -1,5 +1,6 @@
-"""The core knows no model family and no algorithm by name (they reach it through hooks), and
-issue 4's algorithm plugins name no model family in any file (code, docs, packaging).
+"""The core knows no model family and no algorithm by name (they reach it through hooks), the
+trajectory algorithm plugins name no model family in any file (code, docs, packaging), and the
+core imports none of the distributions built on it.
 
 Family differences reach an algorithm only through the model wrapper and its capabilities, so a
 family name in one of those packages is either a branch the design forbids or documentation that
@@ -52,8 +53,19 @@ def test_algorithm_plugin_names_no_family(plugin):
     assert not offenders, "\n".join(offenders)
 
 
-def test_core_tests_do_not_import_plugins():
+def test_core_imports_no_distribution_built_on_it():
+    """No task, sampler, benchmark, plot, tracking, nn-toolkit or objective module: the core
+    reaches them only through hooks."""
+    root = pathlib.Path(dare_core.__file__).parent
+    pattern = re.compile(r"^\s*(import|from)\s+(dare_plugin_\w+|dare_nn|dare_objectives)\b")
+    offenders = _lines_matching(root, pattern, {".py"}, root)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_core_tests_import_no_family_or_algorithm_plugin():
+    """The core's tests name the plugins they register; besides test-only plugins that is only
+    the reference samplers and tasks, which a loop and the default config need."""
     tests = pathlib.Path(__file__).parent
-    pattern = re.compile(r"^\s*(import|from)\s+dare_plugin_", re.MULTILINE)
+    pattern = re.compile(r"^\s*(import|from)\s+dare_plugin_(?!samplers\b|tasks\b)", re.MULTILINE)
     offenders = [str(p) for p in tests.rglob("*.py") if pattern.search(p.read_text())]
     assert not offenders, offenders

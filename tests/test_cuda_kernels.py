@@ -9,6 +9,9 @@ filler slots, one-token documents).
 import pytest
 import torch
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.ops.attention import available_kernels, document_attention
 from dare_core.ops.fused_ce import fused_token_logprobs, naive_token_logprobs
 
@@ -96,7 +99,7 @@ def test_sampling_rollouts_on_cuda_with_the_runs_cpu_generator(backend):
     from dare_core.testing.toy import make_toy_wrapper
     from dare_core.workflows.common import left_pad
 
-    dare = build(load_entrypoints=False)
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks])
     w = make_toy_wrapper()
     w.module.cuda()
     spec = dare.registries.rollouts.get(backend)

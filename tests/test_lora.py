@@ -8,6 +8,9 @@ import os
 import pytest
 import torch
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.config import resolve
 from dare_core.errors import ConfigError, DareError
 from dare_core.models import lora
@@ -29,7 +32,7 @@ class DigitsTask(digits.DigitsTask):
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, digits.DigitsPlugin(task=DigitsTask)])
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, digits.DigitsPlugin(task=DigitsTask)])
 
 
 COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
@@ -108,7 +111,7 @@ def test_only_adapters_train_base_bit_identical_and_adapter_round_trip(dare, tmp
 
 
 def _lora_cfg(tmp_path, *overrides):
-    dare = build(load_entrypoints=False, extra_plugins=[toy])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy])
     return resolve(dare, model="toy", need_algo=False,
                    overrides=[f"model.path={tmp_path}", *overrides]).model.lora
 
@@ -170,7 +173,7 @@ def test_unknown_target_module_and_missing_adapter_are_dare_errors(tmp_path):
 
 
 def test_preference_reference_is_the_base_for_fresh_adapters_and_a_copy_otherwise(tmp_path):
-    from dare_core.components.elbo import SequenceELBO, StratifiedCountMasking
+    from dare_objectives.elbo import SequenceELBO, StratifiedCountMasking
     from dare_core.testing.toy import fake_rollout
     from dare_core.workflows.preference import Reference
 

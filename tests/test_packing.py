@@ -245,7 +245,7 @@ def test_a_batch_that_packing_would_not_shrink_runs_padded():
 def test_document_mask_through_the_shared_attention_layer():
     """``layers.attend`` runs a DocumentMask's kernel; with sdpa_mask it equals the boolean mask,
     GQA included, and a mismatched mask is a clean error."""
-    from dare_core.models import layers
+    from dare_nn import layers
     from dare_core.ops.attention import DocumentMask, document_mask
 
     g = torch.Generator().manual_seed(1)

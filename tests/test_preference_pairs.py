@@ -8,10 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.errors import DareError
 from dare_core.interfaces import Example, Score
 from dare_core.plugins import build
-from dare_core.tasks.preference import (
+from dare_core.workflows.pairs import (
     PreferencePair,
     generate_pairs,
     load_pairs,
@@ -101,7 +104,7 @@ def test_generate_pairs_from_own_rollouts():
             frac = sum(c.isdigit() for c in response) / max(1, len(response))
             return Score(frac, float(frac == 1.0))
 
-    dare = build(load_entrypoints=False, extra_plugins=[toy])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy])
     spec = dare.registries.rollouts.get("low_confidence")
     from dare_core.config.structure import structure
 

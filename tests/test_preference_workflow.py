@@ -8,12 +8,16 @@ import math
 import attrs
 import pytest
 import torch
+
+import dare_objectives  # the shared ELBO estimator and stratified masking
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
 import torch.nn.functional as F
 
 from dare_core.config import option, resolve
 from dare_core.interfaces import AlgorithmSpec, Components
 from dare_core.plugins import build, hookimpl
-from dare_core.tasks.preference import PreferencePair
+from dare_core.workflows.pairs import PreferencePair
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.train import train
 from dare_core.workflows.preference import collate_pairs, pair_rows
@@ -79,7 +83,7 @@ def _write_jsonl(path, pairs):
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, Plugin()])
+    return build(load_entrypoints=False, extra_plugins=[dare_objectives, dare_plugin_samplers, dare_plugin_tasks, toy, Plugin()])
 
 
 def test_collate_interleaves_pairs_and_pair_rows():

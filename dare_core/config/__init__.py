@@ -6,12 +6,14 @@ from dare_core.config.schema import (
     EvalConfig,
     ModelConfig,
     RunConfig,
+    TaskConfig,
     TrainerConfig,
     option,
 )
 from dare_core.config.structure import structure, structure_or_raise
 
 __all__ = [
-    "EngineConfig", "EvalConfig", "ModelConfig", "RunConfig", "TrainerConfig", "option",
+    "EngineConfig", "EvalConfig", "ModelConfig", "RunConfig", "TaskConfig", "TrainerConfig",
+    "option",
     "render_with_help", "resolve", "structure", "structure_or_raise", "to_dict",
 ]

@@ -11,9 +11,6 @@ from dare_core.components import (
     ResponseTokenLogProb,
     RLOOAdvantage,
 )
-from dare_core.components.elbo import SequenceELBO, StratifiedCountMasking
-from dare_core.components.replay_loss import make_replay_clipped_loss
-from dare_core.components.trajectory_replay import StepReplay
 from dare_core.interfaces import ComponentSpec
 from dare_core.plugins import hookimpl
 
@@ -24,21 +21,11 @@ def dare_register_corruptions(register):
         "random_ratio", RandomRatioMasking,
         "per-sequence t ~ U(eps, 1); response tokens masked i.i.d. with probability t",
     ))
-    register(ComponentSpec(
-        "stratified_count_masking", StratifiedCountMasking,
-        "exact mask counts stratified over 1..L per group of rows (stratified timesteps); p_mask = count / L",
-        reference="arXiv:2505.19223",
-    ))
 
 
 @hookimpl
 def dare_register_trajectory_builders(register):
     register(ComponentSpec("final_sequence", FinalSequence, "train on the final sequence only"))
-    register(ComponentSpec(
-        "step_replay", StepReplay,
-        "replay every recorded denoising step (reveal_step): states before the step, its tokens "
-        "as targets; block models replay block-local steps of all blocks at once",
-    ))
 
 
 @hookimpl
@@ -51,19 +38,10 @@ def dare_register_likelihood_estimators(register):
         "masked_token_logprob", MaskedTokenLogProb,
         "log p(x_i | corrupted x) at corrupted positions (ELBO building block)",
     ))
-    register(ComponentSpec(
-        "sequence_elbo", SequenceELBO,
-        "per-row ELBO of the response, sum of log p / p_mask over corrupted tokens, [M, B]",
-    ))
 
 
 @hookimpl
 def dare_register_policy_losses(register):
-    register(ComponentSpec(
-        "replay_clipped_pg", make_replay_clipped_loss,
-        "clipped surrogate over replayed steps (step-mean / per-sample / token-mean), one "
-        "forward+backward per chunk of steps",
-    ))
     register(ComponentSpec(
         "clipped_pg", ClippedPolicyLoss,
         "PPO clipped surrogate with dual clip, token-mean", reference="arXiv:1707.06347",

@@ -7,7 +7,7 @@ token. ``attention_mask`` marks valid tokens (1) and padding (0).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import attrs
 import torch
@@ -125,3 +125,16 @@ class Corrupted:
             _index(self.p_mask, idx, 1),
             {k: _index(v, idx, 1) for k, v in self.extras.items()},
         )
+
+    def select_samples(self, rows: Sequence[int]) -> "Corrupted":
+        """The Monte-Carlo rows ``rows`` (dim 0). Extras whose first dimension is the number of
+        rows are selected too; the others are kept as they are."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        m = self.num_samples
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, idx.to(t.device))
+
+        extras = {k: pick(v) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == m else v
+                  for k, v in self.extras.items()}
+        return Corrupted(pick(self.noisy_ids), pick(self.masked), pick(self.p_mask), extras)

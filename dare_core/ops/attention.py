@@ -18,7 +18,7 @@ eager FlexAttention materialises the scores), with the packed width padded to a 
 padding changes neither the scores nor the output; the scale is the unpadded one).
 
 A model receives a kernel as a :class:`DocumentMask` in place of its attention mask (the shared
-layers of :mod:`dare_core.models.layers` dispatch on it). What every layer of one forward (and its
+layers of the nn toolkit (``dare-nn``) dispatch on it). What every layer of one forward (and its
 backward) shares — FlexAttention's ``BlockMask``, the ``cu_seqlens`` of the varlen kernels — is
 built once per mask, at the first layer, and kept on it.
 

@@ -12,13 +12,13 @@ import torch
 from dare_core.components import ComponentLookup
 from dare_core.config import resolve
 from dare_core.config.structure import structure_or_raise
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing.rl_probe import ProbePlugin
 
 
 def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
     """``Components`` of the registered algorithm ``algo`` built with ``options`` for its config."""
-    dare = build(load_entrypoints=False, extra_plugins=list(plugins))
+    dare = build_for(*plugins)
     spec = dare.registries.algorithms.get(algo)
     return spec.build(structure_or_raise(spec.config_cls, options, "algorithm"), ComponentLookup(dare.registries))
 
@@ -27,7 +27,7 @@ def one_rl_step(plugins: Sequence[Any], algo: str, model: str, tmp_path: Any,
                 overrides: Sequence[str] = (), gen_length: int = 4, block_length: int = 4) -> dict:
     """Train ``algo`` on ``model`` (a toy family among ``plugins``) for one step on the ``parity``
     probe task without evaluations; returns the step's metrics record."""
-    dare = build(load_entrypoints=False, extra_plugins=[*plugins, ProbePlugin()])
+    dare = build_for(*plugins, ProbePlugin())
     cfg = resolve(dare, algo=algo, model=model, overrides=[
         "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=one_step",
         "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",

@@ -2,12 +2,12 @@
 
 Usage in a plugin's tests::
 
-    import dare_plugin_x
+    import my_dare_plugin as plugin
     from dare_core.testing.contracts import ModelFamilyContract
 
     class TestContract(ModelFamilyContract):
         family = "x"
-        plugins = (dare_plugin_x,)
+        plugins = (plugin,)
 
 Every test builds registries from the core's default plugins plus ``plugins`` only, so the result
 does not depend on what else is installed.
@@ -23,7 +23,7 @@ import torch
 
 from dare_core.components import ComponentLookup
 from dare_core.config.structure import structure
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 
 
@@ -31,7 +31,19 @@ _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 
 
 def _dare(plugins: Sequence[Any]):
-    return build(load_entrypoints=False, extra_plugins=list(plugins))
+    return build_for(*plugins)
+
+
+def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: frozenset = frozenset()):
+    """The first registered rollout backend that drives ``wrapper``'s kind, records ``records``
+    and offers ``methods`` (the plugins under test must bring one)."""
+    for _, spec in dare.registries.rollouts.items():
+        if (not spec.kinds or wrapper.kind in spec.kinds) and records <= spec.records \
+                and spec.requires <= wrapper.capabilities \
+                and all(callable(getattr(spec.build, m, None)) for m in methods):
+            return spec
+    pytest.fail(f"no registered rollout backend records {sorted(records)} for {wrapper.kind} "
+                f"models; require a plugin that provides one (e.g. dare-plugin-samplers)")
 
 
 class ModelFamilyContract:
@@ -244,11 +256,11 @@ class AlgorithmContract:
         records = frozenset(getattr(components.trajectory, "records", None) or ())
         if not records and components.rollout_config is None and components.wrap_rollout is None:
             return roll
-        from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
-
-        cfg = components.training_rollout_config(
-            LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0))
-        backend = LowConfidenceSampler(cfg)
+        spec = _recording_backend(_dare(self.plugins), wrapper, records, components.rollout_methods)
+        cfg, problems = structure(spec.config_cls, dict(
+            gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
+        assert not problems, problems
+        backend = spec.build(components.training_rollout_config(cfg))
         if components.wrap_rollout is not None:
             backend = components.wrap_rollout(backend, None)
         return backend.generate(

@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 from dare_core.testing.toy_block import make_toy_block_wrapper
 
 
 @pytest.fixture
 def dare_build():
-    """``dare_build(*plugins)`` → registries from the core's defaults plus ``plugins`` only."""
+    """``dare_build(*plugins)`` → registries from the core's defaults, ``plugins`` and the DARE
+    plugins their distributions require (:func:`dare_core.testing.registries.build_for`)."""
 
     def make(*plugins, entrypoints: bool = False):
-        return build(load_entrypoints=entrypoints, extra_plugins=list(plugins))
+        return build_for(*plugins, entrypoints=entrypoints)
 
     return make
 

@@ -139,9 +139,9 @@ def components_of(plugin: Any, algorithm: str, **options: Any):
     """The :class:`~dare_core.interfaces.Components` of ``algorithm`` (registered by ``plugin``)
     built from its config class with ``options``."""
     from dare_core.components import ComponentLookup
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
 
-    dare = build(load_entrypoints=False, extra_plugins=[plugin])
+    dare = build_for(plugin)
     spec = dare.registries.algorithms.get(algorithm)
     return spec.build(spec.config_cls(**options), ComponentLookup(dare.registries))
 
@@ -152,10 +152,10 @@ def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", ove
     saved): 2 prompts x 4 rollouts, micro-batches of 3. ``plugins`` must include a
     :class:`ProbePlugin` and the model family."""
     from dare_core.config import resolve
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
     from dare_core.train import train
 
-    dare = build(load_entrypoints=False, extra_plugins=list(plugins))
+    dare = build_for(*plugins)
     cfg = resolve(dare, algo=algo, model=model, overrides=[
         "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
         "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
@@ -167,9 +167,9 @@ def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", ove
 def spy_run(tmp_path: Any, plugin: Any, algorithm: str, family: Any, overrides=(),
             steps: int = 2) -> SpyLog:
     """:func:`tiny_rl_run` of a spy of ``algorithm``; returns its :class:`SpyLog`."""
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
 
-    base = build(load_entrypoints=False, extra_plugins=[plugin])
+    base = build_for(plugin)
     spy, log = spy_algorithm(base.registries.algorithms.get(algorithm))
     tiny_rl_run(tmp_path, [family, plugin, ProbePlugin(spy)], spy.name, overrides=overrides, steps=steps)
     return log

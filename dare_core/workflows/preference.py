@@ -1,7 +1,7 @@
 """The preference loop (DPO-style objectives on likelihood surrogates).
 
 Data: (prompt, chosen, rejected) pairs from ``preference.train_path`` or generated from the
-model's own rollouts on ``task.name`` (:mod:`dare_core.tasks.preference`). A training batch of
+model's own rollouts on ``task.name`` (:mod:`dare_core.workflows.pairs`). A training batch of
 ``N = trainer.batch_size`` pairs is one :class:`SequenceBatch` of ``2N`` rows in interleaved
 order ``[c0, r0, c1, r1, ...]`` (row ``2i`` = prompt + chosen, row ``2i+1`` = prompt + rejected).
 
@@ -42,7 +42,7 @@ import torch
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
 from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
-from dare_core.tasks.preference import PreferencePair, generate_pairs, load_pairs, save_pairs
+from dare_core.workflows.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 from dare_core.workflows.common import (
     Context,
     Tracker,

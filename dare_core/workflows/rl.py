@@ -21,7 +21,6 @@ import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
-from dare_core.components.elbo import select_samples
 from dare_core.errors import DareError
 from dare_core.workflows.common import (
     Context,
@@ -58,7 +57,7 @@ def _row_estimate(estimator: Any, wrapper: Any, batch, corrupted):
     """``estimate(rows)``: the estimator on the given Monte-Carlo rows of ``corrupted`` only."""
 
     def estimate(rows):
-        return estimator(wrapper, batch, select_samples(corrupted, rows))
+        return estimator(wrapper, batch, corrupted.select_samples(rows))
 
     return estimate
 

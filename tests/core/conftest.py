@@ -1,8 +1,9 @@
 """Test-only plugins and fixtures for the core tests.
 
 Every registry here is built with ``build(load_entrypoints=False, extra_plugins=[...])`` from the
-core's default plugins, the family-free ``toy`` family and the small plugins below, so the core
-tests never depend on which plugins happen to be installed.
+core's default plugins, the reference samplers and tasks (``dare-plugin-samplers``,
+``dare-plugin-tasks``: a loop needs a rollout backend, the default config a task), the family-free ``toy`` family and the small plugins below, so the core tests never
+depend on which plugins happen to be installed.
 
 The plugins are module objects holding ``@hookimpl`` functions, exactly like a real plugin's
 ``__init__``: they use every registration hook (dare_register_model_wrappers,
@@ -22,6 +23,8 @@ import click
 import pytest
 
 import dare_core.plugins as dare_plugins
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task (sudoku) and its reward
 import dare_core.testing.toy as toy
 from dare_core import hookimpl
 from dare_core.components import (
@@ -197,8 +200,10 @@ def _register_commands(cli):
 
 
 def test_plugins() -> list[types.ModuleType]:
-    """The test plugins, in registration order (``toy`` first)."""
+    """The test plugins, in registration order (the reference samplers and ``toy`` first)."""
     return [
+        dare_plugin_samplers,
+        dare_plugin_tasks,
         toy,
         make_plugin("test_families", dare_register_model_wrappers=_register_model_wrappers),
         make_plugin("test_algorithms", dare_register_algorithms=_register_algorithms),

@@ -22,10 +22,10 @@ from dare_core.config import (
 )
 from dare_core.config.loader import PRESET_FILE, deep_merge, load_yaml, parse_overrides
 from dare_core.config.structure import unstructure
-from dare_core.default_plugins.rollout import LowConfidenceConfig
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig
 from dare_core.errors import CapabilityError, ConfigError, DareError, UnknownNameError
 from dare_core.rundir import RunDir
-from dare_core.tasks.config import TaskConfig
+from dare_core.config import TaskConfig
 
 
 def _write(path, data) -> str:

@@ -21,8 +21,8 @@ def test_build_registers_default_plugins_and_extras_with_owners(dare):
     assert regs.losses.owner("clipped_pg") == "dare_core.default_plugins.components"
     assert regs.advantages.owner("group_norm") == "dare_core.default_plugins.components"
     assert regs.estimators.owner("response_token_logprob") == "dare_core.default_plugins.components"
-    assert regs.rollouts.owner("low_confidence") == "dare_core.default_plugins.rollout"
-    assert regs.tasks.owner("sudoku") == "dare_core.tasks.plugin"
+    assert regs.rollouts.owner("low_confidence") == "dare_plugin_samplers"
+    assert regs.tasks.owner("sudoku") == "dare_plugin_tasks"
     assert regs.models.owner("toy") == "dare_core.testing.toy"
     assert regs.models.owner("toy_cached") == "test_families"
     assert regs.algorithms.owner("algo_a") == "test_algorithms"
@@ -43,7 +43,8 @@ def test_every_registration_hook_fills_its_registry():
 def test_build_without_default_plugins_has_only_the_extras(make_dare):
     d = make_dare(default_plugins=False)
     assert "random_ratio" not in d.registries.corruptions
-    assert d.registries.tasks.names() == ["echo_task"]
+    assert set(d.registries.tasks.names()) == {"echo_task", "sudoku", "countdown", "gsm8k", "math500",
+                                               "parquet"}  # test plugins and dare_plugin_tasks
     assert not any(i.builtin for i in d.plugin_infos())
 
 
@@ -51,7 +52,7 @@ def test_plugin_infos_list_plugins_and_hooks(dare):
     infos = {i.name: i for i in dare.plugin_infos()}
     for mod in DEFAULT_PLUGINS:
         assert infos[mod].builtin and infos[mod].distribution == "dare-core"
-    assert infos["dare_core.default_plugins.rollout"].hooks == ("dare_register_rollout_backends",)
+    assert infos["dare_plugin_samplers"].hooks == ("dare_register_rollout_backends",)
     comp = infos["test_components"]
     assert not comp.builtin and comp.distribution == "-"
     assert comp.hooks == tuple(sorted(comp.hooks))

@@ -10,6 +10,9 @@ import os
 
 import pytest
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.config import resolve
 from dare_core.plugins import build
 from dare_core.testing import toy
@@ -19,7 +22,7 @@ from dare_core.train import train
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})])
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})])
 
 
 COMMON = ["task.name=digits", "task.num_eval=16", "rollout.gen_length=4", "rollout.block_length=4",
@@ -184,7 +187,7 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
         def dare_register_algorithms(self, register):
             register(AlgorithmSpec("adjusted_test", "rl", ClipConfig, adjusted))
 
-    dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), Adjusted()])
+    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), Adjusted()])
     cfg = resolve(dare, algo="adjusted_test", model="toy", overrides=COMMON + [
         f"model.path={tmp_path}", "rollout.temperature=1.0"])
     ctx = setup(dare, cfg)
@@ -193,7 +196,7 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     assert backend.inner.config.temperature == 0.25
     assert ctx.rollout.config.temperature == 1.0  # the run's own backend is left as it was
     assert ctx.eval_rollout.config.temperature == cfg.eval.temperature
-    plain = setup(build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()]),
+    plain = setup(build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin()]),
                   resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}"]))
     assert training_rollout(plain) is plain.rollout
 

@@ -3,6 +3,9 @@
 import attrs
 import pytest
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 from dare_core.config import resolve
 from dare_core.errors import DareError
 from dare_core.plugins import build
@@ -16,7 +19,7 @@ COMMON = ["task.name=digits", "rollout.gen_length=4", "rollout.block_length=4", 
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()])
+    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin()])
 
 
 def test_eval_takes_the_training_rollout(dare, tmp_path):

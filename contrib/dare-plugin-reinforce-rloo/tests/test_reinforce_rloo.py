@@ -21,9 +21,9 @@ from dare_plugin_reinforce_rloo.algorithm import (
 
 def toy_build():
     """Registries from the core defaults, the test-only toy family and this plugin only."""
-    from dare_core.plugins import build as build_dare
+    from dare_core.testing.registries import build_for
 
-    return build_dare(load_entrypoints=False, extra_plugins=[toy, dare_plugin_reinforce_rloo])
+    return build_for(toy, dare_plugin_reinforce_rloo)
 
 
 class TableWrapper:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dare_plugin_bgpo
-from dare_core.components.elbo import StratifiedCountMasking
+from dare_objectives.elbo import StratifiedCountMasking
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
 from dare_core.testing import make_toy_wrapper, toy

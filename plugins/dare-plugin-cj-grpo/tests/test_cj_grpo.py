@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import dare_plugin_cj_grpo
-from dare_core.components.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
-from dare_core.components.trajectory_replay import (
+from dare_objectives.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
+from dare_objectives.trajectory_replay import (
     StepReplay,
     transition_weights,
 )
 from dare_core.components.trajectory_rows import TrajectoryContext
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch
 from dare_core.testing import make_toy_wrapper, toy
@@ -211,9 +211,8 @@ def test_accumulate_equals_one_pass_and_per_sample_is_partition_invariant():
 
 
 def _rows(c, r):
-    from dare_core.components.elbo import select_samples
 
-    return select_samples(c, r)
+    return c.select_samples(r)
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):

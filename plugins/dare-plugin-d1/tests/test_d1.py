@@ -8,7 +8,7 @@ import torch
 import dare_plugin_d1
 from dare_core.components import ComponentLookup
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper
 from dare_core.testing.contracts import AlgorithmContract
 from dare_plugin_d1.algorithm import D1Config, D1Masking, build as build_d1
@@ -20,7 +20,7 @@ class TestD1Contract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_d1])
+    dare = build_for(dare_plugin_d1)
     return build_d1(D1Config(**cfg), ComponentLookup(dare.registries))
 
 

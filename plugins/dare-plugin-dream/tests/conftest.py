@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dare_core.testing.bundled import make_tiny_checkpoint
+from dare_nn.testing.bundled import make_tiny_checkpoint
 
 TEXTS = ["Solve the sudoku 1 0 3 0 / 0 4 0 2.", "<answer>\n3142\n</answer>", "hello world, 12 + 30 = 42"] * 20
 

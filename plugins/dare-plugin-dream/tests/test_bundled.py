@@ -7,8 +7,8 @@ import pytest
 
 import dare_plugin_dream
 from dare_core.config import resolve
-from dare_core.plugins import build
-from dare_core.testing import bundled
+from dare_core.testing.registries import build_for
+from dare_nn.testing import bundled
 from dare_plugin_dream.wrapper import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
@@ -26,7 +26,7 @@ def _algorithm_plugins():
 
 @pytest.fixture(scope="module")
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_plugin_dream, *_algorithm_plugins()])
+    return build_for(dare_plugin_dream, *_algorithm_plugins())
 
 
 def test_layout_and_published_names():
@@ -52,7 +52,8 @@ def test_preset_applies(dare):
 
 
 def test_greedy_generation_answers_in_the_trained_format(dare):
-    from dare_core.tasks import SudokuTask, TaskConfig
+    from dare_plugin_tasks.sudoku import SudokuTask
+    from dare_core.config import TaskConfig
     from dare_core.workflows.common import left_pad
     from dare_plugin_dream.sampler import DreamSampler, DreamSamplerConfig
 

@@ -9,8 +9,8 @@ import torch
 
 import dare_plugin_dream
 from dare_core.config.structure import structure
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
-from dare_core.plugins import build
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
+from dare_core.testing.registries import build_for
 from dare_core.workflows.common import left_pad
 from dare_plugin_dream.sampler import (DreamSampler, DreamSamplerConfig, sample_tokens, top_k_filter,
                                        top_p_filter, transfer_counts)
@@ -188,7 +188,7 @@ def test_truncate_at_eos_and_records(wrapper):
 
 
 def test_registered_as_the_family_default(wrapper):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_dream])
+    dare = build_for(dare_plugin_dream)
     family = dare.registries.models.get("dream")
     assert family.default_rollout == "dream_generate"
     spec = dare.registries.rollouts.get("dream_generate")
@@ -223,7 +223,7 @@ def test_core_cached_backend_drives_dream_through_forward_cached(wrapper):
     """The core's KV-cache backend uses only wrapper.forward_cached and logit_shift: without a
     cache it reproduces the reference sampler; with prefix / dual caches it runs and fills every
     position (the caches are approximate for a bidirectional model, so outputs may differ)."""
-    from dare_core.default_plugins.fast_rollout import FastConfig, FastSampler
+    from dare_plugin_samplers.fast import FastConfig, FastSampler
 
     ids, mask = left_pad(_prompts(wrapper), wrapper.pad_token_id)
     rec = frozenset({"reveal_step"})

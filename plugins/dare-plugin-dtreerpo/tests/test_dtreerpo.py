@@ -10,7 +10,7 @@ import torch
 import dare_plugin_dtreerpo
 from dare_core.components.trajectory_rows import TrajectoryContext
 from dare_core.config.structure import structure
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
@@ -163,7 +163,7 @@ def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path)
 def _block_tree():
     """Two prompts of one full block, 12 response tokens = 3 blocks of 4, 2 iterations per block
     (6 global steps): the tree branches at step 3, in the middle of the second block."""
-    from dare_core.default_plugins.block_rollout import BlockRolloutConfig, BlockSampler
+    from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
     from dare_core.testing.toy_block import make_toy_block_wrapper
 
     w = make_toy_block_wrapper(seed=1)

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from dare_core.default_plugins.fast_rollout import FastConfig, FastSampler
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_plugin_samplers.fast import FastConfig, FastSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.modeling_llada import LLaDAModelLM, apply_rotary, rotary_cos_sin
 from dare_plugin_llada.wrapper import CAPABILITIES, LLaDAWrapper

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from dare_core.testing import module_checks as mc
+from dare_nn.testing import module_checks as mc
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dare_core.testing.bundled import make_tiny_checkpoint
+from dare_nn.testing.bundled import make_tiny_checkpoint
 
 TEXTS = ["Solve 1 + 2 = 3.", "<answer>\n3142\n</answer>", "hello world"] * 20
 

@@ -7,8 +7,8 @@ import pytest
 import dare_plugin_llada2
 import dare_plugin_sft
 from dare_core.config import resolve
-from dare_core.plugins import build
-from dare_core.testing import bundled
+from dare_core.testing.registries import build_for
+from dare_nn.testing import bundled
 from dare_core.train import train
 from dare_plugin_llada2.wrapper import BUNDLED
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled c
 
 @pytest.fixture(scope="module")
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_plugin_llada2, dare_plugin_sft])
+    return build_for(dare_plugin_llada2, dare_plugin_sft)
 
 
 def test_layout_and_published_names():

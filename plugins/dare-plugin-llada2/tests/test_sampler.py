@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dare_plugin_llada2
-from dare_core.default_plugins.block_rollout import BlockRolloutConfig, BlockSampler
+from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_core.workflows.common import left_pad
 from dare_plugin_llada2.sampler import (
     EditingConfig,
@@ -241,9 +241,9 @@ def test_sampling_uses_the_generator(tiny):
 
 
 def test_registered_backends(tiny):
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
 
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_llada2])
+    dare = build_for(dare_plugin_llada2)
     fam = dare.registries.models.get("llada2")
     assert fam.kind == "block" and fam.block_size == 32 and {"llada2_threshold", "llada2_editing"} <= set(fam.rollouts)
     for name in ("llada2_threshold", "llada2_editing"):

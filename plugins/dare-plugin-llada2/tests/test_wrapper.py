@@ -104,9 +104,9 @@ def test_forward_cached_matches_full_logits(wrapper):
 def test_cli_generate(tiny, monkeypatch):
     from dare_core import plugins
     from dare_core.cli import cli
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
 
-    monkeypatch.setattr(plugins, "_DARE", build(load_entrypoints=False, extra_plugins=[dare_plugin_llada2]))
+    monkeypatch.setattr(plugins, "_DARE", build_for(dare_plugin_llada2))
     for backend in ("llada2_threshold", "llada2_editing", "block"):
         result = CliRunner().invoke(cli, ["generate", "--model", "llada2", "--prompt", "Solve 1 + 2",
                                           f"model.path={tiny}", f"rollout.backend={backend}",

@@ -12,9 +12,9 @@ import dare_plugin_mdpo
 from dare_core.components import GroupNormAdvantage
 from dare_core.components.trajectory_rows import TrajectoryContext
 from dare_core.config.structure import structure
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper, toy, toy_block
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
@@ -151,7 +151,7 @@ def test_missing_record_and_block_models_refused():
         StepStateRows(GroupNormAdvantage()).expand(w, roll, ctx)
     from dare_core.config.loader import check_support
 
-    dare = build(load_entrypoints=False, extra_plugins=[toy_block, dare_plugin_mdpo])
+    dare = build_for(toy_block, dare_plugin_mdpo)
     with pytest.raises(CapabilityError):
         check_support(dare, "mdpo", "block_toy")
 

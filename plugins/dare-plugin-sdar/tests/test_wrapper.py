@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 import dare_plugin_sdar
-from dare_core.default_plugins.block_rollout import BlockRolloutConfig, BlockSampler
+from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_core.testing.contracts import ModelFamilyContract
 from dare_core.workflows.common import left_pad
 from dare_plugin_sdar.wrapper import create, load
@@ -177,9 +177,9 @@ def test_moe_checkpoint_loads(moe_ckpt):
 
 def test_dare_generate_cli(ckpt, monkeypatch):
     from dare_core import cli as cli_mod
-    from dare_core.plugins import build
+    from dare_core.testing.registries import build_for
 
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_sdar])
+    dare = build_for(dare_plugin_sdar)
     monkeypatch.setattr(cli_mod, "_dare", lambda: dare)
     result = CliRunner().invoke(cli_mod.cli, ["generate", "--model", "sdar", "--prompt", "Solve 1 + 2",
                                               f"model.path={ckpt}", "rollout.gen_length=8"])

@@ -10,7 +10,7 @@ from dare_core.components import ComponentLookup, RandomRatioMasking
 from dare_core.config.structure import structure
 from dare_core.interfaces import Corrupted, SequenceBatch
 from dare_core.models.block import bd3lm_mask, block_index
-from dare_core.plugins import build as build_dare
+from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_block_wrapper, make_toy_wrapper
 from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO, choose_masks
 from dare_plugin_sft.objective import SFTConfig, make_collate
@@ -18,7 +18,7 @@ from dare_plugin_sft.objective import SFTConfig, make_collate
 
 @pytest.fixture(scope="module")
 def components():
-    dare = build_dare(load_entrypoints=False, extra_plugins=[dare_plugin_sft])
+    dare = build_for(dare_plugin_sft)
     spec = dare.registries.algorithms.get("sft")
     cfg, problems = structure(spec.config_cls, {})
     assert not problems

@@ -12,7 +12,7 @@ import dare_plugin_vrpo
 from dare_core.components import ComponentLookup
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.toy import fake_rollout
@@ -25,7 +25,7 @@ class TestVRPOContract(AlgorithmContract):
 
 
 def _components(**cfg):
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_vrpo])
+    dare = build_for(dare_plugin_vrpo)
     return build_vrpo(VRPOConfig(**cfg), ComponentLookup(dare.registries))
 
 

@@ -14,14 +14,14 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.components.elbo import (
+from dare_objectives.elbo import (
     clipped_surrogate,
     mc_diagnostics,
     per_row_backward,
     ratio_diagnostics,
 )
 from dare_core.components.losses import agg_loss, kl_penalty, masked_mean
-from dare_core.components.policy_options import GROUP_RL_RECIPE, ClippedObjectiveOptions
+from dare_objectives.policy_options import GROUP_RL_RECIPE, ClippedObjectiveOptions
 from dare_core.config import option
 from dare_core.config.validators import divides, one_of, positive
 from dare_core.interfaces import Components

@@ -23,7 +23,7 @@ from typing import Literal
 
 import attrs
 
-from dare_core.components.policy_options import (
+from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClipOptions,
     advantage_from_options,

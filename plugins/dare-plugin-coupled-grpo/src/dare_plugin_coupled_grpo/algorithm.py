@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.policy_options import (
+from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClippedObjectiveOptions,
     advantage_from_options,

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.policy_options import PenalizedClippedLoss
+from dare_objectives.policy_options import PenalizedClippedLoss
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, one_of, positive
 from dare_core.interfaces import Components, Corrupted, SequenceBatch
@@ -67,7 +67,7 @@ class D1Masking:
 
 
 #: d1's objective is the core's clipped surrogate per Monte-Carlo draw plus the optional dLLM KL
-#: penalty (:class:`dare_core.components.policy_options.PenalizedClippedLoss`).
+#: penalty (:class:`dare_objectives.policy_options.PenalizedClippedLoss`).
 D1Loss = PenalizedClippedLoss
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.models import layers
+from dare_nn import layers
 
 __all__ = ["DreamConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 

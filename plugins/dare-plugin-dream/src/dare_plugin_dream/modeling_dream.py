@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from dare_core.models import layers
+from dare_nn import layers
 
 from .configuration_dream import DreamConfig
 

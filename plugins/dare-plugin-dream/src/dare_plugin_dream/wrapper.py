@@ -25,8 +25,8 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_core.models.base import save_new_checkpoint, tiny_params, tokenizer_token_id
+from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
 
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes

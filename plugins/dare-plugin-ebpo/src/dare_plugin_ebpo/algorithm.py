@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.elbo import (
+from dare_objectives.elbo import (
     RowMeanObjective,
     cyclic_levels,
     mc_diagnostics,
@@ -23,7 +23,7 @@ from dare_core.components.elbo import (
     response_valid,
     sequence_kl,
 )
-from dare_core.components.policy_options import GROUP_RL_RECIPE
+from dare_objectives.policy_options import GROUP_RL_RECIPE
 from dare_core.config import option
 from dare_core.config.validators import divides, in_range, non_negative, one_of, positive
 from dare_core.errors import DareError

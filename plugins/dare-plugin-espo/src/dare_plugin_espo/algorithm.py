@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.elbo import (
+from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
     cyclic_stratified_counts,

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.components.policy_options import (
+from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClipOptions,
     advantage_from_options,

@@ -41,7 +41,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dare_core.models import layers
+from dare_nn import layers
 
 from .configuration_llada import LLaDAConfig
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from dare_core.models.tokenizers import train_byte_bpe
+from dare_nn.tokenizers import train_byte_bpe
 
 __all__ = [
     "BOS_TOKEN",

@@ -14,8 +14,8 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.models import HFDiffusionWrapper
-from dare_core.models.base import load_module, padded_vocab_size, save_new_checkpoint
-from dare_core.models.base import tiny_params, tokenizer_token_id
+from dare_nn.checkpoints import load_module, padded_vocab_size, save_new_checkpoint
+from dare_nn.checkpoints import tiny_params, tokenizer_token_id
 
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes

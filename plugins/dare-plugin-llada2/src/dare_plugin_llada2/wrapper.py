@@ -15,9 +15,10 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper, layers
-from dare_core.models.base import config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_core.models.base import save_new_checkpoint, tiny_params
+from dare_core.models import HFDiffusionWrapper
+from dare_nn import layers
+from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
+from dare_nn.checkpoints import save_new_checkpoint, tiny_params
 from dare_core.models.block import (
     bd3lm_layout,
     block_causal_inputs,

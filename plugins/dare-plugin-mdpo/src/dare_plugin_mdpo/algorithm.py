@@ -24,7 +24,7 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.components.policy_options import GROUP_RL_RECIPE
+from dare_objectives.policy_options import GROUP_RL_RECIPE
 from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, positive

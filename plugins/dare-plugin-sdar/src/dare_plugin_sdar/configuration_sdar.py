@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.models import layers
+from dare_nn import layers
 
 __all__ = ["SDARConfig", "SDARMoeConfig", "SUPPORTED_ATTN_IMPLEMENTATIONS"]
 

@@ -43,7 +43,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from dare_core.models import layers
+from dare_nn import layers
 
 from .configuration_sdar import SDARConfig
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerFast
 
-from dare_core.models.tokenizers import train_byte_bpe
+from dare_nn.tokenizers import train_byte_bpe
 
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "MASK_TOKEN", "IM_START", "IM_END", "SPECIAL_TOKENS",
            "CHAT_TEMPLATE", "build_tokenizer"]

@@ -16,8 +16,13 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.models.base import checkpoint_model_type, config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_core.models.base import save_new_checkpoint, tiny_params, tokenizer_token_id
+from dare_nn.checkpoints import (
+    checkpoint_model_type,
+    config_or_tokenizer_id,
+    load_module,
+    padded_vocab_size,
+)
+from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
 from dare_core.models.block import BlockDiffusionWrapper
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig

@@ -17,8 +17,8 @@ import attrs
 import torch
 
 from dare_core.components.corruptions import mask_tokens
-from dare_core.components.elbo import mc_diagnostics, random_subset, response_valid
-from dare_core.components.policy_options import GROUP_RL_RECIPE
+from dare_objectives.elbo import mc_diagnostics, random_subset, response_valid
+from dare_objectives.policy_options import GROUP_RL_RECIPE
 from dare_core.config import option
 from dare_core.config.validators import in_range, one_of, positive, probability
 from dare_core.interfaces import Components, Corrupted, SequenceBatch

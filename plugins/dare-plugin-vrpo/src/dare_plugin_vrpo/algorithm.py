@@ -28,7 +28,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from dare_core.components.elbo import mc_diagnostics
+from dare_objectives.elbo import mc_diagnostics
 from dare_core.config import option
 from dare_core.config.validators import positive
 from dare_core.interfaces import Components, SequenceBatch

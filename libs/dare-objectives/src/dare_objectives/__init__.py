@@ -1,0 +1,48 @@
+"""Objectives shared by several algorithms: stratified count masking (arXiv:2505.19223), the
+sequence ELBO estimator, step replay of a recorded denoising trajectory and its clipped loss.
+Algorithms compose them by name through ``ComponentLookup``; their building blocks are imported
+from the sibling modules."""
+
+from __future__ import annotations
+
+from dare_core import hookimpl
+from dare_core.interfaces import ComponentSpec
+
+from dare_objectives.elbo import SequenceELBO, StratifiedCountMasking
+from dare_objectives.replay_loss import make_replay_clipped_loss
+from dare_objectives.trajectory_replay import StepReplay
+
+
+@hookimpl
+def dare_register_corruptions(register):
+    register(ComponentSpec(
+        "stratified_count_masking", StratifiedCountMasking,
+        "exact mask counts stratified over 1..L per group of rows (stratified timesteps); p_mask = count / L",
+        reference="arXiv:2505.19223",
+    ))
+
+
+@hookimpl
+def dare_register_trajectory_builders(register):
+    register(ComponentSpec(
+        "step_replay", StepReplay,
+        "replay every recorded denoising step (reveal_step): states before the step, its tokens "
+        "as targets; block models replay block-local steps of all blocks at once",
+    ))
+
+
+@hookimpl
+def dare_register_likelihood_estimators(register):
+    register(ComponentSpec(
+        "sequence_elbo", SequenceELBO,
+        "per-row ELBO of the response, sum of log p / p_mask over corrupted tokens, [M, B]",
+    ))
+
+
+@hookimpl
+def dare_register_policy_losses(register):
+    register(ComponentSpec(
+        "replay_clipped_pg", make_replay_clipped_loss,
+        "clipped surrogate over replayed steps (step-mean / per-sample / token-mean), one "
+        "forward+backward per chunk of steps",
+    ))

@@ -1,0 +1,207 @@
+"""``dare bench rl``: one RL step end to end, eager vs accelerated.
+
+A step is what the RL workflow does per optimizer step, built from the core's registered
+components (no algorithm plugin involved): rollout of ``--batch`` rows (``--batch //
+--group-size`` prompts, each repeated ``--group-size`` times) → rewards (the ``--task`` reward of
+the decoded responses; without a task, seeded random 0/1 rewards, so the update does real work on
+random prompts) → group-normalised advantages (``group_norm``) → one corruption draw
+(``random_ratio``) → old log-likelihoods without gradients (``response_token_logprob``) → clipped policy-gradient loss (``clipped_pg``)
+→ backward → AdamW step. The *eager* side uses the baseline rollout backend, the *accelerated*
+side the accelerated one; the training half is the same code on both sides except for the
+training paths (``--baseline-train``, default ``padded,naive``: padded attention and full
+logits; ``--accelerated-train``, default ``auto,auto``: packed attention and the fused,
+logits-free cross entropy wherever the model supports them; see :mod:`dare_core.ops.paths`). Both sides start every step from the same
+weights and optimizer state (restored outside the timing), interleaved.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import attrs
+from typing import Any
+
+import click
+import torch
+
+from dare_plugin_bench.common import emit_json, interleave, machine_info, print_table, ratio
+from dare_plugin_bench.setup import build, config_text, model_options
+
+
+def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, micro: int,
+             seed: int) -> dict[str, Any]:
+    wrapper = setup.wrapper
+    device = wrapper.device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    corruption = lookup.corruption("random_ratio")
+    estimator = lookup.estimator("response_token_logprob")
+    loss_fn = lookup.loss("clipped_pg")
+    advantage = lookup.advantage("group_norm")
+    t0 = time.perf_counter()
+    tokens, nfe, rollouts = 0, 0, []
+    for pid, pmask, examples in setup.prompts:
+        out = backend.generate(wrapper, pid, pmask, generator=gen)
+        tokens += out.response_ids.numel()
+        nfe += int(out.nfe)
+        rollouts.append((out, examples))
+    t_roll = time.perf_counter()
+    loss_total, logp_s, update_s = 0.0, 0.0, 0.0
+    for out, examples in rollouts:
+        b = out.response_ids.shape[0]
+        if setup.task is not None and examples is not None:
+            from dare_core.workflows.common import decode_responses
+
+            texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
+            rewards = torch.tensor([setup.task.score(ex, t).score for ex, t in zip(examples, texts)],
+                                   dtype=torch.float32)
+        else:
+            rewards = torch.randint(0, 2, (b,), generator=gen).float()
+        group_ids = torch.arange(b) // group
+        adv = advantage(rewards, group_ids).to(device)
+        batch = out.sequences()
+        corrupted = corruption(wrapper, batch, gen)
+        ta = time.perf_counter()
+        wrapper.module.eval()
+        with torch.no_grad():
+            old = torch.cat([
+                estimator(wrapper, batch.select(torch.arange(i, min(b, i + micro))),
+                          corrupted.select(torch.arange(i, min(b, i + micro))))
+                for i in range(0, b, micro)], dim=1)
+        tb = time.perf_counter()
+        wrapper.module.train()
+        optimizer.zero_grad(set_to_none=True)
+        for i in range(0, b, micro):
+            idx = torch.arange(i, min(b, i + micro))
+            logp = estimator(wrapper, batch.select(idx), corrupted.select(idx))
+            loss, _ = loss_fn(logp, old.index_select(1, idx.to(old.device)), None,
+                              adv[idx.to(device)], batch.response_mask.index_select(0, idx.to(device)))
+            (loss * len(idx) / b).backward()
+            loss_total += float(loss.detach())
+        optimizer.step()
+        tc = time.perf_counter()
+        logp_s += tb - ta
+        update_s += tc - tb
+    return {"tokens": tokens, "nfe": nfe, "rollout_s": t_roll - t0, "logprob_s": logp_s,
+            "update_s": update_s, "loss": loss_total}
+
+
+@click.command("rl")
+@model_options
+@click.option("--group-size", default=2, show_default=True, type=int,
+              help="Rows per prompt group (advantage normalisation); must divide --batch.")
+@click.option("--micro-batch", default=0, show_default=True, type=int,
+              help="Rows per forward/backward of the update (0 = --batch).")
+@click.option("--lr", default=1e-6, show_default=True, type=float, help="AdamW learning rate.")
+@click.option("--baseline-train", default="padded,naive", show_default=True, metavar="ATTENTION,CE",
+              help="Training paths of the eager side: attention (padded, packed, auto) and cross "
+                   "entropy (naive, fused, auto), comma separated.")
+@click.option("--accelerated-train", default="auto,auto", show_default=True, metavar="ATTENTION,CE",
+              help="Training paths of the accelerated side (auto = what the model supports).")
+def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
+           accelerated_train: str, **kw: Any) -> None:
+    """RL step time (rollout + log-probs + update): eager vs accelerated rollout, interleaved."""
+    from dare_plugin_bench.common import BenchError
+    from dare_core.errors import DareError
+    from dare_core.components import ComponentLookup
+    from dare_core.plugins import get_dare
+
+    if group_size <= 0 or kw["batch"] % group_size:
+        raise BenchError(f"--group-size ({group_size}) must be positive and divide --batch "
+                         f"({kw['batch']})")
+    if micro_batch < 0:
+        raise BenchError(f"--micro-batch must be >= 0, got {micro_batch}")
+    if lr <= 0:
+        raise BenchError(f"--lr must be positive, got {lr}")
+    requested = {}
+    for side, text in (("baseline", baseline_train), ("accelerated", accelerated_train)):
+        parts = [t.strip() for t in text.split(",")]
+        if len(parts) != 2:
+            raise BenchError(f"--{side}-train takes ATTENTION,CE (e.g. padded,naive), got {text!r}")
+        requested[side] = tuple(parts)
+    dare = get_dare()
+    setup = build(dare, kw)
+    # every prompt batch becomes batch // group_size prompts, each repeated group_size times
+    grouped = []
+    for pid, pmask, examples in setup.prompts:
+        n = max(1, pid.shape[0] // group_size)
+        grouped.append((pid[:n].repeat_interleave(group_size, 0),
+                        pmask[:n].repeat_interleave(group_size, 0),
+                        None if examples is None else [ex for ex in examples[:n]
+                                                       for _ in range(group_size)]))
+    setup = attrs.evolve(setup, prompts=grouped)
+    wrapper = setup.wrapper
+    micro = micro_batch or kw["batch"]
+    lookup = ComponentLookup(dare.registries)
+    optimizer = torch.optim.AdamW(wrapper.module.parameters(), lr=lr)
+    weights = copy.deepcopy(wrapper.module.state_dict())
+    opt_state = copy.deepcopy(optimizer.state_dict())
+
+    from dare_core.ops.paths import select_training_paths
+
+    try:
+        paths = {side: select_training_paths(wrapper, *req, device=setup.device)
+                 for side, req in requested.items()}
+    except DareError as exc:
+        raise BenchError(f"{exc} (set with --baseline-train / --accelerated-train)") from None
+
+    def restore(name: str) -> None:
+        wrapper.module.load_state_dict(weights)
+        optimizer.load_state_dict(opt_state)
+        if name:
+            wrapper.train_attention = paths[name].attention
+            wrapper.fused_ce = paths[name].fused_ce
+
+    backends = {side: spec.build(cfg) for side, (spec, cfg) in setup.specs.items()}
+    for side, (spec, cfg) in setup.specs.items():
+        click.echo(f"{side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
+    runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
+            for side, b in backends.items()}
+    results = interleave(runs, kw["repeats"], setup.device, progress=click.echo, prepare=restore)
+    restore("")
+
+    summary: dict[str, dict[str, Any]] = {}
+    for side, rs in results.items():
+        n = len(rs)
+        summary[side] = {
+            "step_time_s": round(sum(r["seconds"] for r in rs) / n, 4),
+            "step_cpu_s": round(sum(r["cpu_seconds"] for r in rs) / n, 4),
+            "rollout_s": round(sum(r["rollout_s"] for r in rs) / n, 4),
+            "logprob_s": round(sum(r["logprob_s"] for r in rs) / n, 4),
+            "update_s": round(sum(r["update_s"] for r in rs) / n, 4),
+            "rollout_tokens_per_s": round(sum(r["tokens"] for r in rs)
+                                          / max(1e-9, sum(r["rollout_s"] for r in rs)), 3),
+            "nfe_per_step": rs[0]["nfe"],
+            "peak_memory_mb": round(max(r["peak_memory_bytes"] for r in rs) / 2**20, 1),
+            "memory_kind": rs[0]["memory_kind"],
+            "seconds_each": [round(r["seconds"], 3) for r in rs],
+        }
+    e, a = summary["baseline"], summary["accelerated"]
+    ratios = {"step_speedup": ratio(e["step_time_s"], a["step_time_s"]),
+              "step_cpu_speedup": ratio(e["step_cpu_s"], a["step_cpu_s"]),
+              "rollout_speedup": ratio(e["rollout_s"], a["rollout_s"]),
+              "peak_memory": ratio(a["peak_memory_mb"], e["peak_memory_mb"])}
+    click.echo("")
+    print_table(["config", "backend", "s/step", "cpu-s/step", "rollout s", "log-prob s", "update s", "rollout tok/s",
+                 f"peak MB ({e['memory_kind']})"],
+                [[("eager" if side == "baseline" else "accelerated"), setup.specs[side][0].name,
+                  s["step_time_s"], s["step_cpu_s"], s["rollout_s"], s["logprob_s"], s["update_s"],
+                  s["rollout_tokens_per_s"], s["peak_memory_mb"]] for side, s in summary.items()])
+    click.echo(f"RL step speed-up {ratios['step_speedup']}x wall, {ratios['step_cpu_speedup']}x CPU "
+               f"time (rollout {ratios['rollout_speedup']}x wall)")
+    emit_json({
+        "bench": "rl",
+        "model": {"source": setup.source, "family": wrapper.family,
+                  "parameters": sum(p.numel() for p in wrapper.module.parameters()),
+                  "dtype": kw["dtype"]},
+        "setup": {"batch": kw["batch"], "group_size": group_size, "micro_batch": micro,
+                  "gen_length": kw["gen_length"], "block_length": kw["block_length"],
+                  "task": kw["task"], "repeats": kw["repeats"], "lr": lr, "seed": kw["seed"]},
+        "configs": {side: {"backend": spec.name, "config": config_text(cfg),
+                           "training_paths": paths[side].as_dict()}
+                    for side, (spec, cfg) in setup.specs.items()},
+        "eager": e,
+        "accelerated": a,
+        "ratios": ratios,
+        "machine": machine_info(setup.device),
+    })

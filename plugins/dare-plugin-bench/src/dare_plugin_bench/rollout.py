@@ -1,0 +1,140 @@
+"""``dare bench rollout``: a baseline and an accelerated rollout backend on the same prompts.
+
+Both sides generate from the same checkpoint and the same (left-padded) prompts, interleaved
+(baseline, accelerated, baseline, ...). Reported per side: generated tokens per second (rows x
+gen_length / wall time), seconds per rollout, forward calls (``nfe``), seconds per forward call,
+response tokens committed per forward call and row, peak memory, and with ``--task`` the
+held-out accuracy; plus the fraction of response tokens both sides agree on and the ratios.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import torch
+
+from dare_plugin_bench.common import emit_json, interleave, machine_info, print_table, ratio
+from dare_plugin_bench.setup import build, config_text, model_options
+
+
+def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
+    """One rollout of every prompt batch; returns facts for the bench table."""
+    wrapper = setup.wrapper
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    responses, nfe, tokens, rows, correct = [], 0, 0, 0, 0.0
+    for pid, pmask, examples in setup.prompts:
+        out = backend.generate(wrapper, pid, pmask, generator=gen)
+        nfe += int(out.nfe)
+        tokens += out.response_ids.numel()
+        rows += out.response_ids.shape[0]
+        responses.append(out.response_ids.cpu())
+        if examples is not None and setup.task is not None:
+            from dare_core.workflows.common import decode_responses
+
+            texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
+            correct += sum(setup.task.score(ex, t).acc for ex, t in zip(examples, texts))
+    facts: dict[str, Any] = {"nfe": nfe, "tokens": tokens, "rows": rows,
+                             "responses": torch.cat(responses)}
+    if setup.task is not None:
+        facts["accuracy"] = correct / max(1, rows)
+    return facts
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    seconds = sum(r["seconds"] for r in runs)
+    cpu = sum(r["cpu_seconds"] for r in runs)
+    tokens = sum(r["tokens"] for r in runs)
+    nfe = sum(r["nfe"] for r in runs)
+    rows = sum(r["rows"] for r in runs)
+    out = {
+        "runs": len(runs),
+        "seconds_per_run": round(seconds / len(runs), 4),
+        "seconds_per_run_each": [round(r["seconds"], 3) for r in runs],
+        "tokens_per_s": round(tokens / seconds, 3) if seconds else None,
+        "tokens_per_cpu_s": round(tokens / cpu, 3) if cpu else None,
+        "cpu_seconds_per_run": round(cpu / len(runs), 4),
+        "nfe_per_run": nfe // len(runs),
+        "step_time_s": round(seconds / nfe, 5) if nfe else None,
+        "tokens_per_forward": round(tokens / (nfe * rows / len(runs)) , 3) if nfe else None,
+        "peak_memory_mb": round(max(r["peak_memory_bytes"] for r in runs) / 2**20, 1),
+        "memory_kind": runs[0]["memory_kind"],
+    }
+    if "accuracy" in runs[0]:
+        out["accuracy"] = round(sum(r["accuracy"] for r in runs) / len(runs), 4)
+    return out
+
+
+@click.command("rollout")
+@model_options
+def rollout_cmd(**kw: Any) -> None:
+    """Rollout speed: baseline vs accelerated backend on one checkpoint, interleaved.
+
+    Example (the issue's CPU target, a ~50M-parameter random model):
+    dare bench rollout --model FAMILY --random --size d_model=512 --size n_layers=15 ...
+    """
+    from dare_core.plugins import get_dare
+
+    setup = build(get_dare(), kw)
+    wrapper = setup.wrapper
+    n_params = sum(p.numel() for p in wrapper.module.parameters())
+    backends = {side: spec.build(cfg) for side, (spec, cfg) in setup.specs.items()}
+    seed = kw["seed"]
+    click.echo(f"model: {setup.source}, {n_params / 1e6:.1f}M parameters, {kw['dtype']}, "
+               f"{setup.device}; {sum(p[0].shape[0] for p in setup.prompts)} prompts of "
+               f"{setup.prompts[0][0].shape[1]} tokens (padded), batch {kw['batch']}")
+    for side, (spec, cfg) in setup.specs.items():
+        click.echo(f"{side}: {spec.name} {config_text(cfg)}")
+    runs = {side: (lambda b=b: _generate_all(setup, b, seed)) for side, b in backends.items()}
+    results = interleave(runs, kw["repeats"], setup.device, progress=click.echo)
+
+    summary = {side: summarise(rs) for side, rs in results.items()}
+    base, acc = summary["baseline"], summary["accelerated"]
+    same = (results["baseline"][-1]["responses"] == results["accelerated"][-1]["responses"])
+    agreement = round(float(same.float().mean()), 4)
+    ratios = {
+        "tokens_per_s": ratio(acc["tokens_per_s"] or 0, base["tokens_per_s"] or 0),
+        "tokens_per_cpu_s": ratio(acc["tokens_per_cpu_s"] or 0, base["tokens_per_cpu_s"] or 0),
+        "seconds_per_run": ratio(base["seconds_per_run"], acc["seconds_per_run"]),
+        "step_time": ratio(acc["step_time_s"] or 0, base["step_time_s"] or 0),
+        "nfe": ratio(acc["nfe_per_run"], base["nfe_per_run"]),
+        "peak_memory": ratio(acc["peak_memory_mb"], base["peak_memory_mb"]),
+    }
+    header = ["config", "backend", "tok/s", "tok/cpu-s", "s/run", "nfe", "s/forward", "tok/forward",
+              f"peak MB ({base['memory_kind']})"]
+    if setup.task is not None:
+        header.append("accuracy")
+    rows = []
+    for side, s in summary.items():
+        row = [side, setup.specs[side][0].name, s["tokens_per_s"], s["tokens_per_cpu_s"],
+               s["seconds_per_run"],
+               s["nfe_per_run"], s["step_time_s"], s["tokens_per_forward"], s["peak_memory_mb"]]
+        if setup.task is not None:
+            row.append(s["accuracy"])
+        rows.append(row)
+    click.echo("")
+    print_table(header, rows)
+    click.echo(f"speed-up {ratios['tokens_per_s']}x tokens/s (wall), {ratios['tokens_per_cpu_s']}x "
+               f"tokens per CPU second; identical response tokens: {agreement:.1%}")
+    emit_json({
+        "bench": "rollout",
+        "model": {"source": setup.source, "family": wrapper.family, "parameters": n_params,
+                  "dtype": kw["dtype"]},
+        "setup": {"batch": kw["batch"], "prompt_length": int(setup.prompts[0][0].shape[1]),
+                  "gen_length": kw["gen_length"], "block_length": kw["block_length"],
+                  "num_prompts": sum(p[0].shape[0] for p in setup.prompts),
+                  "task": kw["task"], "repeats": kw["repeats"], "seed": seed},
+        "configs": {side: {"backend": spec.name, "config": _plain(cfg)}
+                    for side, (spec, cfg) in setup.specs.items()},
+        "baseline": base,
+        "accelerated": acc,
+        "ratios": ratios,
+        "token_agreement": agreement,
+        "machine": machine_info(setup.device),
+    })
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(cfg)

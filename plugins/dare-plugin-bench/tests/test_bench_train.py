@@ -1,0 +1,74 @@
+"""``dare bench train`` end to end on tiny sizes (numbers are not asserted, only their form and
+the equalities the bench reports)."""
+
+import json
+
+import pytest
+
+from dare_plugin_bench.common import BenchError
+from dare_plugin_bench.train import main
+from dare_core.interfaces import ModelFamily
+from dare_core.plugins import hookimpl
+from dare_core.testing.registries import build_for
+from dare_core.testing import toy
+
+
+class _PackableToy:
+    """A test family: the toy model with the packed_varlen capability (it takes position ids
+    and 4-D boolean masks)."""
+
+    @hookimpl
+    def dare_register_model_wrappers(self, register):
+        def load(path, dtype=None, device="cpu", attn_implementation=None):
+            w = toy.load(path, device=device)
+            w.capabilities = w.capabilities | {"packed_varlen"}
+            return w
+
+        register(ModelFamily(name="toy_packable", kind="masked", load=load,
+                             capabilities=frozenset({"bidirectional", "packed_varlen"}),
+                             default_rollout="low_confidence", rollouts=("low_confidence",)))
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_both_parts_report_ratios_and_equal_losses(tmp_path, capsys):
+    dare = build_for(_PackableToy())
+    rc = main(["--model", "toy_packable", "--checkpoint", str(tmp_path), "--batch", "4",
+               "--prompt-length", "8", "--ragged", "3", "--min-response", "4", "--max-response", "40",
+               "--tokens", "64", "--vocab", "3000", "--hidden", "16", "--chunk", "16",
+               "--repeats", "1", "--warmup", "0", "--threads", "1"], dare=dare)
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "padded" in out and "packed" in out and "naive" in out and "fused" in out
+    data = _last_json(out)
+    pk, ce = data["packing"], data["cross_entropy"]
+    assert sorted(pk["response_lengths"]) == [4, 16, 28, 40]
+    assert pk["packed_shape"][0] < pk["padded_shape"][0]
+    assert "attention=packed" in pk["packed"]["path"] and "attention=padded" in pk["padded"]["path"]
+    assert pk["loss_rel_diff"] < 1e-5 and pk["grad_rel_diff"] < 1e-4
+    assert ce["chunk_rows"] == 16 and max(ce["rel_diff"].values()) < 1e-5
+    assert data["ratios"]["packed_over_padded_tokens_per_s"] > 0
+    assert data["ratios"]["fused_over_naive_peak_memory"] is not None
+    assert data["machine"]["cpu_count"] >= 1
+
+
+def test_argument_errors_are_one_line():
+    with pytest.raises(BenchError, match="--model"):
+        main(["--part", "packing"])
+    with pytest.raises(BenchError, match="--min-response"):
+        main(["--part", "ce", "--min-response", "9", "--max-response", "3"])
+    with pytest.raises(BenchError, match="--random"):
+        main(["--part", "ce", "--size", "d_model=8"])
+
+
+def test_bf16_cross_entropy_reports_distance_to_float64(capsys):
+    rc = main(["--part", "ce", "--ce-dtype", "bfloat16", "--tokens", "96", "--vocab", "2000",
+               "--hidden", "32", "--chunk", "20", "--repeats", "1", "--warmup", "0", "--threads", "1"])
+    assert rc == 0
+    ce = _last_json(capsys.readouterr().out)["cross_entropy"]
+    ref = ce["rel_diff_to_float64"]
+    # float32 accumulation of the weight gradient: closer to float64 than the bf16 naive form
+    assert ref["fused_grad_w"] < ref["naive_grad_w"]
+    assert ref["fused_loss"] < 1e-4 and ce["rel_diff"]["loss"] < 1e-5

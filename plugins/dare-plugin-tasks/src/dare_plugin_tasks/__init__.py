@@ -1,0 +1,43 @@
+"""The core's default task plugin: sudoku, countdown, gsm8k, math500 and generic parquet."""
+
+from __future__ import annotations
+
+from dare_core.interfaces.seams import TaskSpec
+from dare_core.plugins import hookimpl
+from dare_plugin_tasks.countdown import CountdownTask
+from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask
+from dare_plugin_tasks.sudoku import SudokuTask
+
+
+@hookimpl
+def dare_register_tasks(register) -> None:
+    register(TaskSpec(
+        name="sudoku",
+        build=SudokuTask,
+        description="4x4 Sudoku, partial-credit reward; train = generated unique puzzles, "
+        "eval = 500 real test puzzles.",
+    ))
+    register(TaskSpec(
+        name="countdown",
+        build=CountdownTask,
+        description="Countdown with 3 numbers (1.0 / 0.1 format / 0); train = generated, "
+        "eval = 256 real test items.",
+    ))
+    register(TaskSpec(
+        name="gsm8k",
+        build=GSM8KTask,
+        description="GSM8K, boxed-answer math reward; eval = 200 bundled test items, "
+        "train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="math500",
+        build=Math500Task,
+        description="MATH-500, boxed-answer math reward; eval = 200 bundled items, "
+        "train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="parquet",
+        build=ParquetTask,
+        description="Any verl-schema parquet/jsonl (task.train_path / task.eval_path), "
+        "reward by data_source.",
+    ))

@@ -1,0 +1,184 @@
+"""Loading verl-schema data files, and the file-backed tasks (``parquet``, ``gsm8k``, ``math500``).
+
+A data file is ``.parquet`` or ``.jsonl`` (one JSON object per line) with the keys
+``data_source``, ``prompt`` (chat messages, or a plain string = one user message),
+``reward_model.ground_truth`` and optionally ``extra_info``. SFT files carry the reference
+answer in ``extra_info.answer`` (or a top-level ``response``), which becomes
+:attr:`Example.response`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+from dare_core.errors import DareError
+from dare_core.interfaces.seams import Example
+from dare_plugin_tasks._base import FileBackedTask
+
+__all__ = ["GSM8KTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples"]
+
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+_EXPECTED = "data_source, prompt, reward_model{ground_truth}, extra_info (optional)"
+_JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(path: str, problem: str) -> DareError:
+    return DareError(f"{path}: {problem}")
+
+
+def _read_parquet(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise _fail(path, f"not a readable parquet file ({_one_line(exc)})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    if missing:
+        raise _fail(path, f"missing column(s) {', '.join(missing)}; expected verl-schema "
+                          f"columns {_EXPECTED}")
+    wanted = [c for c in (*REQUIRED_COLUMNS, "extra_info", "response") if c in schema.names]
+    try:
+        table = pq.read_table(path, columns=wanted)
+    except (pa.ArrowException, OSError) as exc:
+        raise _fail(path, f"not a readable parquet file ({_one_line(exc)})") from None
+    if limit is not None:
+        table = table.slice(0, limit)
+    return table.to_pylist()
+
+
+def _read_jsonl(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _fail(path, f"line {lineno} is not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise _fail(path, f"line {lineno} is not a JSON object")
+            missing = [c for c in REQUIRED_COLUMNS if c not in row]
+            if missing:
+                raise _fail(path, f"line {lineno} is missing key(s) {', '.join(missing)}; "
+                                  f"expected verl-schema keys {_EXPECTED}")
+            rows.append(row)
+    return rows
+
+
+def _messages(path: str, where: str, prompt: Any) -> list[dict[str, str]]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, Iterable) and not isinstance(prompt, (bytes, dict)):
+        out = []
+        for msg in prompt:
+            if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+                break
+            out.append({"role": str(msg["role"]), "content": str(msg["content"])})
+        else:
+            if out:
+                return out
+    raise _fail(path, f"{where}: prompt must be a string or a non-empty list of "
+                      f"{{role, content}} messages")
+
+
+def _ground_truth(path: str, where: str, reward_model: Any) -> str:
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise _fail(path, f"{where}: reward_model.ground_truth is missing; expected verl-schema "
+                          f"columns {_EXPECTED}")
+    gt = reward_model["ground_truth"]
+    if isinstance(gt, str):
+        return gt
+    if isinstance(gt, (list, dict)):
+        return json.dumps(gt)
+    return str(gt)
+
+
+def _to_example(path: str, where: str, row: dict[str, Any]) -> Example:
+    extra = row.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise _fail(path, f"{where}: extra_info must be a mapping")
+    extra = {k: v for k, v in extra.items() if v is not None}  # parquet fills absent fields
+    response = row.get("response")
+    if not isinstance(response, str) or not response:
+        answer = extra.get("answer")
+        response = answer if isinstance(answer, str) and answer else None
+    return Example(
+        prompt=_messages(path, where, row.get("prompt")),
+        ground_truth=_ground_truth(path, where, row.get("reward_model")),
+        data_source=str(row.get("data_source") or ""),
+        extra_info=extra,
+        response=response,
+    )
+
+
+def load_examples(path: str, limit: Optional[int] = None) -> list[Example]:
+    """Read a verl-schema ``.parquet`` or ``.jsonl`` file into :class:`Example`\\ s.
+
+    Raises :class:`DareError` (one line, naming the file) for a missing or unreadable file,
+    missing columns or malformed rows.
+    """
+    path = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise DareError(f"data file not found: {path} (expected a verl-schema .parquet or "
+                        f".jsonl file)")
+    if limit is not None and limit < 0:
+        raise DareError(f"limit must be >= 0, got {limit}")
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        rows = _read_parquet(path, limit)
+        label = "row"
+    elif suffix in _JSONL_SUFFIXES:
+        rows = _read_jsonl(path, limit)
+        label = "record"
+    else:
+        raise _fail(path, f"unsupported file type {suffix or '(none)'!r}; use .parquet or .jsonl")
+    return [_to_example(path, f"{label} {i}", row) for i, row in enumerate(rows)]
+
+
+class ParquetTask(FileBackedTask):
+    """Any verl-schema data: ``task.train_path`` / ``task.eval_path`` (both required when the
+    split is asked for); rewards chosen per item by ``data_source``."""
+
+    name = "parquet"
+    default_eval_file = None
+
+    def _train_path(self) -> str:
+        if self.config.train_path:
+            return self.config.train_path
+        raise DareError("task 'parquet' needs task.train_path (a verl-schema .parquet or .jsonl "
+                        "file) for the train split")
+
+    def _eval_path(self) -> str:
+        if self.config.eval_path:
+            return self.config.eval_path
+        raise DareError("task 'parquet' needs task.eval_path (a verl-schema .parquet or .jsonl "
+                        "file) for the eval split")
+
+
+class GSM8KTask(FileBackedTask):
+    """GSM8K with the boxed-answer math reward; eval = the first 200 test items (bundled),
+    train = ``task.train_path`` (required)."""
+
+    name = "gsm8k"
+    default_eval_file = "gsm8k_test.parquet"
+
+
+class Math500Task(FileBackedTask):
+    """MATH-500 with the boxed-answer math reward; eval = the first 200 items (bundled),
+    train = ``task.train_path`` (required, e.g. the MATH train set)."""
+
+    name = "math500"
+    default_eval_file = "math500_test.parquet"

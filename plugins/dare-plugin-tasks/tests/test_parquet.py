@@ -1,0 +1,180 @@
+"""The verl-schema loader, the bundled data files and the file-backed tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dare_core.errors import DareError
+from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask, load_examples
+from dare_core.config import TaskConfig
+from dare_plugin_tasks._base import DATA_DIR
+
+SHARED = Path("/work/shared/data")
+BUNDLED = {"sudoku_test.parquet": 500, "countdown_test.parquet": 256,
+           "gsm8k_test.parquet": 200, "math500_test.parquet": 200}
+
+
+def _one_line_error(fn, *args, match=None):
+    with pytest.raises(DareError, match=match) as info:
+        fn(*args)
+    msg = str(info.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("filename, rows", sorted(BUNDLED.items()))
+def test_bundled_files_load(filename, rows):
+    path = DATA_DIR / filename
+    assert path.stat().st_size < 100_000
+    items = load_examples(str(path))
+    assert len(items) == rows
+    source = filename.split("_")[0]
+    for ex in items:
+        assert ex.data_source == source
+        assert ex.prompt and ex.prompt[0]["role"] == "user" and ex.prompt[0]["content"]
+        assert isinstance(ex.ground_truth, str) and ex.ground_truth
+        assert ex.extra_info["split"] == "test" and ex.extra_info["task"] == "math"
+        assert ex.response is None
+    assert [ex.extra_info["index"] for ex in items] == list(range(rows))
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="shared data not mounted")
+@pytest.mark.parametrize("filename", sorted(BUNDLED))
+def test_bundled_files_are_the_real_test_sets(filename):
+    real = pq.read_table(SHARED / "rl" / "test" / filename.replace("_test", ""))
+    ours = pq.read_table(DATA_DIR / filename)
+    assert ours.to_pylist() == real.slice(0, ours.num_rows).to_pylist()
+
+
+def test_limit():
+    assert len(load_examples(str(DATA_DIR / "gsm8k_test.parquet"), limit=5)) == 5
+    assert load_examples(str(DATA_DIR / "gsm8k_test.parquet"), limit=0) == []
+
+
+def test_jsonl(tmp_path):
+    path = tmp_path / "data.jsonl"
+    rows = [
+        {"data_source": "gsm8k", "prompt": "What is 2+2?", "reward_model": {"ground_truth": 4}},
+        {"data_source": "countdown",
+         "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u"}],
+         "reward_model": {"ground_truth": "5", "style": "rule"},
+         "extra_info": {"numbers": "[2, 3, 4]", "index": 7}},
+        {"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": "1"},
+         "response": "The answer is \\boxed{1}."},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    items = load_examples(str(path))
+    assert len(items) == 3
+    assert items[0].prompt == [{"role": "user", "content": "What is 2+2?"}]
+    assert items[0].ground_truth == "4" and items[0].extra_info == {} and items[0].response is None
+    assert items[1].prompt[0] == {"role": "system", "content": "sys"}
+    assert items[1].extra_info == {"numbers": "[2, 3, 4]", "index": 7}
+    assert items[2].response == "The answer is \\boxed{1}."
+    assert len(load_examples(str(path), limit=2)) == 2
+    task = ParquetTask(TaskConfig(name="parquet", train_path=str(path), eval_path=str(path)))
+    ev = task.examples("eval")
+    assert task.score(ev[0], "\\boxed{4}").score == 1.0
+    assert task.score(ev[1], "<answer>2*4-3</answer>").score == 1.0
+    assert [e.ground_truth for e in task.examples("train", limit=2)] == ["4", "5"]
+
+
+def _write_sft_parquet(path: Path) -> None:
+    table = pa.Table.from_pylist([
+        {"data_source": "openai/gsm8k",
+         "prompt": [{"content": "Natalia sold clips...", "role": "user"}],
+         "ability": "math",
+         "reward_model": {"ground_truth": "72", "style": "rule"},
+         "extra_info": {"answer": "48/2 = 24\n48+24 = 72\n#### 72", "index": 0,
+                        "question": "Natalia sold clips...", "split": "train"}},
+    ])
+    pq.write_table(table, path)
+
+
+def test_sft_file_sets_response(tmp_path):
+    path = tmp_path / "sft.parquet"
+    _write_sft_parquet(path)
+    (ex,) = load_examples(str(path))
+    assert ex.response == "48/2 = 24\n48+24 = 72\n#### 72"
+    assert ex.data_source == "openai/gsm8k" and ex.ground_truth == "72"
+    task = GSM8KTask(TaskConfig(name="gsm8k", train_path=str(path)))
+    assert task.examples("train")[0].response == ex.response
+    assert len(task.examples("eval")) == 200
+
+
+@pytest.mark.skipif(not (SHARED / "sft" / "gsm8k_train.parquet").exists(),
+                    reason="shared data not mounted")
+def test_real_sft_file():
+    items = load_examples(str(SHARED / "sft" / "gsm8k_train.parquet"), limit=3)
+    assert all(ex.response and "####" in ex.response for ex in items)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_missing_file():
+    msg = _one_line_error(load_examples, "/nonexistent/train.parquet", match="not found")
+    assert "/nonexistent/train.parquet" in msg
+
+
+def test_missing_columns_parquet(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), path)
+    msg = _one_line_error(load_examples, str(path), match="missing column")
+    assert str(path) in msg
+    assert "data_source, prompt, reward_model" in msg
+
+
+def test_missing_keys_jsonl(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "q"}) + "\n")
+    msg = _one_line_error(load_examples, str(path), match="line 1 is missing key")
+    assert str(path) in msg and "data_source" in msg and "reward_model" in msg
+
+
+def test_malformed_rows(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": 1}}\n'
+                    "{not json\n")
+    _one_line_error(load_examples, str(path), match="line 2 is not valid JSON")
+    path.write_text(json.dumps({"data_source": "x", "prompt": 3,
+                                "reward_model": {"ground_truth": "1"}}) + "\n")
+    _one_line_error(load_examples, str(path), match="prompt must be")
+    path.write_text(json.dumps({"data_source": "x", "prompt": "q", "reward_model": {}}) + "\n")
+    _one_line_error(load_examples, str(path), match="ground_truth")
+
+
+def test_unreadable_and_unsupported_files(tmp_path):
+    path = tmp_path / "garbage.parquet"
+    path.write_bytes(b"this is not parquet\nat all\n")
+    msg = _one_line_error(load_examples, str(path), match="not a readable parquet")
+    assert str(path) in msg
+    csv = tmp_path / "data.csv"
+    csv.write_text("a,b\n")
+    _one_line_error(load_examples, str(csv), match="unsupported file type '.csv'")
+
+
+def test_file_tasks_require_paths():
+    task = ParquetTask(TaskConfig(name="parquet"))
+    _one_line_error(task.examples, "train", match="task.train_path")
+    _one_line_error(task.examples, "eval", match="task.eval_path")
+    for cls in (GSM8KTask, Math500Task):
+        task = cls(TaskConfig(name=cls.name))
+        assert len(task.examples("eval")) == 200
+        _one_line_error(task.examples, "train", match="no built-in training data.*train_path")
+
+
+def test_missing_configured_path_names_it(tmp_path):
+    task = ParquetTask(TaskConfig(name="parquet", eval_path=str(tmp_path / "nope.jsonl")))
+    msg = _one_line_error(task.examples, "eval", match="not found")
+    assert "nope.jsonl" in msg
+
+
+def test_math500_eval_scores_its_own_answers():
+    task = Math500Task()
+    for ex in task.examples("eval"):
+        assert task.score(ex, f"Thus \\boxed{{{ex.ground_truth}}}.").score == 1.0, ex.ground_truth
