@@ -1,4 +1,4 @@
-"""Tasks: datasets in the verl schema plus their rule-based rewards (design doc §16)."""
+"""Tasks: datasets in the verl schema plus their rule-based rewards (:mod:`dare_core.tasks.rewards`)."""
 
 from dare_core.tasks.config import TaskConfig
 from dare_core.tasks.countdown import CountdownTask, generate_countdown

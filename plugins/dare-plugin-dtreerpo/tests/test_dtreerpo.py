@@ -1,4 +1,4 @@
-"""d-TreeRPO: branch-point / schedule / tree-advantage oracles (spec §18.1, §18.5), the tree
+"""d-TreeRPO (arXiv:2512.09675): branch-point / schedule / tree-advantage oracles, the tree
 rollout (resumed partial denoising = one uninterrupted run), the transition rows, hand-computed
 losses (clip without dual clip, k3 KL, self-distillation), contract, states once per batch."""
 
