@@ -1,5 +1,5 @@
 """The core knows no model family and no algorithm by name (they reach it through hooks), and
-issue 4's algorithm plugins name no model family in any file (code, docs, packaging).
+the generic algorithm plugins name no model family in any file (code, docs, packaging).
 
 Family differences reach an algorithm only through the model wrapper and its capabilities, so a
 family name in one of those packages is either a branch the design forbids or documentation that
