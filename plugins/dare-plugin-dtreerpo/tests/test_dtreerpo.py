@@ -31,7 +31,8 @@ class TestDTreeContract(AlgorithmContract):
     plugins = (dare_plugin_dtreerpo,)
 
     @pytest.fixture(scope="class")
-    def config(self, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
+    @classmethod
+    def config(cls, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
         cfg, problems = structure(spec.config_cls, {"num_tree_samples": 2, "branch_factor": 2})
         assert not problems, problems
         return cfg
