@@ -1,4 +1,4 @@
-"""Rule-based rewards: countdown and 4×4 sudoku (as in Zhao et al. 2025, arXiv:2504.12216), boxed math answers.
+"""Rule-based rewards: countdown and 4×4 sudoku (Zhao et al. 2025, arXiv:2504.12216), boxed math answers.
 
 Every function returns a :class:`~dare_core.interfaces.Score`: ``score`` is the training reward,
 ``acc`` is 1.0 iff the answer is fully correct, ``pred`` is the extracted answer.
