@@ -20,7 +20,7 @@ evaluation sampler (``eval.temperature``, default 1.0 here) and *common random n
 evaluation uses the same sampling noise, so a difference is the step's effect, not sampling luck.
 For every direction it prints accuracy and reward and how many samples flipped to solved / to
 unsolved against no step. An algorithm whose ``-g`` row is worse than its ``+g`` row is moving
-the policy the wrong way on the prompts it trains on (docs/results.md, fifth session).
+the policy the wrong way on the prompts it trains on (docs/results.md).
 Any ``KEY=VALUE`` is a run-config override (e.g. ``task.reward=acc``, ``rollout.backend=fast``).
 """
 

@@ -13,7 +13,7 @@ from dare_core.models.block import (
 
 
 def _rule(q: int, k: int, L: int, bs: int) -> bool:
-    """models.md §3 step 4, written as the four cases with explicit halves."""
+    """The BD3LM mask (arXiv:2503.09573), written as the four cases with explicit halves."""
     q_noisy, k_noisy = q < L, k < L
     qb, kb = (q % L) // bs, (k % L) // bs
     if q_noisy and k_noisy:

@@ -7,9 +7,9 @@ three things, so they live here once:
 * :func:`positions_from_mask` — position ids that start at 0 on the first real token of a
   left-padded row;
 * :func:`block_causal_mask` — the inference mask: a query in block ``b`` sees keys in blocks
-  ``≤ b`` (models.md §3 "Inference forward");
+  ``≤ b`` (arXiv:2510.06303; docs/block_diffusion.md);
 * :func:`bd3lm_layout` — the training layout ``[noisy | clean]`` with the BD3LM mask
-  (models.md §3 step 4, §5):
+  (Arriola et al., "Block Diffusion", arXiv:2503.09573; docs/block_diffusion.md):
 
   ============  ======================================  ==================================
   query \\ key   noisy                                   clean

@@ -24,8 +24,8 @@ built once per mask, at the first layer, and kept on it.
 
 :func:`available_kernels` lists the ones that can run on a device and dtype, the default first.
 ``sdpa_mask`` is the default everywhere: on an H200 (a 1B-parameter random checkpoint, 8 sequences of
-96–576 tokens) it was the fastest packed kernel in bf16 and fp32, with the other kernels measured
-before their per-forward set-up was cached (``docs/benchmarks.md``). On CPU only ``sdpa_mask``
+96–576 tokens) it was the fastest packed kernel in bf16 and fp32 (``docs/benchmarks.md``; that
+benchmark rebuilt the other kernels' per-forward set-up in every layer). On CPU only ``sdpa_mask``
 runs; the CUDA kernels are tested by ``tests/test_cuda_kernels.py`` (skipped without a GPU).
 """
 

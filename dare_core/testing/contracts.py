@@ -49,7 +49,9 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
 class ModelFamilyContract:
     """What every model family must do. Subclasses set ``family`` and ``plugins`` and may
     override the ``checkpoint`` fixture (default: the family's ``create`` on a small corpus,
-    else its bundled checkpoint)."""
+    else its bundled checkpoint) with another class-scoped one; like the fixtures here, write it as
+    a ``@classmethod`` under ``@pytest.fixture(scope="class")`` (pytest deprecates class-scoped
+    fixtures that are instance methods)."""
 
     family: ClassVar[str] = ""
     plugins: ClassVar[Sequence[Any]] = ()
@@ -57,26 +59,30 @@ class ModelFamilyContract:
     create_kwargs: ClassVar[dict[str, Any]] = {}
 
     @pytest.fixture(scope="class")
-    def dare(self):
-        return _dare(self.plugins)
+    @classmethod
+    def dare(cls):
+        return _dare(cls.plugins)
 
     @pytest.fixture(scope="class")
-    def spec(self, dare):
-        return dare.registries.models.get(self.family)
+    @classmethod
+    def spec(cls, dare):
+        return dare.registries.models.get(cls.family)
 
     @pytest.fixture(scope="class")
-    def checkpoint(self, spec, tmp_path_factory):
+    @classmethod
+    def checkpoint(cls, spec, tmp_path_factory):
         if spec.create is not None:
             out = str(tmp_path_factory.mktemp("ckpt") / "tiny")
             texts = ["Solve 1 + 2 = 3.", "<answer>\n3142\n</answer>", "hello world"] * 20
-            spec.create(out, texts, **dict(self.create_kwargs))
+            spec.create(out, texts, **dict(cls.create_kwargs))
             return out
         if spec.default_checkpoint:
             return spec.default_checkpoint
         pytest.skip("family has neither create() nor a bundled checkpoint")
 
     @pytest.fixture(scope="class")
-    def wrapper(self, spec, checkpoint):
+    @classmethod
+    def wrapper(cls, spec, checkpoint):
         return spec.load(checkpoint, dtype=torch.float32, device="cpu")
 
     def _ids(self, wrapper, text: str = "Solve the puzzle: 3102") -> list[int]:
@@ -214,21 +220,25 @@ class AlgorithmContract:
     plugins: ClassVar[Sequence[Any]] = ()
 
     @pytest.fixture(scope="class")
-    def dare(self):
-        return _dare(self.plugins)
+    @classmethod
+    def dare(cls):
+        return _dare(cls.plugins)
 
     @pytest.fixture(scope="class")
-    def spec(self, dare):
-        return dare.registries.algorithms.get(self.algorithm)
+    @classmethod
+    def spec(cls, dare):
+        return dare.registries.algorithms.get(cls.algorithm)
 
     @pytest.fixture(scope="class")
-    def config(self, spec):
+    @classmethod
+    def config(cls, spec):
         cfg, problems = structure(spec.config_cls, {})
         assert not problems, problems
         return cfg
 
     @pytest.fixture(scope="class")
-    def components(self, dare, spec, config):
+    @classmethod
+    def components(cls, dare, spec, config):
         return spec.build(config, ComponentLookup(dare.registries))
 
     def test_config_is_documented_and_frozen(self, spec, config):

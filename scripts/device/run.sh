@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session (issue 6's GPU checks), for the `device` tool, after
+# One prepared GPU run (the checks that need CUDA), for the `device` tool, after
 # `bash scripts/device/prepare.sh` here:
 #   run(command="bash scripts/device/run.sh", carry=[".device"], timeout_s=480)
 # Stages, each under its own time limit, in order of value:

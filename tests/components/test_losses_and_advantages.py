@@ -1,4 +1,5 @@
-"""Oracles of the generic losses and advantage estimators (design spec §18.1-18.2)."""
+"""Oracles of the generic losses and advantage estimators (GRPO, arXiv:2402.03300; RLOO,
+arXiv:2402.14740; the clipped PPO objective with dual clip and its KL penalties)."""
 
 import math
 

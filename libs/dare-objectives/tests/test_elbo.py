@@ -1,5 +1,6 @@
-"""ELBO building blocks: count oracles (algorithms.md §18.4), subset masking, the sequence ELBO
-under uniform logits (§18.3), row selection, and exactness of the two accumulation schemes."""
+"""ELBO building blocks: stratified-count oracles (VRPO, arXiv:2505.19223; ESPO, arXiv:2512.03759),
+subset masking, the sequence ELBO under uniform logits (-L log V), row selection, and exactness of
+the two accumulation schemes."""
 
 import math
 
@@ -113,7 +114,7 @@ def test_sequence_elbo_hand_computed():
     masked = torch.tensor([[[True, False, True]]])
     p = torch.tensor([[[0.5, 0.5, 0.25]]])
     assert sequence_elbo(logp, masked, p).item() == pytest.approx(-1 / 0.5 - 4 / 0.25)
-    # composite over two rows with per-token values already divided (spec §18.3): -3
+    # composite over two rows with per-token values already divided (EBPO, arXiv:2602.08676): -3
     e = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
     mask = torch.tensor([True, True, False])
     assert sequence_elbo(e[:, None], mask.expand(2, 3)[:, None], torch.ones(2, 1, 3)).mean().item() == -3.0

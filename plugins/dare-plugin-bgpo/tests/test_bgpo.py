@@ -1,4 +1,4 @@
-"""BGPO: loss oracles (algorithms.md §18.2), the NaN guard, exact per-row accumulation, a peak
+"""BGPO (arXiv:2510.11683): loss oracles, the NaN guard, exact per-row accumulation, a peak
 memory measurement over mc_num, the contract, and one RL step through the core loop."""
 
 import math
@@ -79,7 +79,7 @@ def test_kl_uses_one_row_against_reference_row_mean():
     ref = torch.tensor([[-1.5, -0.5], [-1.5, -0.5]])  # row mean = [-1.5, -0.5]
     base, _ = BGPOLoss()(lp, lp, None, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
     loss, m = loss_fn(lp, lp, ref, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
-    # §18.2 kl_penalty oracle, k1: [log 1.5, -0.5] (log(1 + d) only where A > 0)
+    # kl_penalty oracle (DARE reference rule), k1: [log 1.5, -0.5] (log(1 + d) only where A > 0)
     assert m["kl_loss"] == pytest.approx((0.405465 - 0.5) / 2, abs=1e-6)
     assert loss.item() == pytest.approx(base.item() + 0.5 * m["kl_loss"], abs=1e-6)
     assert _components(kl_coef=0.1).needs_ref and not _components().needs_ref

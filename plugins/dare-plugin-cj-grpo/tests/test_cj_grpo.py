@@ -1,4 +1,4 @@
-"""CJ-GRPO: the §18.2 / §18.7 paper-reduction oracles, exact replay of the sampler's states
+"""CJ-GRPO (arXiv:2509.23924): the paper-reduction oracles, exact replay of the sampler's states
 (masked path), block-parallel replay = serial per-(block, step) replay on the block toy (block
 path), loss reductions, chunked backward, contract, states built once per rollout batch."""
 

@@ -1,5 +1,5 @@
-"""Coupled-GRPO: corruption oracles (spec §18.4), uniform-logit estimator oracle (§18.3), loss
-oracles (§18.2), contract, masks drawn once per rollout batch, block-diffusion layout."""
+"""Coupled-GRPO (arXiv:2506.20639): corruption oracles, uniform-logit estimator oracle, loss
+oracles, contract, masks drawn once per rollout batch, block-diffusion layout."""
 
 import math
 import random

@@ -1,4 +1,4 @@
-"""d1: corruption oracle (spec §18.4), hand-computed loss values, estimator, contract."""
+"""d1 (arXiv:2504.12216): corruption oracle, hand-computed loss values, estimator, contract."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""d-TreeRPO: branch-point / schedule / tree-advantage oracles (spec §18.1, §18.5), the tree
+"""d-TreeRPO (arXiv:2512.09675): branch-point / schedule / tree-advantage oracles, the tree
 rollout (resumed partial denoising = one uninterrupted run), the transition rows, hand-computed
 losses (clip without dual clip, k3 KL, self-distillation), contract, states once per batch."""
 
@@ -31,7 +31,8 @@ class TestDTreeContract(AlgorithmContract):
     plugins = (dare_plugin_dtreerpo,)
 
     @pytest.fixture(scope="class")
-    def config(self, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
+    @classmethod
+    def config(cls, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
         cfg, problems = structure(spec.config_cls, {"num_tree_samples": 2, "branch_factor": 2})
         assert not problems, problems
         return cfg

@@ -1,5 +1,5 @@
-"""EBPO: the sequence-level loss oracle (algorithms.md §18.2), the block-count oracle (§18.4),
-the composite ELBO under uniform logits (§18.3), the corruption and estimator on the family-free
+"""EBPO (LLaDA2.1, arXiv:2602.08676): the sequence-level loss oracle, the block-count oracle,
+the composite ELBO under uniform logits, the corruption and estimator on the family-free
 block-diffusion toy (BD3LM layout), exact proxy-gradient accumulation, the contract."""
 
 import math

@@ -1,5 +1,5 @@
-"""ESPO: loss and KL oracles (algorithms.md §18.2), the complement corruption and its uniform-logit
-oracle (§18.3/§18.4), RLOO advantages (§18.1), exact proxy-gradient accumulation, the contract and
+"""ESPO (arXiv:2512.03759): loss and KL oracles, the complement corruption and its uniform-logit
+oracle, RLOO advantages (arXiv:2402.14740), exact proxy-gradient accumulation, the contract and
 one step through the core loop."""
 
 import math

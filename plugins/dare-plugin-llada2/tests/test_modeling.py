@@ -1,6 +1,6 @@
-"""models.md §5/§8 facts of LLaDA2-MoE checked on 1-2 layer models against hand computations.
+"""LLaDA2-MoE facts (arXiv:2512.15745) checked on 1-2 layer models against hand computations.
 
-The reference forward below is written from the description in models.md §5 (per-token loops,
+The reference forward below is written from the description in the plugin README (per-token loops,
 explicit index arithmetic), independently of ``modeling_llada2_moe``.
 """
 
@@ -75,7 +75,7 @@ def ref_mlp(x, mlp):
 
 
 def ref_route(x, gate, n_group, topk_group, top_k, scale):
-    """One token: experts and weights by the group-limited sigmoid rule (models.md §5)."""
+    """One token: experts and weights by the group-limited sigmoid rule (plugin README)."""
     s = torch.sigmoid(gate.weight.double() @ x.double())
     sel = s + gate.expert_bias.double()
     per = len(s) // n_group

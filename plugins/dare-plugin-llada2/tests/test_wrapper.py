@@ -1,4 +1,4 @@
-"""The LLaDA2 wrapper: chat template (models.md §5), token ids from the checkpoint, block-causal
+"""The LLaDA2 wrapper: chat template (plugin README), token ids from the checkpoint, block-causal
 inference logits, the BD3LM training layout (full and compact), cached forward, CLI generate."""
 
 import pytest

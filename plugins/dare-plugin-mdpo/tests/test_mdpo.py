@@ -1,4 +1,4 @@
-"""MDPO: step-score / advantage / step-selection oracles (spec §18.1), loss oracle (§18.2) and
+"""MDPO (arXiv:2508.13148): step-score / advantage / step-selection oracles, loss oracle and
 its branches, the intermediate-state rows built from a real recorded rollout, contract, states
 built once per rollout batch."""
 

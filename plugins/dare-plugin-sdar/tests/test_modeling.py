@@ -1,4 +1,4 @@
-"""SDAR / SDAR-MoE facts (models.md §3, §4, §8) on 1-2 layer models against hand computations.
+"""SDAR / SDAR-MoE facts (arXiv:2510.06303) on 1-2 layer models against hand computations.
 
 The reference forward below is written from the published description only (plain tensor ops, no
 import of the modules under test): Qwen3 block with per-head q/k RMSNorm *before* NeoX RoPE, RMSNorm

@@ -91,7 +91,7 @@ def test_logits_use_the_block_causal_mask_and_ignore_left_padding(w):
 
 
 def _hand_bd3lm(valid, bs):
-    """BD3LM mask over [noisy | clean] from the rules of models.md §3 step 4, by loops."""
+    """BD3LM mask over [noisy | clean] from the BD3LM rules (arXiv:2503.09573), by loops."""
     B, L = valid.shape
     out = torch.zeros(B, 1, 2 * L, 2 * L, dtype=torch.bool)
     for b in range(B):

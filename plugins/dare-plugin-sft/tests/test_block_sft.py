@@ -1,4 +1,4 @@
-"""Block-diffusion SFT (algorithms.md §1.4) on the family-free block toy, against hand computations."""
+"""Block-diffusion SFT (arXiv:2503.09573) on the family-free block toy, against hand computations."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SPG: loss and bound oracles (algorithms.md §18.2), the sign rule, the block-wise corruption
-(§18.4) including the reference's non-uniform block choice, the estimator, the contract."""
+"""SPG (arXiv:2510.09541): loss and bound oracles, the sign rule, the block-wise corruption
+including the DARE reference's non-uniform block choice, the estimator, the contract."""
 
 import math
 

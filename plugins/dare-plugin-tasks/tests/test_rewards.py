@@ -1,4 +1,4 @@
-"""Reward rules of §16 and the reward oracles of §18.6."""
+"""Reward rules (countdown and sudoku as in d1, arXiv:2504.12216; boxed math) and their oracles."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dare_plugin_tasks.rewards import (
     sudoku_reward,
 )
 
-# --------------------------------------------------------------------------- §18.6 math oracles
+# --------------------------------------------------------------------------- math oracles
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""VRPO: DPO oracle (algorithms.md §18.2), hand-computed metrics, the effective β/R
-normalisation on a uniform-logit model (§18.3), stratified counts (§18.4), shared (antithetic)
+"""VRPO (arXiv:2505.19223): DPO oracle (arXiv:2305.18290), hand-computed metrics, the effective β/R
+normalisation on a uniform-logit model, stratified counts, shared (antithetic)
 noise between policy and reference, a gradient step in the right direction, and the contract."""
 
 import copy

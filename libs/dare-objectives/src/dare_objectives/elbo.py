@@ -63,7 +63,7 @@ def response_valid(batch: SequenceBatch) -> torch.Tensor:
 
 
 class StratifiedCountMasking:
-    r"""Stratified-count corruption (arXiv:2505.19223, §2.3): per sequence with ``L`` valid response tokens and per group of
+    r"""Stratified-count corruption (Zhu et al. 2025, arXiv:2505.19223): per sequence with ``L`` valid response tokens and per group of
     ``n_l`` rows, draw ``k ~ U{1..L}`` and use the counts
     ``x = ((round(linspace(k, k + (n_l-1)L/n_l, n_l)) − 1) mod L) + 1``; row ``i`` masks a
     uniformly random subset of exactly ``x_i`` valid response tokens (the prompt is never

@@ -19,7 +19,7 @@ Parameter names are exactly those of the published LLaDA2.0-mini / 2.1-mini chec
     model.norm.weight                                              [d]
     lm_head.weight                                                 [V, d]
 
-Forward semantics (those of the published modeling file; see models.md §5):
+Forward semantics (those of the published modeling file; see the plugin README):
 
 * pre-norm decoder layers with HF-Llama RMSNorm (normalise in float32, cast back, times weight);
 * fused QKV viewed as ``[B, L, H + 2 KV, hd]`` and split ``H / KV / KV`` heads; RMSNorm per head

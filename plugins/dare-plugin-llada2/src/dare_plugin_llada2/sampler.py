@@ -1,7 +1,7 @@
 """LLaDA2's own samplers as rollout backends: 2.0 threshold decoding and 2.1 editing.
 
 Both follow the ``generate`` methods of the published LLaDA2.0-mini / LLaDA2.1-mini modeling
-files (models.md §5, algorithms.md §15.4), batched:
+files (LLaDA2.0, arXiv:2512.15745; LLaDA2.1, arXiv:2602.08676), batched:
 
 * **Layout.** The published code runs one unpadded prompt at positions ``0..``. Here a batch of
   left-padded prompts is placed in a common column frame in which every row's block grid lines
@@ -33,7 +33,7 @@ files (models.md §5, algorithms.md §15.4), batched:
   with probability ``> editing_threshold`` is re-written. Once no MASK is left the block is
   re-run while edits happen, at most ``max_post_steps`` times.
 * **2.1's mask.** The published 2.1 code passes its block mask as 0/1 values in bf16, i.e. an
-  *additive* +1 on visible keys and 0 elsewhere, which hides nothing (models.md §5). The default
+  *additive* +1 on visible keys and 0 elsewhere, which hides nothing (plugin README). The default
   here is the strict block-causal mask (as 2.0 and training use); ``mask_style = "additive_01"``
   reproduces the published behaviour (padding keys stay hidden with ``-inf``; not combinable
   with ``use_cache``).

@@ -2,7 +2,7 @@
 
 Byte-level BPE with every digit its own pre-token, the LLaDA2 special tokens
 (``<|startoftext|>``, ``<|endoftext|>`` = eos = pad, ``<|mask|>``, ``<role>``, ``</role>``,
-``<|role_end|>``, ``[CLS]``, ``[gMASK]``) and LLaDA2's chat template (models.md §5, without the
+``<|role_end|>``, ``[CLS]``, ``[gMASK]``) and LLaDA2's chat template (plugin README, without the
 tool-call branches of the published template).
 """
 

@@ -2,8 +2,8 @@
 
 LLaDA2 is a block-diffusion model (``kind = "block"``): at inference a query in block ``b`` sees
 the keys of blocks ``<= b`` (blocks of ``block_size`` tokens counted from the first real token),
-and training uses the ``[noisy | clean]`` layout with the BD3LM mask (models.md §5,
-algorithms.md §1.5). Both masks come from :mod:`dare_core.models.block`; the raw module never
+and training uses the ``[noisy | clean]`` layout with the BD3LM mask (arXiv:2503.09573,
+arXiv:2512.15745). Both masks come from :mod:`dare_core.models.block`; the raw module never
 gets a missing mask. Logits are not shifted.
 """
 
@@ -33,7 +33,7 @@ from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
 
 CAPABILITIES = frozenset({"block_diffusion", "kv_cache"})
 BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
-#: Block size of the published evaluations and SFT trainer (models.md §5); a checkpoint may
+#: Block size of the published evaluations and SFT trainer (plugin README); a checkpoint may
 #: override it with a ``block_size`` entry in its config.json.
 DEFAULT_BLOCK_SIZE = 32
 

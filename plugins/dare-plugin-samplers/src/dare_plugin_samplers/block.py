@@ -2,8 +2,8 @@
 
 Drives any wrapper of kind ``block`` through its public members only (``block_size``,
 ``mask_token_id``, ``stop_token_ids``, ``logits`` and, with the cache, ``forward_cached``). The
-procedure is the published block-diffusion generation loop (models.md §3 "Generation",
-algorithms.md §15.4), batched:
+procedure is the published block-diffusion generation loop (Cheng et al. 2025, arXiv:2510.06303;
+Bie et al. 2025, arXiv:2512.15745; docs/block_diffusion.md), batched:
 
 1. **Canvas.** Every row's real prompt tokens are laid out so that their blocks
    (``position // block_size``, positions counted from the row's first real token) line up across

@@ -15,7 +15,7 @@ Parameter names are exactly those of the published SDAR-1.7B/4B/8B-Chat checkpoi
     model.norm.weight                                      [d]
     lm_head.weight                                         [V, d]  (untied)
 
-Semantics (models.md §3): pre-norm Qwen3 block; ``head_dim`` is explicit (not ``d / H``); q and k
+Semantics (plugin README): pre-norm Qwen3 block; ``head_dim`` is explicit (not ``d / H``); q and k
 are projected, RMS-normalised per head over ``head_dim`` **before** NeoX rotate-half RoPE over the full
 head; softmax scale ``head_dim ** -0.5``; GQA. Every RMSNorm normalises in fp32 and multiplies the
 weight in fp32 before casting back (the published fused kernel; HF Qwen3 casts first). RoPE cos/sin

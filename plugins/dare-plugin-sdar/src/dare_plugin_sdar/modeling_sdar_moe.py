@@ -7,7 +7,7 @@ a sparse mixture of experts::
     model.layers.{i}.mlp.gate.weight                          [E, d]   router, no bias
     model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight   SwiGLU of width moe_intermediate_size
 
-Router (models.md §4): ``softmax(gate(x))`` over all experts in fp32 → top-``num_experts_per_tok``
+Router (plugin README): ``softmax(gate(x))`` over all experts in fp32 → top-``num_experts_per_tok``
 → renormalised to sum 1 when ``norm_topk_prob`` → cast to the activation dtype → ``Σ w_e · expert_e(x)``.
 There is no shared expert. The router auxiliary loss is not computed (``output_router_logits`` is
 rejected).

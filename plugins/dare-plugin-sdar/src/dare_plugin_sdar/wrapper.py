@@ -3,8 +3,9 @@
 SDAR (dense ``sdar`` and MoE ``sdar_moe``) is a block-diffusion model: at inference a query in block
 ``b`` (``position // block_size``, positions counted from the first real token) attends to keys in
 blocks ``≤ b``; in training the input is ``[noisy | clean]`` with the BD3LM mask and the loss reads
-the noisy half's logits (models.md §3 steps 3-5). Logits are not shifted. The wrapper builds these
-masks with :mod:`dare_core.models.block`, so algorithms never see the difference.
+the noisy half's logits (BD3LM, arXiv:2503.09573; SDAR, arXiv:2510.06303). Logits are not shifted.
+The wrapper builds these masks with :mod:`dare_core.models.block`, so algorithms never see the
+difference.
 """
 
 from __future__ import annotations

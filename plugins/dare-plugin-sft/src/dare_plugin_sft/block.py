@@ -1,4 +1,4 @@
-"""Block-diffusion SFT (BD3LM / SDAR objective, algorithms.md §1.4).
+"""Block-diffusion SFT (BD3LM / SDAR objective: arXiv:2503.09573, arXiv:2510.06303).
 
 For a model of kind ``block`` the SFT step is:
 

@@ -157,7 +157,7 @@ def generate_countdown(
 
 
 class CountdownTask(FileBackedTask):
-    """Countdown with three numbers (§16.3 reward: 1.0 / 0.1 format credit / 0).
+    """Countdown with three numbers (reward of arXiv:2504.12216: 1.0 / 0.1 format credit / 0).
 
     ``examples("eval")``: the real test items (or ``config.eval_path``).
     ``examples("train")``: ``config.train_path`` if set, else ``limit`` (default 20000)

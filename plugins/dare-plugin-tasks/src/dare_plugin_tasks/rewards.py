@@ -1,4 +1,4 @@
-"""Rule-based rewards (design doc §16): countdown, 4×4 sudoku and boxed math answers.
+"""Rule-based rewards: countdown and 4×4 sudoku (Zhao et al. 2025, arXiv:2504.12216), boxed math answers.
 
 Every function returns a :class:`~dare_core.interfaces.Score`: ``score`` is the training reward,
 ``acc`` is 1.0 iff the answer is fully correct, ``pred`` is the extracted answer.
@@ -112,7 +112,7 @@ def _parse_numbers(numbers: Any) -> list[int]:
 def countdown_reward(
     response: str, numbers: Union[Sequence[int], str], target: Union[int, str]
 ) -> Score:
-    """§16.3: 1.0 for a correct equation, 0.1 for a well-formed wrong one, 0 without ``<answer>``.
+    """Rule of arXiv:2504.12216: 1.0 for a correct equation, 0.1 for a well-formed wrong one, 0 without ``<answer>``.
 
     ``numbers`` is a list of ints or its JSON string (``extra_info.numbers``); ``target`` an int
     or the ground-truth string. The equation must use exactly the multiset ``numbers`` and only
@@ -134,7 +134,7 @@ def countdown_reward(
 
 # =========================================================================== sudoku
 def sudoku_reward(response: str, puzzle: str, ground_truth: str) -> Score:
-    """§16.4: fraction of the puzzle's empty cells (``'0'``) filled as in ``ground_truth``.
+    """Rule of arXiv:2504.12216: fraction of the puzzle's empty cells (``'0'``) filled as in ``ground_truth``.
 
     The solution is the digits of the last ``<answer>`` block, padded with ``'0'`` / truncated to
     16 characters. No ``<answer>`` block or a puzzle without empty cells → 0.
@@ -483,14 +483,18 @@ def _grade_symbolic(given: str, truth: str) -> bool:
 
 
 def grade_math_answer(given: str, truth: str) -> bool:
-    """``grade_answer_mathd(given, truth) or grade_answer_sympy(given, truth)`` (§16.2)."""
+    """``grade_answer_mathd(given, truth) or grade_answer_sympy(given, truth)``.
+
+    The Hendrycks MATH normalisation (arXiv:2103.03874) or the sympy check of the PRM800K grader
+    (arXiv:2305.20050), in DeepScaleR's versions.
+    """
     if given is None or truth is None:
         return False
     return _grade_mathd(given, truth) or _grade_symbolic(given, truth)
 
 
 def math_reward(response: str, ground_truth: Union[str, Sequence[str]]) -> Score:
-    """§16.2: 1 iff the last ``\\boxed{}`` answer equals (one of) the ground truth(s).
+    """Math reward: 1 iff the last ``\\boxed{}`` answer equals (one of) the ground truth(s).
 
     A ground truth containing ``\\boxed`` is reduced to its boxed content first. No boxed answer
     in ``response`` → score 0 with ``pred = "ERROR: Answer Extraction Failed"``.

@@ -163,7 +163,7 @@ def generate_sudoku(
 
 
 class SudokuTask(FileBackedTask):
-    """4×4 Sudoku with partial-credit reward (§16.4).
+    """4×4 Sudoku with partial-credit reward (the cell reward of arXiv:2504.12216).
 
     ``examples("eval")``: the real test puzzles (or ``config.eval_path``).
     ``examples("train")``: ``config.train_path`` if set, else ``limit`` (default 20000)
