@@ -200,8 +200,9 @@ def config_show(algo: str, model: str, config_file: Optional[str], overrides: tu
     """Print the resolved run config with the help text of every field."""
     from dare_core.config import render_with_help, resolve
 
-    config = resolve(_dare(), algo=algo, model=model, config_file=config_file, overrides=overrides)
-    click.echo(render_with_help(config), nl=False)
+    dare = _dare()
+    config = resolve(dare, algo=algo, model=model, config_file=config_file, overrides=overrides)
+    click.echo(render_with_help(config, dare), nl=False)
 
 
 @cli.command()

@@ -124,6 +124,22 @@ def dare_register_tasks(register: Register) -> None:
 
 
 @hookspec
+def dare_register_config_sections(register: Register) -> None:
+    """Register top-level sections of the run config that a plugin owns
+    (:class:`~dare_core.interfaces.ConfigSection`), e.g. an observer's ``tracking:`` section.
+
+    :param register: call ``register(ConfigSection(...))`` once per section.
+
+    Called once per process; all implementations are called; return values are ignored. The
+    section's key is then accepted in config files and overrides (``<name>.<field>=value``),
+    structured with its config class together with the core's sections (every problem reported
+    in one error), written to the run's ``config.yaml`` and read with
+    ``config.plugin_section(name)``. A name that is a key of the core's run config is refused
+    when a config is resolved.
+    """
+
+
+@hookspec
 def dare_register_commands(cli: Any) -> None:
     """Add subcommands to the ``dare`` command line.
 
@@ -167,6 +183,40 @@ def dare_on_step_end(step: int, metrics: dict[str, float]) -> None:
     Called on the main process after every step, after the metrics line is written to
     ``metrics.jsonl``. All implementations are called (observers: loggers, plots); return
     values are ignored. Implementations must be cheap or asynchronous.
+    """
+
+
+@hookspec
+def dare_on_run_start(config: Any, run_dir: str) -> None:
+    """A training run starts: its run directory exists and holds the resolved ``config.yaml``.
+
+    :param config: the run config passed to ``dare_configure``.
+    :param run_dir: the path of the run directory.
+
+    Called once per run by :func:`dare_core.train.train` on the main process, after the model is
+    loaded and the run directory's files are written, before the first evaluation and the first
+    step. All implementations are called; return values are ignored. Open per-run outputs
+    (writers, files under ``run_dir``) here and close them in ``dare_unconfigure``, which is
+    called also when the run fails.
+    """
+
+
+@hookspec
+def dare_on_eval(step: int, label: str, metrics: dict[str, Any]) -> None:
+    """A held-out evaluation of a training run finished.
+
+    :param step: the optimizer step it belongs to: 0 before training, ``N`` for the evaluation
+        every ``eval.every`` steps, ``trainer.steps`` after training.
+    :param label: ``before``, ``step-N`` or ``after``.
+    :param metrics: its results as written to the eval line of ``metrics.jsonl``: ``accuracy``,
+        ``reward``, ``n``, ``nfe``, ``seconds`` and, when compared with the evaluation before
+        training, ``vs_before`` (a dict of scalars: ``gained``, ``lost``, ``delta``, ``se``,
+        ``p_value``).
+
+    Called on the main process after every held-out evaluation of the RL, SFT and preference
+    workflows, after its line is written to ``metrics.jsonl`` (an evaluation at step ``N``
+    comes after ``dare_on_step_end`` of step ``N``). All implementations are called; return
+    values are ignored.
     """
 
 

@@ -42,6 +42,7 @@ REGISTRATION_HOOKS = {
     "dare_register_rollout_backends": "rollouts",
     "dare_register_algorithms": "algorithms",
     "dare_register_tasks": "tasks",
+    "dare_register_config_sections": "config_sections",
 }
 
 

@@ -92,6 +92,7 @@ class Registries:
         "algorithms": "algorithm",
         "tasks": "task",
         "advantages": "advantage estimator",
+        "config_sections": "config section",
     }
 
     def __init__(self) -> None:

@@ -32,6 +32,8 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> d
             rundir = RunDir.create(config.output_dir, config.run_name,
                                    f"{config.algo}-{config.model.family}")
         ctx = setup(dare, config, rundir=rundir)
+        if ctx.engine.is_main:
+            dare.pm.hook.dare_on_run_start(config=config, run_dir=rundir.root)
         ctx.log(f"run directory: {rundir.root}")
         result = workflow(ctx)
     finally:

@@ -11,8 +11,10 @@ Layers, later wins:
 4. the ``--config`` YAML file;
 5. ``key=value`` overrides (values parsed as YAML; dotted keys address nested sections).
 
-Unknown names and unsupported combinations fail before any model is loaded; all config problems
-are reported together in one :class:`~dare_core.errors.ConfigError`.
+Plugin-owned sections (``dare_register_config_sections``) are top-level keys in every layer,
+structured with the classes their plugins register. Unknown names and unsupported combinations
+fail before any model is loaded; all config problems are reported together in one
+:class:`~dare_core.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -270,9 +272,14 @@ def resolve(
     rollout_raw = dict(_section(raw, "rollout", problems))
     rollout_raw.pop("backend", None)
     algorithm_raw = _section(raw, "algorithm", problems)
-    top_raw = {k: v for k, v in raw.items() if k not in ("algorithm", "rollout", "rollout_backend")}
-    top, top_problems = structure(RunConfig, top_raw)
+    owned = plugin_sections(dare)
+    top_raw = {k: v for k, v in raw.items()
+               if k not in ("algorithm", "rollout", "rollout_backend", "sections", *owned)}
+    top, top_problems = structure(RunConfig, top_raw, extra_keys=owned)
     problems += top_problems
+    if "sections" in raw:
+        problems.append("sections: not a config key; plugin-owned sections are top-level keys "
+                        f"(installed: {', '.join(owned) or 'none'})")
     algo_cfg: Any = {}
     if spec is not None:
         algo_cfg, algo_problems = structure(spec.config_cls, algorithm_raw, "algorithm")
@@ -281,6 +288,10 @@ def resolve(
         problems.append("algorithm: options given but no algorithm selected")
     roll_cfg, roll_problems = structure(rollout_spec.config_cls, rollout_raw, "rollout")
     problems += roll_problems
+    sections: dict[str, Any] = {}
+    for name, sec in owned.items():
+        sections[name], sec_problems = structure(sec.config_cls, raw.get(name), name)
+        problems += sec_problems
     if top is not None and top.task.name not in dare.registries.tasks:
         problems.append("task.name: " + dare.registries.tasks.unknown_message(top.task.name))
     if top is not None and top.eval.backend:
@@ -293,19 +304,43 @@ def resolve(
                 problems.append(problem)
     if problems:
         raise ConfigError(problems)
-    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name)
+    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name,
+                        sections=sections)
+
+
+def plugin_sections(dare: Any) -> dict[str, Any]:
+    """The registered plugin-owned config sections (name -> ``ConfigSection``), sorted by name;
+    a section named like a key of the core's run config is refused."""
+    registry = dare.registries.config_sections
+    core = {f.name for f in attrs.fields(RunConfig)}
+    for name, sec in registry.items():
+        owner = registry.owner(name)
+        if name in core:
+            raise DareError(f"plugin {owner!r} registers the config section {name!r}, a key of the "
+                            f"core's run config; rename the section or disable the plugin "
+                            f"(DARE_DISABLE_PLUGINS={owner})")
+        if not attrs.has(sec.config_cls):
+            raise TypeError(f"plugin {owner!r}: config section {name!r} needs an attrs class as "
+                            f"config_cls, got {sec.config_cls!r}")
+    return dict(registry.items())
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
-    """Plain data of a resolved config (``rollout.backend`` folded back in)."""
+    """Plain data of a resolved config (``rollout.backend`` folded back in, plugin-owned
+    sections as top-level keys)."""
     data = unstructure(config)
     data["rollout"] = dict(backend=config.rollout_backend, **(data.get("rollout") or {}))
     data.pop("rollout_backend", None)
+    data.update(data.pop("sections", None) or {})
     return data
 
 
-def render_with_help(config: RunConfig) -> str:
-    """YAML of a resolved config with each field's help text as a comment."""
+def render_with_help(config: RunConfig, dare: Any = None) -> str:
+    """YAML of a resolved config with each field's help text as a comment.
+
+    Plugin-owned sections come last, as top-level keys; their header comment is the registered
+    description (with ``dare``), else the first line of the section class's docstring.
+    """
     lines: list[str] = []
 
     def emit(obj: Any, indent: int, extra: Optional[dict[str, Any]] = None) -> None:
@@ -314,7 +349,7 @@ def render_with_help(config: RunConfig) -> str:
             for k, (v, h) in extra.items():
                 lines.append(f"{pad}{k}: {_scalar(v)}  # {h}")
         for f in attrs.fields(type(obj)):
-            if f.name == "rollout_backend":
+            if f.name == "rollout_backend" or (f.name == "sections" and isinstance(obj, RunConfig)):
                 continue
             value = getattr(obj, f.name)
             help_text = f.metadata.get("help", "")
@@ -329,6 +364,14 @@ def render_with_help(config: RunConfig) -> str:
                 lines.append(f"{pad}{f.name}: {_scalar(value)}{comment}")
 
     emit(config, 0)
+    if config.sections:
+        lines.append("# " + attrs.fields(RunConfig).sections.metadata["help"])
+        registered = dare.registries.config_sections if dare is not None else None
+        for name, value in config.sections.items():
+            desc = registered.get(name).description if registered and name in registered else ""
+            desc = desc or (type(value).__doc__ or "").strip().split("\n")[0]
+            lines.append(f"{name}:  # {desc}" if desc else f"{name}:")
+            emit(value, 1)
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
 """The run configuration: frozen attrs classes with help text on every field.
 
 The ``algorithm:`` and ``rollout:`` sections are structured with the config classes of the chosen
-algorithm and rollout backend (see :mod:`dare_core.config.loader`); all other sections are
-defined here.
+algorithm and rollout backend (see :mod:`dare_core.config.loader`), plugin-owned top-level
+sections with the classes their plugins register (held in ``RunConfig.sections``); all other
+sections are defined here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal, Optional
 import attrs
 
 from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.errors import DareError
 
 
 def option(default: Any, help: str, validator: Any = None, **kw: Any) -> Any:
@@ -245,3 +247,23 @@ class RunConfig:
         metadata={"help": "Rollout backend options; `backend` picks the backend (null = the model's default)."},
     )
     rollout_backend: str = option("", "Resolved rollout backend name (set from rollout.backend).")
+    sections: dict[str, Any] = attrs.field(
+        factory=dict,
+        metadata={"help": "Plugin-owned sections (registered with dare_register_config_sections), "
+                          "each a top-level key of the config; read one with plugin_section(name)."},
+    )
+
+    def plugin_section(self, name: str, cls: Optional[type] = None) -> Any:
+        """The resolved plugin-owned section ``name`` (an instance of its registered class).
+
+        A config resolved while the owning plugin was not registered holds no such section:
+        then ``cls()`` (the section's defaults) when ``cls`` is given, else a one-line
+        :class:`~dare_core.errors.DareError`.
+        """
+        if name in self.sections:
+            return self.sections[name]
+        if cls is not None:
+            return cls()
+        raise DareError(f"the run config has no section {name!r} (it has: "
+                        f"{', '.join(sorted(self.sections)) or 'none'}); resolve the config with "
+                        f"the plugin that registers {name!r} installed")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Any, Iterable
 
 import attrs
 import cattrs
@@ -82,8 +82,14 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def structure(cls: type, data: Any, path: str = "") -> tuple[Any, list[str]]:
-    """Structure ``data`` into ``cls``; returns ``(instance or None, problems)``."""
+def structure(cls: type, data: Any, path: str = "", *,
+              extra_keys: Iterable[str] = ()) -> tuple[Any, list[str]]:
+    """Structure ``data`` into ``cls``; returns ``(instance or None, problems)``.
+
+    ``extra_keys``: more keys valid at this level that the caller structures itself (e.g.
+    plugin-owned sections); they are skipped here and offered among the valid keys when a key
+    is unknown.
+    """
     attrs.resolve_types(cls)
     problems: list[str] = []
     where = path or "config"
@@ -92,14 +98,15 @@ def structure(cls: type, data: Any, path: str = "") -> tuple[Any, list[str]]:
     if not isinstance(data, dict):
         return None, [f"{where}: expected a mapping, got {data!r}"]
     fields = {f.name: f for f in attrs.fields(cls) if f.init}
+    valid = sorted({*fields, *extra_keys})
     for key in data:
-        if key not in fields:
+        if key not in valid:
             msg = f"{_join(path, str(key))}: unknown key"
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
             if close:
                 msg += f" (did you mean {close[0]!r}?)"
             else:
-                msg += f" (valid keys: {', '.join(sorted(fields))})"
+                msg += f" (valid keys: {', '.join(valid)})"
             problems.append(msg)
     kwargs: dict[str, Any] = {}
     broken: set[str] = set()

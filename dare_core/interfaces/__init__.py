@@ -6,6 +6,7 @@ from dare_core.interfaces.seams import (
     AlgorithmSpec,
     Components,
     ComponentSpec,
+    ConfigSection,
     DiffusionKind,
     Example,
     ForwardCorruption,
@@ -23,7 +24,7 @@ from dare_core.interfaces.seams import (
 )
 
 __all__ = [
-    "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec", "Corrupted",
+    "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec", "ConfigSection", "Corrupted",
     "DiffusionKind", "Example", "ForwardCorruption", "LikelihoodEstimator", "ModelFamily",
     "ModelWrapper", "PolicyLoss", "RolloutBackend", "RolloutBatch", "RolloutSpec", "Score",
     "SequenceBatch", "Task", "TaskSpec", "TrajectoryBuilder", "WorkflowKind",

@@ -267,6 +267,24 @@ class AlgorithmSpec:
     recipe: dict[str, Any] = attrs.field(factory=dict)
 
 
+# --------------------------------------------------------------------------- config sections
+@attrs.frozen
+class ConfigSection:
+    """A top-level section of the run config owned by a plugin (e.g. ``tracking:``).
+
+    Attributes:
+        name: the section's key in the run config (``<name>.<field>=value`` on the command
+            line); it must not be a key of the core's ``RunConfig``.
+        config_cls: frozen attrs class of the section (help text on every field); a config
+            that does not give the section gets its defaults.
+        description: one line, shown as the section's help by ``dare config show``.
+    """
+
+    name: str
+    config_cls: type
+    description: str = ""
+
+
 # --------------------------------------------------------------------------- tasks
 @attrs.define
 class Example:

@@ -349,7 +349,7 @@ def _fmt(record: dict[str, Any]) -> str:
 
 class Tracker:
     """The bookkeeping every loop shares: evaluation before / every N / after, metric lines,
-    the step-end hook, the progress bar, periodic and final checkpoints."""
+    the step-end and eval hooks, the progress bar, periodic and final checkpoints."""
 
     def __init__(self, ctx: Context, eval_examples: Sequence[Example]):
         self.ctx = ctx
@@ -379,6 +379,8 @@ class Tracker:
             line += f" ({describe(res['vs_before'])})"
         ctx.log(line)
         self.log({"step": step, "eval": res})
+        if ctx.engine.is_main:
+            ctx.dare.pm.hook.dare_on_eval(step=step, label=label, metrics=dict(res))
         return res
 
     def begin(self) -> None:

@@ -10,7 +10,8 @@ The plugins are module objects holding ``@hookimpl`` functions, exactly like a r
 dare_register_corruptions, dare_register_trajectory_builders,
 dare_register_likelihood_estimators, dare_register_policy_losses,
 dare_register_advantage_estimators, dare_register_rollout_backends, dare_register_algorithms,
-dare_register_tasks) and dare_register_commands.
+dare_register_tasks) and dare_register_commands; plugin-owned config sections
+(dare_register_config_sections) are registered by the tests that use them.
 """
 
 from __future__ import annotations

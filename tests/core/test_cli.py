@@ -174,6 +174,26 @@ def test_config_show(run, ckpt):
     assert data["algo"] == "algo_a" and data["model"]["path"] == str(ckpt)
 
 
+def test_config_show_prints_plugin_sections_with_their_description(make_dare, make_plugin, use_dare,
+                                                                    ckpt):
+    import attrs
+
+    from dare_core.config import option
+    from dare_core.interfaces import ConfigSection
+
+    @attrs.frozen
+    class WatchConfig:
+        every: int = option(10, "Watch every N steps.")
+
+    use_dare(make_dare(make_plugin("test_watch", dare_register_config_sections=lambda register: register(
+        ConfigSection("watch", WatchConfig, "The watcher's options.")))))
+    result = CliRunner().invoke(cli, ["config", "show", "--algo", "algo_a", "--model", "toy",
+                                      f"model.path={ckpt}", "watch.every=3"], prog_name="dare")
+    assert result.exit_code == 0, result.output
+    assert "\nwatch:  # The watcher's options.\n  every: 3  # Watch every N steps.\n" in result.output
+    assert yaml.safe_load(result.output)["watch"] == {"every": 3}
+
+
 def test_config_show_errors_are_one_line(run, ckpt):
     line = _one_error_line(run("config", "show", "--algo", "algo_a", "--model", "toy",
                                f"model.path={ckpt}", "algorithm.nope=1", "trainer.lr=-1"))

@@ -22,6 +22,7 @@ from dare_core.config import (
 )
 from dare_core.config.loader import PRESET_FILE, deep_merge, load_yaml, parse_overrides
 from dare_core.config.structure import unstructure
+from dare_core.config.validators import positive
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig
 from dare_core.errors import CapabilityError, ConfigError, DareError, UnknownNameError
 from dare_core.rundir import RunDir
@@ -368,7 +369,7 @@ def test_supported_capability_combinations_resolve(dare, ckpt, load_calls):
 def _help_texts(cls) -> list[str]:
     out = []
     for f in attrs.fields(cls):
-        if f.name == "rollout_backend":
+        if f.name in ("rollout_backend", "sections"):  # sections: only when a plugin owns one
             continue
         out.append(f.metadata["help"])
         if attrs.has(f.type) if isinstance(f.type, type) else False:
@@ -513,3 +514,142 @@ def test_eval_backend_is_checked_and_shares_the_rollout_fields(dare, ckpt):
     same = _resolve(dare, ckpt, "rollout.steps=16")
     assert eval_backend_name(same) == "low_confidence"
     assert eval_rollout_config(same).steps == same.rollout.gen_length  # eval.steps null: one token per step
+
+
+# ----------------------------------------------------------------------------- plugin-owned sections
+@attrs.frozen
+class SinkConfig:
+    """Where the test observer writes."""
+
+    path: Optional[str] = attrs.field(default=None, metadata={"help": "Output file; null = none."})
+
+
+@attrs.frozen
+class ObserverConfig:
+    """Options of a test observer plugin."""
+
+    level: int = attrs.field(default=1, metadata={"help": "Verbosity level."}, validator=positive)
+    names: tuple[str, ...] = attrs.field(default=(), metadata={"help": "Metric names to watch."})
+    sink: SinkConfig = attrs.field(factory=SinkConfig, metadata={"help": "Output of the observer."})
+
+
+def _sections(make_dare, make_plugin, *sections):
+    """A Dare whose plugin ``test_sections`` registers ``sections`` (ConfigSection objects)."""
+    def register_sections(register):
+        for sec in sections:
+            register(sec)
+
+    return make_dare(make_plugin("test_sections", dare_register_config_sections=register_sections))
+
+
+@pytest.fixture
+def observed(make_dare, make_plugin):
+    from dare_core.interfaces import ConfigSection
+
+    return _sections(make_dare, make_plugin,
+                     ConfigSection("observer", ObserverConfig, "A test observer's options."))
+
+
+def test_a_plugin_section_not_given_holds_its_defaults(observed, ckpt):
+    cfg = _resolve(observed, ckpt)
+    assert cfg.sections == {"observer": ObserverConfig()}
+    assert cfg.plugin_section("observer") is cfg.sections["observer"]
+    data = to_dict(cfg)
+    assert data["observer"] == {"level": 1, "names": [], "sink": {"path": None}}
+    assert "sections" not in data and list(data)[-1] == "observer"
+
+
+def test_without_a_plugin_section_nothing_changes(dare, ckpt):
+    cfg = _resolve(dare, ckpt)
+    assert cfg.sections == {} and "sections" not in to_dict(cfg)
+
+
+def test_a_plugin_section_is_structured_from_the_file_and_overrides(observed, ckpt, tmp_path):
+    path = _write(tmp_path / "run.yaml", {"observer": {"names": ["loss"], "sink": {"path": "x.log"}},
+                                           "trainer": {"steps": 4}})
+    cfg = _resolve(observed, ckpt, "observer.level=3", "observer.sink.path=y.log", config_file=path)
+    assert cfg.plugin_section("observer") == ObserverConfig(3, ("loss",), SinkConfig("y.log"))
+    assert cfg.trainer.steps == 4
+
+
+def test_plugin_section_problems_are_reported_with_the_others(observed, ckpt):
+    with pytest.raises(ConfigError) as info:
+        _resolve(observed, ckpt, "observer.levle=2", "observer.level=0", "observer.sink.pth=a",
+                 "observer.names=3", "trainer.stepz=1", "algorithm.mc_numm=2")
+    problems = _problems(info)
+    assert problems == [
+        "trainer.stepz: unknown key (did you mean 'steps'?)",
+        "algorithm.mc_numm: unknown key (did you mean 'mc_num'?)",
+        "observer.levle: unknown key (did you mean 'level'?)",
+        "observer.names: expected tuple[str, ...], got 3",
+        "observer.sink.pth: unknown key (did you mean 'path'?)",
+        "observer.level: must be > 0, got 0",
+    ]
+    with pytest.raises(ConfigError) as info:
+        _resolve(observed, ckpt, "observer=3")
+    assert _problems(info) == ["observer: expected a mapping, got 3"]
+
+
+def test_unknown_top_level_keys_offer_the_plugin_sections(observed, dare, ckpt):
+    with pytest.raises(ConfigError) as info:
+        _resolve(observed, ckpt, "observr.level=2")
+    assert _problems(info) == ["observr: unknown key (did you mean 'observer'?)"]
+    with pytest.raises(ConfigError) as info:
+        _resolve(observed, ckpt, "zzzz=1")
+    (problem,) = _problems(info)
+    assert problem.startswith("zzzz: unknown key (valid keys: ") and "observer" in problem
+    assert "eval" in problem and "trainer" in problem
+    with pytest.raises(ConfigError) as info:  # without the plugin, its section is unknown
+        _resolve(dare, ckpt, "observer.level=2")
+    assert _problems(info)[0].startswith("observer: unknown key")
+    with pytest.raises(ConfigError) as info:  # the holder field is not a key of the file
+        _resolve(observed, ckpt, "sections.observer.level=2")
+    assert _problems(info) == [
+        "sections: not a config key; plugin-owned sections are top-level keys (installed: observer)"]
+
+
+def test_a_plugin_section_round_trips_through_config_yaml(observed, ckpt, tmp_path):
+    cfg = _resolve(observed, ckpt, "observer.names=[b, a]", "observer.sink.path=z")
+    run = RunDir(str(tmp_path / "run"))
+    run.write_config(to_dict(cfg))
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert written["observer"] == {"level": 1, "names": ["b", "a"], "sink": {"path": "z"}}
+    again = resolve(observed, config_file=run.path("config.yaml"))
+    assert again == cfg and again.plugin_section("observer").names == ("b", "a")
+
+
+def test_render_with_help_shows_plugin_sections_as_top_level_keys(observed, ckpt):
+    cfg = _resolve(observed, ckpt, "observer.level=5")
+    text = render_with_help(cfg, observed)
+    assert "\nobserver:  # A test observer's options.\n" in text
+    for help_text in _help_texts(ObserverConfig):
+        assert f"# {help_text}" in text, help_text
+    assert "  level: 5  # Verbosity level." in text and "  sink:  # Output of the observer." in text
+    assert "    path: null  # Output file; null = none." in text
+    assert "# " + attrs.fields(RunConfig).sections.metadata["help"] in text
+    assert "sections:" not in text
+    assert yaml.safe_load(text)["observer"]["level"] == 5
+    # without the registry, the header is the class docstring's first line
+    assert "\nobserver:  # Options of a test observer plugin.\n" in render_with_help(cfg)
+    # no plugin section: no header either
+    assert "Plugin-owned" not in render_with_help(attrs.evolve(cfg, sections={}))
+
+
+def test_plugin_section_accessor(observed, ckpt):
+    cfg = _resolve(observed, ckpt)
+    assert cfg.plugin_section("observer", ObserverConfig) is cfg.sections["observer"]
+    assert RunConfig().plugin_section("observer", ObserverConfig) == ObserverConfig()
+    with pytest.raises(DareError, match="no section 'observer' .*has: none.*installed"):
+        RunConfig().plugin_section("observer")
+
+
+def test_a_plugin_section_may_not_take_a_core_key_or_a_non_attrs_class(make_dare, make_plugin, ckpt):
+    from dare_core.interfaces import ConfigSection
+
+    taken = _sections(make_dare, make_plugin, ConfigSection("trainer", ObserverConfig))
+    with pytest.raises(DareError, match="plugin 'test_sections' registers the config section "
+                                        "'trainer'.*DARE_DISABLE_PLUGINS=test_sections"):
+        _resolve(taken, ckpt)
+    bad = _sections(make_dare, make_plugin, ConfigSection("observer", dict))
+    with pytest.raises(TypeError, match="needs an attrs class"):
+        _resolve(bad, ckpt)

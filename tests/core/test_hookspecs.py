@@ -34,7 +34,8 @@ def _test_files() -> list[pathlib.Path]:
 def test_there_are_hook_specs():
     names = set(_specs())
     assert {"dare_register_model_wrappers", "dare_register_algorithms", "dare_register_commands",
-            "dare_addhooks", "dare_configure", "dare_on_step_end", "dare_unconfigure"} <= names
+            "dare_register_config_sections", "dare_addhooks", "dare_configure", "dare_on_run_start",
+            "dare_on_step_end", "dare_on_eval", "dare_unconfigure"} <= names
     assert all(name.startswith("dare_") for name in names)
 
 
@@ -59,7 +60,8 @@ def test_every_spec_is_exercised_by_a_test():
                        if p.resolve() != pathlib.Path(__file__).resolve())
     missing = [name for name in _specs() if name not in corpus]
     # the lifecycle hooks are exercised in this file, below
-    lifecycle = {"dare_addhooks", "dare_configure", "dare_on_step_end", "dare_unconfigure"}
+    lifecycle = {"dare_addhooks", "dare_configure", "dare_on_run_start", "dare_on_step_end",
+                 "dare_on_eval", "dare_unconfigure"}
     here = pathlib.Path(__file__).read_text()
     missing = [name for name in missing if not (name in lifecycle and f"def {name}(" in here)]
     assert not missing, f"no test uses: {missing}"
@@ -74,8 +76,16 @@ def _observer(name: str, events: list) -> types.ModuleType:
         events.append((name, "configure", config))
 
     @hookimpl
+    def dare_on_run_start(config, run_dir):
+        events.append((name, "run_start", config, run_dir))
+
+    @hookimpl
     def dare_on_step_end(step, metrics):
         events.append((name, "step", step, dict(metrics)))
+
+    @hookimpl
+    def dare_on_eval(step, label, metrics):
+        events.append((name, "eval", step, label, dict(metrics)))
 
     @hookimpl
     def dare_unconfigure(config):
@@ -83,6 +93,7 @@ def _observer(name: str, events: list) -> types.ModuleType:
 
     mod.dare_configure, mod.dare_on_step_end, mod.dare_unconfigure = (
         dare_configure, dare_on_step_end, dare_unconfigure)
+    mod.dare_on_run_start, mod.dare_on_eval = dare_on_run_start, dare_on_eval
     return mod
 
 
@@ -135,11 +146,14 @@ def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ck
                      overrides=[f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=r"])
 
     class FakeCtx:
+        engine = types.SimpleNamespace(is_main=True)
+
         def log(self, msg):
             events.append(("ctx", "log", msg))
 
     def fake_setup(dare, cfg, *, rundir):
         assert [e[1] for e in events] == ["configure"]  # configured before set-up
+        rundir.write_config({"algo": cfg.algo})
         return FakeCtx()
 
     def fake_workflow(ctx):
@@ -158,6 +172,47 @@ def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ck
         assert summary["algo"] == "algo_a" and summary["eval"]["after"]["accuracy"] == 1.0
         assert (tmp_path / "runs" / "r" / "summary.json").is_file()
     kinds = [e[1] for e in events if e[0] == "obs"]
-    assert kinds == ["configure", "step", "unconfigure"]
+    assert kinds == ["configure", "run_start", "step", "unconfigure"]
     assert events[0][2] is config
+    start = next(e for e in events if e[1] == "run_start")
+    assert start[2] is config and start[3] == str(tmp_path / "runs" / "r")
     assert load_calls == []
+
+
+def test_run_start_and_eval_hooks_in_a_real_run(tmp_path):
+    """A tiny real run: ``dare_on_run_start`` finds the written config, ``dare_on_eval`` sees every
+    held-out evaluation with the values of ``metrics.jsonl``, each after its step's step-end."""
+    import json
+    import os
+
+    from dare_core.testing import toy
+    from dare_core.testing.digits import DigitsPlugin
+
+    events: list = []
+    found: list = []
+    obs = _observer("obs", events)
+    plain_start = obs.dare_on_run_start
+
+    @hookimpl
+    def dare_on_run_start(config, run_dir):
+        found.append(sorted(os.listdir(run_dir)))
+        plain_start(config=config, run_dir=run_dir)
+
+    obs.dare_on_run_start = dare_on_run_start
+    d = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), obs])
+    cfg = resolve(d, algo="pg_test", model="toy", overrides=[
+        "task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
+        "rollout.steps=4", "eval.batch_size=8", "progress=false", f"model.path={tmp_path}",
+        f"output_dir={tmp_path}", "run_name=r", "trainer.steps=4", "trainer.batch_size=2",
+        "trainer.group_size=2", "eval.every=2", "trainer.save_final=false"])
+    train_mod.train(d, cfg)
+    assert "config.yaml" in found[0]
+    kinds = [(e[1], e[2] if e[1] in ("step", "eval") else None) for e in events]
+    assert kinds == [("configure", None), ("run_start", None), ("eval", 0), ("step", 1),
+                     ("step", 2), ("eval", 2), ("step", 3), ("step", 4), ("eval", 4),
+                     ("unconfigure", None)]
+    evals = [e for e in events if e[1] == "eval"]
+    assert [e[3] for e in evals] == ["before", "step-2", "after"]
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [e[4] for e in evals] == [x["eval"] for x in lines if "eval" in x]
+    assert "vs_before" in evals[-1][4] and "vs_before" not in evals[0][4]
