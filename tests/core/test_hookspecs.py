@@ -9,6 +9,9 @@ import types
 
 import pytest
 
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
+
 import dare_core.hookspecs as hookspecs
 import dare_core.train as train_mod
 from dare_core import hookimpl
@@ -199,7 +202,7 @@ def test_run_start_and_eval_hooks_in_a_real_run(tmp_path):
         plain_start(config=config, run_dir=run_dir)
 
     obs.dare_on_run_start = dare_on_run_start
-    d = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), obs])
+    d = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), obs])
     cfg = resolve(d, algo="pg_test", model="toy", overrides=[
         "task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
         "rollout.steps=4", "eval.batch_size=8", "progress=false", f"model.path={tmp_path}",

@@ -10,9 +10,9 @@ import torch
 import dare_plugin_justgrpo
 from dare_core.components.trajectory_rows import TrajectoryContext
 from dare_core.config.structure import structure
-from dare_core.default_plugins.rollout import LowConfidenceConfig, LowConfidenceSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper, toy, toy_block
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
@@ -103,7 +103,7 @@ def test_token_mean_loss_hand_computed():
 def test_block_models_refused_in_one_line():
     from dare_core.config.loader import check_support
 
-    dare = build(load_entrypoints=False, extra_plugins=[toy_block, dare_plugin_justgrpo])
+    dare = build_for(toy_block, dare_plugin_justgrpo)
     with pytest.raises(CapabilityError) as err:
         check_support(dare, "justgrpo", "block_toy")
     assert "\n" not in str(err.value) and "masked" in str(err.value)
@@ -121,12 +121,12 @@ def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path)
 
 
 def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperature(tmp_path):
-    """`paired_eval.py --training-sampler`: the evaluation sampler is the forced training one."""
+    """`dare compare --training-sampler`: the evaluation sampler is the forced training one."""
     from dare_core.config import resolve
     from dare_core.testing.digits import DigitsPlugin
     from dare_core.workflows.common import eval_rollout_config, judged_by_training_rollout
 
-    dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), dare_plugin_justgrpo])
+    dare = build_for(toy, DigitsPlugin(), dare_plugin_justgrpo)
     cfg = resolve(dare, algo="justgrpo", model="toy", overrides=[
         "task.name=digits", "rollout.backend=low_confidence", "rollout.gen_length=6",
         "rollout.block_length=6", "rollout.steps=3", "rollout.temperature=1.0",

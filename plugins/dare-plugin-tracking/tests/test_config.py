@@ -11,7 +11,7 @@ import pytest
 import dare_plugin_tracking
 from dare_core.config import render_with_help, resolve, to_dict
 from dare_core.errors import ConfigError, DareError
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
@@ -21,7 +21,7 @@ from dare_plugin_tracking.config import TensorBoardConfig, TrackingConfig, Wandb
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin(), dare_plugin_tracking])
+    return build_for(toy, DigitsPlugin(), dare_plugin_tracking)
 
 
 def _resolve(dare, tmp_path, *overrides):

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import dare_plugin_tracking
 from dare_core import hookimpl
 from dare_core.config import resolve, to_dict
-from dare_core.plugins import build
+from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
@@ -29,9 +29,7 @@ COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollou
 
 
 def _dare(*more):
-    return build(load_entrypoints=False,
-                 extra_plugins=[toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}}),
-                                dare_plugin_tracking, *more])
+    return build_for(toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}}), dare_plugin_tracking, *more)
 
 
 def _config(dare, tmp_path, *overrides):
