@@ -4,7 +4,7 @@ The core owns the training loops, config, CLI and evaluation; model families and
 plugins that reach it through the hooks in :mod:`dare_core.hookspecs`.
 """
 
-__version__ = "0.1.0"
+from dare_core._version import __version__  # noqa: E402
 
 from dare_core.plugins import hookimpl  # noqa: E402
 

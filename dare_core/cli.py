@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import click
 
-from dare_core import __version__
+from dare_core._version import __version__
 from dare_core.errors import DareError
 
 

@@ -166,7 +166,7 @@ def _registrar(registry, owner: str) -> Callable[[Any], None]:
 
 
 def _core_version() -> str:
-    from dare_core import __version__
+    from dare_core._version import __version__
 
     return __version__
 

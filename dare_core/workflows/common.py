@@ -12,7 +12,7 @@ from typing import Any, Iterator, Optional, Sequence
 import attrs
 import torch
 
-from dare_core import __version__
+from dare_core._version import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine

@@ -1,0 +1,71 @@
+"""The README states what the code does: its families x algorithms matrix is `dare list --matrix`
+over this repository's own plugins, and the front page stays a front page."""
+
+import importlib
+import json
+import pathlib
+import re
+
+import pytest
+from click.testing import CliRunner
+
+import dare_core.plugins as dare_plugins
+from dare_core.cli import cli
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+
+def _first_party_plugins() -> list:
+    """Every plugin module of plugins/ and libs/ (their ``dare`` entry points), imported by name."""
+    modules = []
+    for pyproject in sorted([*REPO.glob("plugins/*/pyproject.toml"), *REPO.glob("libs/*/pyproject.toml")]):
+        text = pyproject.read_text()
+        block = re.search(r"\[project\.entry-points\.dare\]\n(.*?)(\n\[|\Z)", text, re.S)
+        if block:
+            for name in re.findall(r'=\s*"([\w.]+)"', block.group(1)):
+                modules.append(importlib.import_module(name))
+    return modules
+
+
+def _readme_matrix() -> list[dict[str, str]]:
+    text = README.read_text()
+    table = text.split("<!-- matrix:begin -->")[1].split("<!-- matrix:end -->")[0].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    return [dict(zip(header, row)) for row in rows]
+
+
+def test_readme_matrix_is_dare_list_matrix(monkeypatch):
+    monkeypatch.setattr(dare_plugins, "_DARE", dare_plugins.build(
+        load_entrypoints=False, extra_plugins=_first_party_plugins()))
+    result = CliRunner().invoke(cli, ["list", "--matrix", "--json"])
+    assert result.exit_code == 0, result.output
+    assert _readme_matrix() == json.loads(result.output)
+
+
+def test_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    assert not re.search(r"\bsession\b|§|\bp = ", text, re.IGNORECASE)
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "eval", "compare", "init", "bench", "plot",
+                                     "plugins", "list", "config"])
+def test_readme_commands_exist(command, monkeypatch):
+    monkeypatch.setattr(dare_plugins, "_DARE", dare_plugins.build(
+        load_entrypoints=False, extra_plugins=_first_party_plugins()))
+    monkeypatch.setattr(cli, "commands", dict(cli.commands))
+    monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
+    assert f"dare {command}" in README.read_text()
+    assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0
+
+
+def test_set_up_installs_every_distribution_of_the_repository():
+    listed = {line.split()[1].lstrip("./").split("[")[0].rstrip("/")
+              for line in (REPO / "requirements-dev.txt").read_text().splitlines()
+              if line.startswith("-e ")}
+    dirs = {str(p.parent.relative_to(REPO)) for pattern in ("libs/*/pyproject.toml", "plugins/*/pyproject.toml",
+                                                             "contrib/*/pyproject.toml")
+            for p in REPO.glob(pattern)}
+    assert dirs <= listed, sorted(dirs - listed)

@@ -1,0 +1,83 @@
+"""The core stays small and layered: its size is within budget (``scripts/core_size.py``) and no
+two of its packages import each other, directly or through others (lazy imports included)."""
+
+import ast
+import importlib.util
+import pathlib
+
+import dare_core
+
+ROOT = pathlib.Path(dare_core.__file__).parent
+SCRIPT = ROOT.parent / "scripts" / "core_size.py"
+
+
+def _unit(module: str) -> str:
+    """``dare_core.config.loader`` → ``config``; ``dare_core`` itself → ``dare_core``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "dare_core"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Package (or top-level module) of the core → the core packages it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        src = rel.parts[0] if len(rel.parts) > 1 else ("dare_core" if rel.stem == "__init__" else rel.stem)
+        edges = graph.setdefault(src, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dare_core":
+                if node.module == "dare_core":  # "from dare_core import x": a submodule or the package
+                    targets = [a.name if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
+                               else "dare_core" for a in node.names]
+                else:
+                    targets = [_unit(node.module)]
+            elif isinstance(node, ast.Import):
+                targets = [_unit(a.name) for a in node.names if a.name.split(".")[0] == "dare_core"]
+            else:
+                continue
+            edges.update(t for t in targets if t != src)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a path ``[a, b, ..., a]``, or ``[]``."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if not state.get(nxt):
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if not state.get(node):
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def test_no_import_cycles_between_core_packages():
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_core_size_is_within_budget(capsys):
+    spec = importlib.util.spec_from_file_location("core_size", SCRIPT)
+    core_size = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(core_size)
+    assert core_size.main(["--check"]) == 0, capsys.readouterr().out
