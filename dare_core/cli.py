@@ -113,7 +113,8 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
     import torch
 
     from dare_core.config import resolve
-    from dare_core.workflows.common import build_rollout, decode_responses, left_pad, load_model
+    from dare_core.workflows.runtime import build_rollout, load_model
+    from dare_core.workflows.batching import decode_responses, left_pad
 
     dare = _dare()
     overrides = ("rollout.temperature=0",) + tuple(overrides)
@@ -137,7 +138,8 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
     """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
     from dare_core.config import resolve
-    from dare_core.workflows.common import eval_context, evaluate
+    from dare_core.workflows.runtime import eval_context
+    from dare_core.workflows.evaluation import evaluate
 
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)

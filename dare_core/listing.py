@@ -15,7 +15,8 @@ def list_rows(dare: Any, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ..
     if kind == "algorithms":
         rows = [(n, s.workflow, ",".join(sorted(s.kinds)) or "any",
                  ",".join(sorted(s.requires)) or "-",
-                 " ".join(f"{k}={v}" for k, v in s.components.items()), s.paper,
+                 " ".join(f"{k}={v if isinstance(v, str) else '|'.join(v)}" for k, v in s.components.items()),
+                 s.paper,
                  regs.algorithms.owner(n)) for n, s in regs.algorithms.items()]
         return ("algorithm", "workflow", "kinds", "requires", "components", "paper", "plugin"), rows
     if kind == "rollouts":

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from dare_core.config import RunConfig
 from dare_core.errors import DareError
 from dare_core.rundir import RunDir
-from dare_core.workflows.common import setup
+from dare_core.workflows.runtime import setup
 from dare_core.workflows.preference import run_preference
 from dare_core.workflows.rl import run_rl
 from dare_core.workflows.sft import run_sft

@@ -34,7 +34,8 @@ from dare_core.config import resolve
 from dare_core.errors import DareError, run_script
 from dare_core.plugins import build
 from dare_core.components import FinalSequence, GroupNormAdvantage
-from dare_core.workflows.common import evaluate, setup
+from dare_core.workflows.evaluation import evaluate
+from dare_core.workflows.runtime import setup
 from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
 
 

@@ -17,7 +17,7 @@ from dare_core.models import lora
 from dare_core.plugins import build
 from dare_core.rundir import RunDir
 from dare_core.testing import digits, make_toy_wrapper, toy
-from dare_core.workflows.common import load_model, setup
+from dare_core.workflows.runtime import load_model, setup
 from dare_core.workflows.rl import run_rl
 from dare_core.workflows.sft import run_sft
 
@@ -41,7 +41,8 @@ COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollou
 
 
 def _greedy(dare, cfg, wrapper):
-    from dare_core.workflows.common import build_rollout, decode_responses, left_pad
+    from dare_core.workflows.runtime import build_rollout
+    from dare_core.workflows.batching import decode_responses, left_pad
 
     backend = build_rollout(dare, cfg)
     prompts = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": f"n{i}"}])) for i in range(6)]

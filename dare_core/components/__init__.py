@@ -24,9 +24,13 @@ class ComponentLookup:
 
     def __init__(self, registries: Any):
         self._r = registries
+        #: names looked up so far, in order (the contract suite checks them against the spec)
+        self.built: list[str] = []
 
     def _make(self, registry: str, name: str, **kwargs: Any) -> Any:
-        return self._r[registry].get(name).factory(**kwargs)
+        component = self._r[registry].get(name).factory(**kwargs)
+        self.built.append(name)
+        return component
 
     def corruption(self, name: str, **kwargs: Any) -> Any:
         return self._make("corruptions", name, **kwargs)

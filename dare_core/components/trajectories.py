@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dare_core.interfaces import RolloutBatch, SequenceBatch
+from dare_core.interfaces import RolloutBatch, TrainingRows, TrajectoryContext
 
 
 class FinalSequence:
-    """Training input is the final ``[prompt | response]`` sequence; nothing else is recorded."""
+    """Training input is the final ``[prompt | response]`` sequence with the rollout's
+    advantages; nothing else is recorded."""
 
     records: frozenset[str] = frozenset()
 
-    def build(self, rollout: RolloutBatch) -> SequenceBatch:
-        return rollout.sequences()
+    def rows(self, wrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows:
+        return TrainingRows(rollout.sequences(), context.advantages)

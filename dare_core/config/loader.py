@@ -101,39 +101,22 @@ def _section(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, An
 
 def _recipe(spec: Any) -> dict[str, Any]:
     """The algorithm's recipe defaults for other sections (e.g. ``trainer.lr``)."""
-    return copy.deepcopy(dict(getattr(spec, "recipe", None) or {}))
+    return copy.deepcopy(dict(spec.recipe))
 
 
-def _rollout_needs(dare: Any, spec: Any, preset: dict[str, Any], raw: dict[str, Any]):
-    """``(records, fields, methods)`` the algorithm's training rollout needs — what its
-    trajectory builder reads (``trajectory.records``) and the backend config fields and methods
-    its ``rollout_config`` / ``wrap_rollout`` use — from its resolved options; empty when the
-    options do not structure (their errors are reported later)."""
-    from dare_core.components import ComponentLookup
-
-    none = (frozenset(), frozenset(), frozenset())
-    if spec is None:
-        return none
-    sections = [_recipe(spec).get("algorithm"), preset.get("algorithm"), raw.get("algorithm")]
-    merged: dict[str, Any] = {}
-    for sec in sections:
-        if isinstance(sec, dict):
-            merged = deep_merge(merged, sec)
-    names = {f.name for f in attrs.fields(spec.config_cls)}
-    cfg, problems = structure(spec.config_cls, {k: v for k, v in merged.items() if k in names})
-    if problems:
-        return none
-    comps = spec.build(cfg, ComponentLookup(dare.registries))
-    return (frozenset(getattr(comps.trajectory, "records", ()) or ()),
-            frozenset(getattr(comps, "rollout_fields", ()) or ()),
-            frozenset(getattr(comps, "rollout_methods", ()) or ()))
+def _rollout_needs(spec: Any):
+    """``(records, fields, methods)`` the algorithm's training rollout needs, as its spec declares
+    them: what its trajectory builders read, and the backend config fields and methods its
+    ``rollout_config`` / ``wrap_rollout`` use. Nothing is built."""
+    if spec is None or spec.workflow != "rl":
+        return frozenset(), frozenset(), frozenset()
+    return spec.records, spec.rollout_fields, spec.rollout_methods
 
 
 def _backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset,
                     methods: frozenset) -> bool:
     cfg_fields = {f.name for f in attrs.fields(rollout_spec.config_cls)}
-    return (records <= set(rollout_spec.records) and fields <= cfg_fields
-            and all(callable(getattr(rollout_spec.build, m, None)) for m in methods))
+    return records <= rollout_spec.records and fields <= cfg_fields and methods <= rollout_spec.methods
 
 
 def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
@@ -147,8 +130,7 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
     candidates = [family.default_rollout] + [n for n in family.rollouts if n != family.default_rollout]
     if suggested:
         candidates = [str(suggested)] + [n for n in candidates if n != suggested]
-    rl = spec is not None and spec.workflow == "rl"
-    needs = _rollout_needs(dare, spec, preset, raw) if rl else (frozenset(), frozenset(), frozenset())
+    needs = _rollout_needs(spec)
     for name in candidates:
         if name not in dare.registries.rollouts:
             continue
@@ -189,11 +171,14 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
     _check_fits(f"algorithm {algo.name!r}", algo, family, hint)
     roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories,
              "estimator": regs.estimators, "loss": regs.losses, "advantage": regs.advantages}
-    for role, name in algo.components.items():
+    for role, names in algo.components.items():
         registry = roles.get(role)
-        if registry is not None and name in registry:
-            _check_fits(f"algorithm {algo.name!r} uses {role} {name!r}, which", registry.get(name),
-                        family, hint)
+        names = (names,) if isinstance(names, str) else tuple(names)
+        present = [n for n in names if registry is not None and n in registry]
+        problems = [misfit(f"algorithm {algo.name!r} uses {role} {n!r}, which", registry.get(n), family, hint)
+                    for n in present]
+        if present and all(problems):  # alternatives: one that serves the family is enough
+            raise CapabilityError(problems[0])
     return algo, family
 
 

@@ -1,7 +1,9 @@
 """Protocols and data classes of DARE's seams. See ``docs/hooks.md``."""
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.interfaces.seams import (
+    AccumulatingLoss,
     AdvantageEstimator,
     AlgorithmSpec,
     Components,
@@ -14,9 +16,12 @@ from dare_core.interfaces.seams import (
     ModelFamily,
     ModelWrapper,
     PolicyLoss,
+    PreferenceLoss,
     RolloutBackend,
     RolloutSpec,
+    RowEstimate,
     Score,
+    SFTObjective,
     Task,
     TaskSpec,
     TrajectoryBuilder,
@@ -24,8 +29,10 @@ from dare_core.interfaces.seams import (
 )
 
 __all__ = [
-    "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec", "ConfigSection", "Corrupted",
-    "DiffusionKind", "Example", "ForwardCorruption", "LikelihoodEstimator", "ModelFamily",
-    "ModelWrapper", "PolicyLoss", "RolloutBackend", "RolloutBatch", "RolloutSpec", "Score",
-    "SequenceBatch", "Task", "TaskSpec", "TrajectoryBuilder", "WorkflowKind",
+    "AccumulatingLoss", "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec",
+    "ConfigSection", "Corrupted", "DiffusionKind", "Example", "ForwardCorruption",
+    "LikelihoodEstimator", "ModelFamily", "ModelWrapper", "PolicyLoss", "PreferenceLoss",
+    "RolloutBackend", "RolloutBatch", "RolloutSpec", "RowEstimate", "SFTObjective", "Score",
+    "SequenceBatch", "Task", "TaskSpec", "TrainingRows", "TrajectoryBuilder", "TrajectoryContext",
+    "WorkflowKind",
 ]

@@ -7,12 +7,13 @@ those objects directly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
 import torch
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 
 DiffusionKind = Literal["masked", "block"]
 WorkflowKind = Literal["rl", "sft", "preference"]
@@ -111,11 +112,20 @@ class ForwardCorruption(Protocol):
 
 
 class TrajectoryBuilder(Protocol):
-    """Declares what the rollout must record and turns the rollout into training input."""
+    """Declares what the rollout must record and turns the rollout into training rows.
+
+    ``records``: what the rollout backend must record (``reveal_step``, ``step_states``; empty =
+    the final tokens only); the RL loop asks the backend for exactly these and refuses, before any
+    work, a backend that cannot record them. ``rows`` returns the training input of one rollout
+    batch: the final sequence with the rollout's advantages (:class:`FinalSequence
+    <dare_core.components.FinalSequence>`), or several rows per rollout, replayed states, token
+    weights and row-aligned ``extras`` for the loss (:class:`~dare_core.interfaces.TrainingRows`).
+    """
 
     records: frozenset[str]
 
-    def build(self, rollout: RolloutBatch) -> SequenceBatch: ...
+    def rows(self, wrapper: "ModelWrapper", rollout: RolloutBatch,
+             context: TrajectoryContext) -> TrainingRows: ...
 
 
 class LikelihoodEstimator(Protocol):
@@ -135,14 +145,59 @@ class LikelihoodEstimator(Protocol):
     ) -> torch.Tensor: ...
 
 
+#: ``estimate(rows) -> [len(rows), B, ...]``: the algorithm's estimator on the given Monte-Carlo
+#: rows of the batch's corruption only, with gradients.
+RowEstimate = Callable[[Sequence[int]], torch.Tensor]
+
+
 class PolicyLoss(Protocol):
-    """``(logp, old_logp, ref_logp, advantages, mask) -> (loss, metrics)``.
+    """The RL objective of one micro-batch: ``(loss, metrics)``.
 
-    ``logp``/``old_logp``/``ref_logp`` have the estimator's shape; ``advantages`` is ``[B]``;
-    ``mask`` is ``[B, R]`` (float weights allowed). SFT objectives take
-    ``(logp, corrupted, batch)`` instead (see the SFT workflow)."""
+    ``logp``/``old_logp``/``ref_logp`` have the estimator's shape (``[M, B, R]`` per token or
+    ``[M, B]`` per sequence; ``ref_logp`` is ``None`` unless ``Components.needs_ref``);
+    ``advantages`` is ``[B]``; ``mask`` is ``[B, R]`` (float weights allowed); ``extras`` are the
+    trajectory builder's row-aligned tensors (:attr:`TrainingRows.extras`), ``None`` when it gives
+    none. ``metrics`` are plain floats. Each loss documents its equation and reference.
+    """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
+                 advantages: torch.Tensor, mask: torch.Tensor, *,
+                 extras: Optional[dict[str, torch.Tensor]] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class AccumulatingLoss(Protocol):
+    """A policy loss that runs its own backward passes, one Monte-Carlo row of the corruption at a
+    time (constant memory in the number of rows). Set as ``Components.accumulate``; the RL loop
+    calls it instead of ``estimator → loss → backward`` whenever the batch has a corruption.
+
+    ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
+    own forward passes (detached); otherwise the loop gives it a separate no-grad pass.
+    ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients and returns the detached
+    loss and its metrics.
+    """
+
+    computes_own_old: bool
+
+    def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
+                   ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
+                   scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None
+                   ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class SFTObjective(Protocol):
+    """The supervised objective of one micro-batch: ``(logp, corrupted, batch) -> (loss, metrics)``
+    (``logp`` of the estimator over ``corrupted``)."""
+
+    def __call__(self, logp: torch.Tensor, corrupted: Optional[Corrupted],
+                 batch: SequenceBatch) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class PreferenceLoss(Protocol):
+    """The preference objective over interleaved (chosen, rejected) rows:
+    ``(logp, ref_logp, batch) -> (loss, metrics)``."""
+
+    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor,
+                 batch: SequenceBatch) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 class AdvantageEstimator(Protocol):
@@ -190,6 +245,9 @@ class RolloutSpec:
         kinds: wrapper kinds it can drive.
         records: what it can record (``"reveal_step"``, ...).
         requires: wrapper capabilities it needs.
+        methods: optional backend methods it offers beyond ``generate`` (``"continue_from"``:
+            resume partial responses over a step range; ``"total_steps"``: the number of steps a
+            run takes); an algorithm that wraps the rollout declares the ones it calls.
     """
 
     name: str
@@ -198,6 +256,7 @@ class RolloutSpec:
     kinds: frozenset[str] = frozenset()
     records: frozenset[str] = frozenset()
     requires: frozenset[str] = frozenset()
+    methods: frozenset[str] = frozenset()
     description: str = ""
 
 
@@ -205,17 +264,22 @@ class RolloutSpec:
 class Components:
     """The objects one algorithm run is made of; built once by ``AlgorithmSpec.build``.
 
-    ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT only) builds a training batch
-    from token-id lists; ``None`` uses the core's default (pad id, padding not attended).
+    Every member the loops use, with its default:
 
-    RL only: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout configuration
-    (e.g. one token per step, left to right); evaluation keeps the run's rollout settings.
-    ``wrap_rollout(backend, run_config) -> backend`` wraps the training rollout backend (e.g. a
-    tree of partial denoising runs whose leaves are the rollout rows).
-    ``rollout_fields`` / ``rollout_methods``: config fields (e.g. ``block_length``) and backend
-    methods (e.g. ``continue_from``) the training rollout must offer for ``rollout_config`` /
-    ``wrap_rollout`` to work; when ``rollout.backend`` is not set, the loader picks the first of
-    the family's backends that offers them (and records what the trajectory needs).
+    * ``estimator`` (:class:`LikelihoodEstimator`) and ``loss`` (:class:`PolicyLoss`,
+      :class:`SFTObjective` or :class:`PreferenceLoss`, by the algorithm's workflow);
+    * ``corruption`` (:class:`ForwardCorruption`, ``None`` = the estimator needs none);
+    * ``trajectory`` (:class:`TrajectoryBuilder`, ``None`` = the final sequence);
+    * ``advantage`` (:class:`AdvantageEstimator`, ``None`` = group-normalised rewards);
+    * ``accumulate`` (:class:`AccumulatingLoss`, ``None`` = the loop differentiates ``loss``);
+    * ``needs_ref``: reference log-likelihoods from a frozen copy of the initial policy;
+    * ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT; ``None`` = pad id, padding
+      not attended);
+    * RL: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout config
+      (e.g. one token per step, left to right; evaluation keeps the run's), ``wrap_rollout(backend,
+      run_config) -> backend`` wraps the training backend (e.g. a tree of partial denoising runs).
+      The rollout config fields and backend methods they use are declared on the
+      :class:`AlgorithmSpec` (``rollout_fields``, ``rollout_methods``).
     """
 
     estimator: Any
@@ -223,12 +287,11 @@ class Components:
     corruption: Any = None
     trajectory: Any = None
     advantage: Any = None
+    accumulate: Any = None
     needs_ref: bool = False
     collate: Any = None
     rollout_config: Any = None
     wrap_rollout: Any = None
-    rollout_fields: frozenset = frozenset()
-    rollout_methods: frozenset = frozenset()
 
     def training_rollout_config(self, rollout_cfg: Any) -> Any:
         """The rollout config RL trains with: ``rollout_config(rollout_cfg)``, or ``rollout_cfg``
@@ -248,7 +311,15 @@ class AlgorithmSpec:
             components by name (:class:`dare_core.components.ComponentLookup`).
         requires: model capabilities it needs; the CLI refuses models lacking one.
         kinds: model kinds it supports (empty = all).
-        components: the registered component names it composes, for listings.
+        components: the registered component names it composes, by role (a name, or a tuple of
+            alternatives it chooses between by model kind) — the one list of what ``build`` may look up (the contract suite checks every name ``build`` looks up is
+            here; the CLI checks each against the model before any work).
+        records: what its trajectory builders may need the rollout to record, for any options
+            (the contract suite checks the built builder's ``records`` are among them).
+        rollout_fields: rollout config fields its ``rollout_config`` / ``wrap_rollout`` read or
+            set (e.g. ``block_length``); rollout_methods: backend methods they call (e.g.
+            ``continue_from``). With these and ``records`` the loader picks a training rollout
+            backend that serves the algorithm without building anything.
         paper: reference (title, arXiv id).
         description: one line.
         recipe: defaults for other run-config sections (``{"trainer": {"lr": 5e-7}}``), applied
@@ -261,7 +332,10 @@ class AlgorithmSpec:
     build: Callable[..., Components]
     requires: frozenset[str] = frozenset()
     kinds: frozenset[str] = frozenset()
-    components: dict[str, str] = attrs.field(factory=dict)
+    components: dict[str, Any] = attrs.field(factory=dict)
+    records: frozenset[str] = frozenset()
+    rollout_fields: frozenset[str] = frozenset()
+    rollout_methods: frozenset[str] = frozenset()
     paper: str = ""
     description: str = ""
     recipe: dict[str, Any] = attrs.field(factory=dict)

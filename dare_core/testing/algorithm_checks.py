@@ -1,6 +1,6 @@
 """Reusable checks for algorithm plugin tests: build an algorithm's components from options, run
 one RL step through the core loop on a toy family, and check that a loss's Monte-Carlo
-accumulation (``loss.accumulate``) gives the gradient of one backward over all rows."""
+accumulation (``Components.accumulate``) gives the gradient of one backward over all rows."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def one_rl_step(plugins: Sequence[Any], algo: str, model: str, tmp_path: Any,
 def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any, corrupted: Any,
                                       old: torch.Tensor, ref: Optional[torch.Tensor],
                                       advantages: torch.Tensor, scale: float = 0.5):
-    """Gradients of ``components.loss.accumulate`` (as the RL loop calls it) equal those of
+    """Gradients of ``components.accumulate`` (as the RL loop calls it) equal those of
     ``scale · loss(estimator(all rows))`` with one backward; returns both metric dicts."""
     from dare_core.workflows.rl import _row_estimate
 
@@ -54,7 +54,7 @@ def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any,
     (loss * scale).backward()
     full = [p.grad.clone() for p in wrapper.module.parameters()]
     wrapper.module.zero_grad()
-    loss2, metrics2 = components.loss.accumulate(
+    loss2, metrics2 = components.accumulate.accumulate(
         _row_estimate(components.estimator, wrapper, batch, corrupted), corrupted.num_samples,
         old, ref, advantages, mask, scale)
     a, b = float(loss.detach()), float(loss2)

@@ -39,8 +39,7 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
     and offers ``methods`` (the plugins under test must bring one)."""
     for _, spec in dare.registries.rollouts.items():
         if (not spec.kinds or wrapper.kind in spec.kinds) and records <= spec.records \
-                and spec.requires <= wrapper.capabilities \
-                and all(callable(getattr(spec.build, m, None)) for m in methods):
+                and spec.requires <= wrapper.capabilities and methods <= spec.methods:
             return spec
     pytest.fail(f"no registered rollout backend records {sorted(records)} for {wrapper.kind} "
                 f"models; require a plugin that provides one (e.g. dare-plugin-samplers)")
@@ -146,7 +145,7 @@ class ModelFamilyContract:
         assert not problems, problems
         backend = rspec.build(cfg)
         ids = [self._ids(wrapper, "a"), self._ids(wrapper, "a longer prompt")]
-        from dare_core.workflows.common import left_pad
+        from dare_core.workflows.batching import left_pad
 
         pid, pmask = left_pad(ids, wrapper.pad_token_id)
         out = backend.generate(wrapper, pid, pmask, generator=torch.Generator().manual_seed(0))
@@ -252,8 +251,36 @@ class AlgorithmContract:
         regs = dare.registries
         where = {"corruption": regs.corruptions, "estimator": regs.estimators, "loss": regs.losses,
                  "advantage": regs.advantages, "trajectory": regs.trajectories}
-        for role, name in spec.components.items():
-            assert name in where[role], f"{role} {name!r} is not registered"
+        for role, names in spec.components.items():
+            for name in (names,) if isinstance(names, str) else names:
+                assert name in where[role], f"{role} {name!r} is not registered"
+
+    def test_components_are_declared_once(self, dare, spec, config):
+        """``build`` looks up only the components the spec declares, and its trajectory builder
+        records only what the spec declares: the loader and the CLI read the spec, never a build."""
+        lookup = ComponentLookup(dare.registries)
+        comps = spec.build(config, lookup)
+        declared = {n for v in spec.components.values() for n in ((v,) if isinstance(v, str) else v)}
+        undeclared = sorted(set(lookup.built) - declared)
+        assert not undeclared, f"{spec.name} builds components its spec does not list: {undeclared}"
+        records = comps.trajectory.records if comps.trajectory is not None else frozenset()
+        assert records <= spec.records, (
+            f"{spec.name}'s trajectory records {sorted(records - spec.records)}, not in AlgorithmSpec.records")
+        assert (comps.rollout_config is None and comps.wrap_rollout is None) or \
+            spec.rollout_fields or spec.rollout_methods, (
+            f"{spec.name} adjusts its training rollout; declare the fields / methods it uses "
+            "(AlgorithmSpec.rollout_fields / rollout_methods)")
+
+    def test_members_the_loops_call_are_declared(self, spec, components):
+        """Each member the loop calls is one the interfaces declare (dare_core.interfaces)."""
+        if spec.workflow != "rl":
+            pytest.skip("not an RL algorithm")
+        traj = components.trajectory
+        if traj is not None:
+            assert isinstance(traj.records, frozenset) and callable(traj.rows)
+        if components.accumulate is not None:
+            assert callable(components.accumulate.accumulate)
+            assert isinstance(components.accumulate.computes_own_old, bool)
 
     def test_unknown_option_rejected(self, spec):
         _, problems = structure(spec.config_cls, {"definitely_not_an_option": 1}, "algorithm")
@@ -263,10 +290,12 @@ class AlgorithmContract:
         """A random rollout, or (when the trajectory builder asks for records) a real one from the
         core sampler recording them (``rollout_config`` of the components applied)."""
         roll = fake_rollout(wrapper)
-        records = frozenset(getattr(components.trajectory, "records", None) or ())
+        records = components.trajectory.records if components.trajectory is not None else frozenset()
         if not records and components.rollout_config is None and components.wrap_rollout is None:
             return roll
-        spec = _recording_backend(_dare(self.plugins), wrapper, records, components.rollout_methods)
+        dare = _dare(self.plugins)
+        methods = dare.registries.algorithms.get(self.algorithm).rollout_methods
+        spec = _recording_backend(dare, wrapper, records, methods)
         cfg, problems = structure(spec.config_cls, dict(
             gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
         assert not problems, problems
@@ -278,21 +307,21 @@ class AlgorithmContract:
             generator=torch.Generator().manual_seed(0))
 
     def _rows(self, components, wrapper):
-        """``TrainingRows`` of one rollout: ``expand`` when the builder has it, else ``build``."""
-        from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+        """``TrainingRows`` of one rollout (the trajectory builder's ``rows``; the final sequence
+        when the algorithm has no builder)."""
+        from dare_core.components import FinalSequence
+        from dare_core.interfaces import TrajectoryContext
 
         roll = self._rollout(components, wrapper)
         rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
         groups = torch.tensor([0, 0, 1, 1])
         adv = components.advantage(rewards, groups) if components.advantage else rewards
-        traj = components.trajectory
-        if traj is not None and callable(getattr(traj, "expand", None)):
-            def score(ids, mask, rows):  # a reward that depends on the response tokens
-                return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
 
-            return traj.expand(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))
-        batch = traj.build(roll) if traj is not None else roll.sequences()
-        return TrainingRows(batch, adv)
+        def score(ids, mask, rows):  # a reward that depends on the response tokens
+            return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+
+        traj = components.trajectory or FinalSequence()
+        return traj.rows(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))
 
     def _batch(self, components, wrapper):
         rows = self._rows(components, wrapper)
@@ -329,8 +358,8 @@ class AlgorithmContract:
 
     def test_own_old_logprobs_give_the_same_gradient(self, spec, components):
         """``trainer.reuse_logprob``: with one optimizer step per batch the RL loop takes the old
-        log-likelihoods from the update's own forward (detached), or calls ``loss.accumulate``
-        with ``old_logp=None`` when the loss declares ``computes_own_old``; the loss and the
+        log-likelihoods from the update's own forward (detached), or calls
+        ``Components.accumulate`` with ``old_logp=None`` when it declares ``computes_own_old``; the loss and the
         gradient must equal those with a separate gradient-free old pass."""
         if spec.workflow != "rl":
             pytest.skip("not an RL algorithm")
@@ -344,8 +373,8 @@ class AlgorithmContract:
             corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
         with torch.no_grad():
             old = components.estimator(wrapper, batch, corrupted)
-        accumulating = callable(getattr(components.loss, "accumulate", None)) and corrupted is not None
-        if accumulating and not getattr(components.loss, "computes_own_old", False):
+        accumulating = components.accumulate is not None and corrupted is not None
+        if accumulating and not components.accumulate.computes_own_old:
             pytest.skip("the loop gives this loss a separate old pass (no computes_own_old)")
 
         def run(own: bool):

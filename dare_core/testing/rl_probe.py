@@ -91,8 +91,8 @@ class _Spy:
                 self._log.events.append(("estimate", torch.is_grad_enabled(), _rows_of(corrupted)))
         return out
 
-    def expand(self, *args: Any, **kwargs: Any) -> Any:
-        rows = self._inner.expand(*args, **kwargs)
+    def rows(self, *args: Any, **kwargs: Any) -> Any:
+        rows = self._inner.rows(*args, **kwargs)
         if rows.corrupted is not None:
             self._log.events.append(("draw", _rows_of(rows.corrupted)))
         return rows
@@ -107,9 +107,8 @@ def spy_algorithm(spec: AlgorithmSpec, name: Optional[str] = None) -> tuple[Algo
         changes: dict[str, Any] = {"estimator": _Spy(comps.estimator, log, "estimator")}
         if comps.corruption is not None:
             changes["corruption"] = _Spy(comps.corruption, log, "corruption")
-        traj = comps.trajectory
-        if traj is not None and callable(getattr(traj, "expand", None)):
-            changes["trajectory"] = _Spy(traj, log, "trajectory")
+        if comps.trajectory is not None:
+            changes["trajectory"] = _Spy(comps.trajectory, log, "trajectory")
         return attrs.evolve(comps, **changes)
 
     return attrs.evolve(spec, name=name or f"spy_{spec.name}", build=build), log

@@ -212,7 +212,7 @@ def generate_pairs(
     """Preference pairs from ``wrapper``'s own rollouts on ``examples`` (``samples`` per prompt,
     sampled with ``rollout``), scored by ``task``. Returns ``(pairs, stats)``; ``stats`` has the
     mean reward and accuracy of all rollouts and the fraction of prompts that gave a pair."""
-    from dare_core.workflows.common import chunks, decode_responses, encode_prompts, left_pad
+    from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
 
     if samples < 2:
         raise DareError("generating preference pairs needs at least 2 samples per prompt")

@@ -43,16 +43,10 @@ from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
 from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
 from dare_core.workflows.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
-from dare_core.workflows.common import (
-    Context,
-    Tracker,
-    build_rollout,
-    chunks,
-    clip_and_step,
-    cycle_batches,
-    encode_prompts,
-    make_optimizer,
-)
+from dare_core.workflows.runtime import Context, build_rollout
+from dare_core.workflows.tracker import Tracker
+from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts
+from dare_core.workflows.optim import clip_and_step, make_optimizer
 from dare_core.workflows.sft import default_collate
 
 

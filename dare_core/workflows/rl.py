@@ -20,20 +20,18 @@ import attrs
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
-from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.errors import DareError
-from dare_core.workflows.common import (
-    Context,
+from dare_core.workflows.runtime import Context, build_rollout
+from dare_core.workflows.batching import (
     chunks,
-    clip_and_step,
     cycle_batches,
-    Tracker,
     decode_responses,
     encode_prompts,
     left_pad,
-    make_optimizer,
-    build_rollout,
 )
+from dare_core.workflows.optim import clip_and_step, make_optimizer
+from dare_core.workflows.tracker import Tracker
 
 
 def _estimate(ctx: Context, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
@@ -88,8 +86,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     batches = cycle_batches(train_examples, tr.batch_size, gen)
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
-    records = frozenset(getattr(trajectory, "records", frozenset()))
-    _check_records(ctx, records)
+    _check_records(ctx, trajectory.records)
     train_rollout = training_rollout(ctx)
     ref = _RefWrapper(wrapper) if comps.needs_ref else None
     params = list(wrapper.module.parameters())
@@ -107,12 +104,12 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         batch, advantages = rows.batch, rows.advantages.to(device)
         total = batch.batch_size
         mini = tr.mini_batch_size or total
-        accumulating = callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None
+        accumulating = comps.accumulate is not None and corrupted is not None
         # one optimizer step per batch: the policy that produced the rollouts is the one being
         # differentiated, so its log-likelihoods are the update's own forward, detached (a loss
         # that runs its own backward passes must say it can take old_logp=None)
         on_policy = (tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total
-                     and (not accumulating or getattr(comps.loss, "computes_own_old", False)))
+                     and (not accumulating or comps.accumulate.computes_own_old))
         old = None if on_policy else _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
         ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
         t_old = time.perf_counter()
@@ -202,8 +199,7 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     prompt_mask = prompt_mask.repeat_interleave(group_size, 0).to(wrapper.device)
     group_ids = torch.arange(len(examples)).repeat_interleave(group_size)
     expanded = [ex for ex in examples for _ in range(group_size)]
-    records = frozenset(getattr(trajectory, "records", frozenset()))
-    rollout = rollout_backend.generate(wrapper, prompt_ids, prompt_mask, record=records,
+    rollout = rollout_backend.generate(wrapper, prompt_ids, prompt_mask, record=trajectory.records,
                                        generator=ctx.generator)
     seconds = time.perf_counter() - t0
     texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
@@ -221,15 +217,16 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
 def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advantages, mask,
                     scale: float, extras: Optional[dict] = None):
     """One micro-batch of the update: estimator → loss → ``backward`` of ``scale · loss``, or the
-    loss's own ``accumulate`` (one Monte-Carlo row at a time) when it has one and there is a
-    corruption. ``old=None`` means the policy has not changed since the rollout: the old
+    algorithm's ``Components.accumulate`` (one Monte-Carlo row at a time) when it has one and there
+    is a corruption. ``old=None`` means the policy has not changed since the rollout: the old
     log-likelihoods are this forward's own, detached. Returns ``(detached loss, metrics)``."""
-    kw = {"extras": extras} if extras else {}
-    if callable(getattr(comps.loss, "accumulate", None)) and corrupted is not None:
-        return comps.loss.accumulate(_row_estimate(comps.estimator, wrapper, batch, corrupted),
-                                     corrupted.num_samples, old, ref, advantages, mask, scale, **kw)
+    if comps.accumulate is not None and corrupted is not None:
+        return comps.accumulate.accumulate(_row_estimate(comps.estimator, wrapper, batch, corrupted),
+                                           corrupted.num_samples, old, ref, advantages, mask, scale,
+                                           extras=extras)
     logp = comps.estimator(wrapper, batch, corrupted)
-    loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask, **kw)
+    loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask,
+                               extras=extras)
     (loss * scale).backward()
     return loss.detach(), metrics
 
@@ -279,11 +276,8 @@ def _check_records(ctx: Context, records: frozenset) -> None:
 
 def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, group_ids,
                    expanded, step: int) -> TrainingRows:
-    """The builder's training rows: ``expand`` (several rows per rollout, replayed states, token
-    weights; see :mod:`dare_core.components.trajectory_rows`) or ``build`` (the final sequence)."""
-    expand = getattr(trajectory, "expand", None)
-    if expand is None:
-        return TrainingRows(trajectory.build(rollout), advantages)
+    """The builder's training rows (:meth:`TrajectoryBuilder.rows`: the final sequence, or several
+    rows per rollout, replayed states, token weights; see :mod:`dare_core.interfaces.rows`)."""
 
     def score(response_ids: torch.Tensor, response_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         texts = decode_responses(ctx.wrapper, response_ids.cpu(), response_mask.cpu())
@@ -292,7 +286,7 @@ def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, 
 
     context = TrajectoryContext(rewards, advantages, group_ids, score, step,
                                 ctx.config.trainer.steps, ctx.generator)
-    return expand(ctx.wrapper, rollout, context)
+    return trajectory.rows(ctx.wrapper, rollout, context)
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:

@@ -15,16 +15,10 @@ import torch
 
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
-from dare_core.workflows.common import (
-    Context,
-    chunks,
-    clip_and_step,
-    Tracker,
-    cycle_batches,
-    encode_prompts,
-    left_pad,
-    make_optimizer,
-)
+from dare_core.workflows.runtime import Context
+from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts, left_pad
+from dare_core.workflows.optim import clip_and_step, make_optimizer
+from dare_core.workflows.tracker import Tracker
 
 
 def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

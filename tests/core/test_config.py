@@ -416,16 +416,12 @@ class _NeedsBackendFeatures:
     algorithms whose training rollout needs them."""
 
     @staticmethod
-    def _build(fields=frozenset(), methods=frozenset()):
+    def _build(cfg, lookup):
         from dare_core.components.estimators import ResponseTokenLogProb
         from dare_core.components.losses import ClippedPolicyLoss
         from dare_core.interfaces import Components
 
-        def build(cfg, lookup):
-            return Components(estimator=ResponseTokenLogProb(), loss=ClippedPolicyLoss(),
-                              rollout_fields=fields, rollout_methods=methods)
-
-        return build
+        return Components(estimator=ResponseTokenLogProb(), loss=ClippedPolicyLoss())
 
     from dare_core import hookimpl as _hookimpl
 
@@ -448,8 +444,8 @@ class _NeedsBackendFeatures:
         for name, fields, methods in (("needs_plain", frozenset(), frozenset()),
                                       ("needs_field", frozenset({"block_length"}), frozenset()),
                                       ("needs_method", frozenset(), frozenset({"continue_from"}))):
-            register(AlgorithmSpec(name=name, workflow="rl", config_cls=Empty,
-                                   build=self._build(fields, methods), description=name))
+            register(AlgorithmSpec(name=name, workflow="rl", config_cls=Empty, build=self._build,
+                                   rollout_fields=fields, rollout_methods=methods, description=name))
 
 
 @pytest.mark.parametrize("algo,backend", [("needs_plain", "mini"), ("needs_field", "low_confidence"),
@@ -496,7 +492,7 @@ def test_preset_algorithm_sections_apply_to_that_algorithm_only(dare, ckpt):
 
 
 def test_eval_backend_is_checked_and_shares_the_rollout_fields(dare, ckpt):
-    from dare_core.workflows.common import eval_backend_name, eval_rollout_config
+    from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
 
     with pytest.raises(ConfigError) as info:
         _resolve(dare, ckpt, "eval.backend=mnii")

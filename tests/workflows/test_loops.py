@@ -170,7 +170,7 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     from dare_core.interfaces import AlgorithmSpec
     from dare_core.plugins import hookimpl
     from dare_core.testing.digits import ClipConfig, pg_components
-    from dare_core.workflows.common import setup
+    from dare_core.workflows.runtime import setup
     from dare_core.workflows.rl import training_rollout
 
     class Wrapped:
@@ -208,7 +208,7 @@ def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, 
     the loop's gradient."""
     import torch
 
-    from dare_core.workflows.common import setup
+    from dare_core.workflows.runtime import setup
     from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
 
     cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [

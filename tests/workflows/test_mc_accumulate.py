@@ -25,14 +25,14 @@ class SeqPPO(RowMeanObjective):
         loss, _, _ = clipped_surrogate(ratio, advantages, 0.2, 0.2)
         return loss.mean(), {"ratio_mean": float(ratio.detach().mean())}
 
-    def accumulate(self, estimate, num_rows, *args):
+    def accumulate(self, estimate, num_rows, *args, **kwargs):
         rows_seen = []
 
         def spy(rows):
             rows_seen.append(list(rows))
             return estimate(rows)
 
-        out = super().accumulate(spy, num_rows, *args)
+        out = super().accumulate(spy, num_rows, *args, **kwargs)
         SeqPPO.calls.append(rows_seen)
         return out
 
@@ -50,7 +50,7 @@ class Plugin:
                 corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.mc_num),
                 trajectory=lookup.trajectory("final_sequence"),
                 estimator=lookup.estimator("sequence_elbo", norm="none"),
-                loss=SeqPPO(), advantage=lookup.advantage("group_norm"))
+                loss=(loss := SeqPPO()), accumulate=loss, advantage=lookup.advantage("group_norm"))
 
         register(AlgorithmSpec("mc_seq_test", "rl", Cfg, build, recipe={"trainer": {"lr": 1e-3}}))
 

@@ -11,7 +11,7 @@ from dare_objectives.trajectory_replay import (
     StepReplay,
     transition_weights,
 )
-from dare_core.components.trajectory_rows import TrajectoryContext
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch
@@ -73,7 +73,7 @@ def test_masked_replay_reproduces_the_sampler_states_and_confidences():
     prompts[0, :2] = w.pad_token_id
     sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=8, temperature=0.0))
     roll = sampler.generate(w, prompts, pmask, record=frozenset({"reveal_step", "step_states"}))
-    rows = StepReplay().expand(w, roll, _context(3))
+    rows = StepReplay().rows(w, roll, _context(3))
     assert rows.corrupted.num_samples == 8 and (rows.extras["replay_steps"] == 8).all()
     P = rows.batch.prompt_len
     torch.testing.assert_close(rows.corrupted.noisy_ids[:, :, P:], roll.extras["step_inputs"].transpose(0, 1))
@@ -104,7 +104,7 @@ def _block_fixture():
 
 def test_block_parallel_replay_equals_serial_per_block_replay():
     w, roll = _block_fixture()
-    rows = StepReplay().expand(w, roll, _context(1))
+    rows = StepReplay().rows(w, roll, _context(1))
     assert rows.corrupted.num_samples == 3  # one forward per local step for all blocks
     assert int(rows.extras["replay_reduction"][0]) == 1  # per-sample paper reduction
     batch = rows.batch
@@ -129,7 +129,7 @@ def test_block_parallel_replay_equals_serial_per_block_replay():
 def test_block_path_replays_the_whole_terminal_block():
     w, roll = _block_fixture()
     roll.response_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]])  # stop inside block 1
-    rows = StepReplay().expand(w, roll, _context(1))
+    rows = StepReplay().rows(w, roll, _context(1))
     att = rows.batch.attention_mask[0, 4:]
     assert att.tolist() == [1] * 8 + [0] * 4  # block 1 replayed to its end, block 2 dropped
     assert rows.weights.sum().item() == pytest.approx(1.0, rel=1e-6)
@@ -143,10 +143,10 @@ def test_left_to_right_check_and_missing_record_errors():
     roll = RolloutBatch(p, torch.ones_like(p), resp, torch.ones_like(resp),
                         reveal_step=torch.tensor([[1, 0, 2, 3]]), num_steps=4)
     with pytest.raises(DareError, match="left-to-right"):
-        StepReplay(left_to_right=True).expand(w, roll, _context(1))
+        StepReplay(left_to_right=True).rows(w, roll, _context(1))
     roll.reveal_step = None
     with pytest.raises(DareError, match="reveal_step"):
-        StepReplay().expand(w, roll, _context(1))
+        StepReplay().rows(w, roll, _context(1))
 
 
 def test_step_mean_loss_hand_computed():
@@ -180,7 +180,7 @@ def test_accumulate_equals_one_pass_and_per_sample_is_partition_invariant():
     roll.response_mask[2, 6:] = 0
     adv = torch.tensor([0.5, -1.0, 0.25, 1.5])
     comps = _components()
-    rows = StepReplay().expand(w, roll, _context(4, adv))
+    rows = StepReplay().rows(w, roll, _context(4, adv))
     with torch.no_grad():
         old = comps.estimator(w, rows.batch, rows.corrupted) - torch.linspace(-0.3, 0.3, 12)
 

@@ -54,7 +54,7 @@ def test_preset_applies(dare):
 def test_greedy_generation_answers_in_the_trained_format(dare):
     from dare_plugin_tasks.sudoku import SudokuTask
     from dare_core.config import TaskConfig
-    from dare_core.workflows.common import left_pad
+    from dare_core.workflows.batching import left_pad
     from dare_plugin_dream.sampler import DreamSampler, DreamSamplerConfig
 
     wrapper = dare.registries.models.get("dream").load(BUNDLED)

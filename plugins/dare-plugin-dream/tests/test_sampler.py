@@ -11,7 +11,7 @@ import dare_plugin_dream
 from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.testing.registries import build_for
-from dare_core.workflows.common import left_pad
+from dare_core.workflows.batching import left_pad
 from dare_plugin_dream.sampler import (DreamSampler, DreamSamplerConfig, sample_tokens, top_k_filter,
                                        top_p_filter, transfer_counts)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dare_plugin_dtreerpo
-from dare_core.components.trajectory_rows import TrajectoryContext
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
@@ -91,7 +91,7 @@ def test_transition_rows():
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
     ctx = TrajectoryContext(rewards, torch.zeros(8), torch.arange(8) // 4, lambda *a: None, step=100)
     sched = dict(max_steps=30000, lambda_max=3e-3, gamma=2.0, tau_max=2.0, beta=0.7)
-    rows = TreeTransitions(sched).expand(w, roll, ctx)
+    rows = TreeTransitions(sched).rows(w, roll, ctx)
     level1, leaves = roll.extras["tree_states"]
     P = rows.batch.prompt_len
     assert rows.num_rows == 4 + 8
@@ -200,7 +200,7 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
     w, roll, _ = _block_tree()
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
     ctx = TrajectoryContext(rewards, torch.zeros(8), torch.arange(8) // 4, lambda *a: None, step=1)
-    rows = TreeTransitions().expand(w, roll, ctx)
+    rows = TreeTransitions().rows(w, roll, ctx)
     from dare_core.components.estimators import ResponseTokenLogProb  # d-TreeRPO's estimator
 
     est = ResponseTokenLogProb()(w, rows.batch, rows.corrupted)[0]  # [rows, R]

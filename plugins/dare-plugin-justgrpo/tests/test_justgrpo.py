@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dare_plugin_justgrpo
-from dare_core.components.trajectory_rows import TrajectoryContext
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
@@ -38,7 +38,7 @@ def _rollout(comps, w, temperature=1.0, R=6, record=frozenset({"reveal_step", "s
                                               generator=torch.Generator().manual_seed(1))
     ctx = TrajectoryContext(torch.zeros(3), torch.tensor([1.0, -1.0, 0.5]), torch.arange(3),
                             lambda *a: torch.zeros(3))
-    return cfg, roll, comps.trajectory.expand(w, roll, ctx)
+    return cfg, roll, comps.trajectory.rows(w, roll, ctx)
 
 
 def test_training_rollout_is_forced_left_to_right_at_the_algorithm_temperature():
@@ -124,7 +124,8 @@ def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperatur
     """`dare compare --training-sampler`: the evaluation sampler is the forced training one."""
     from dare_core.config import resolve
     from dare_core.testing.digits import DigitsPlugin
-    from dare_core.workflows.common import eval_rollout_config, judged_by_training_rollout
+    from dare_core.workflows.runtime import eval_rollout_config
+    from dare_plugin_report.compare import judged_by_training_rollout
 
     dare = build_for(toy, DigitsPlugin(), dare_plugin_justgrpo)
     cfg = resolve(dare, algo="justgrpo", model="toy", overrides=[

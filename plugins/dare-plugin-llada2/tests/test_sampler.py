@@ -8,7 +8,7 @@ import torch
 
 import dare_plugin_llada2
 from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
-from dare_core.workflows.common import left_pad
+from dare_core.workflows.batching import left_pad
 from dare_plugin_llada2.sampler import (
     EditingConfig,
     EditingSampler,

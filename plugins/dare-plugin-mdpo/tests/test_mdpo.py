@@ -10,7 +10,7 @@ import torch
 
 import dare_plugin_mdpo
 from dare_core.components import GroupNormAdvantage
-from dare_core.components.trajectory_rows import TrajectoryContext
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
@@ -102,7 +102,7 @@ def _rows(count_after_eos=False, truncate=False):
 
     ctx = TrajectoryContext(torch.zeros(4), torch.zeros(4), torch.tensor([0, 0, 1, 1]), score)
     builder = StepStateRows(GroupNormAdvantage(), sample_train_steps=2, count_after_eos=count_after_eos)
-    return w, roll, builder.expand(w, roll, ctx), seen
+    return w, roll, builder.rows(w, roll, ctx), seen
 
 
 def test_rows_from_recorded_states():
@@ -148,7 +148,7 @@ def test_missing_record_and_block_models_refused():
         w, torch.randint(4, 60, (2, 3)), torch.ones(2, 3, dtype=torch.long))
     ctx = TrajectoryContext(torch.zeros(2), torch.zeros(2), torch.arange(2), lambda *a: torch.zeros(2))
     with pytest.raises(DareError, match="step_states"):
-        StepStateRows(GroupNormAdvantage()).expand(w, roll, ctx)
+        StepStateRows(GroupNormAdvantage()).rows(w, roll, ctx)
     from dare_core.config.loader import check_support
 
     dare = build_for(toy_block, dare_plugin_mdpo)

@@ -16,7 +16,8 @@ from dare_core.plugins import build
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin, DigitsTask
 from dare_core.testing.toy import make_toy_wrapper
-from dare_core.workflows.common import eval_context, evaluate
+from dare_core.workflows.runtime import eval_context
+from dare_core.workflows.evaluation import evaluate
 
 PROMPTS, SAMPLES = 6, 3
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import dare_plugin_sdar
 from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_core.testing.contracts import ModelFamilyContract
-from dare_core.workflows.common import left_pad
+from dare_core.workflows.batching import left_pad
 from dare_plugin_sdar.wrapper import create, load
 
 TEXTS = ["Solve the puzzle: 3102", "<answer>\n3142\n</answer>", "hello world 1234"] * 20

@@ -114,7 +114,7 @@ class SequenceReinforceLoss:
 
     def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
                  ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: Optional[torch.Tensor] = None):
+                 mask: Optional[torch.Tensor] = None, *, extras: Optional[dict] = None):
         if logp.dim() == 1:
             logp = logp[None]
             old_logp = old_logp[None] if old_logp is not None else None

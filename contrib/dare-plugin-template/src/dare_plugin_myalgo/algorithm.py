@@ -112,7 +112,7 @@ class ReinforceLoss:
 
     def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
                  ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: torch.Tensor):
+                 mask: torch.Tensor, *, extras: Optional[dict] = None):
         if logp.dim() == 2:
             logp = logp.unsqueeze(0)
             old_logp = old_logp.unsqueeze(0) if old_logp is not None else None

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dare_core.errors import DareError
-from dare_core.ops.attention import DocumentMask, document_attention
+from dare_core.ops.attention import DocumentMask
+from dare_nn.attention import document_attention
 
 __all__ = [
     "ModelInputError",

@@ -289,7 +289,8 @@ class RowMeanObjective:
     def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):  # pragma: no cover
         raise NotImplementedError
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
+                 extras: Optional[dict] = None):
         return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask)
 
     #: ``accumulate`` takes ``old_logp=None`` (policy unchanged since the rollout): the first,
@@ -297,7 +298,7 @@ class RowMeanObjective:
     computes_own_old = True
 
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float):
+                   scale: float, *, extras: Optional[dict] = None):
         values = None
         if old_logp is None:
             with torch.no_grad():

@@ -68,7 +68,8 @@ class PenalizedClippedLoss:
         self.kl_type = kl_type
         self.agg = agg
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
+                 extras: Optional[dict] = None):
         loss, metrics = self.clipped(logp, old_logp, None, advantages, mask)
         if self.kl_coef > 0:
             if ref_logp is None:

@@ -105,7 +105,7 @@ class ReplayClippedLoss:
         return {"w": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0,
                 "ratio_sum": 0.0, "ratio_max": 0.0}
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, extras: Optional[dict] = None):
+    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None):
         weights = mask.to(logp.dtype)
         if weights.dim() == 2:
             weights = weights[None].expand_as(logp)
@@ -120,7 +120,7 @@ class ReplayClippedLoss:
     computes_own_old = True
 
     def accumulate(self, estimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float, extras: Optional[dict] = None):
+                   scale: float, *, extras: Optional[dict] = None):
         """Forward and backward ``row_chunk`` steps at a time; returns the (detached) loss."""
         weights = mask.to(torch.float32)
         if weights.dim() == 2:

@@ -159,11 +159,8 @@ class StepReplay:
         self.reduction = reduction
         self.left_to_right = left_to_right
 
-    def build(self, rollout):
-        return rollout.sequences()
-
-    def expand(self, wrapper, rollout, context):
-        from dare_core.components.trajectory_rows import TrainingRows
+    def rows(self, wrapper, rollout, context):
+        from dare_core.interfaces.rows import TrainingRows
         from dare_core.errors import DareError
 
         if rollout.reveal_step is None:
@@ -180,7 +177,7 @@ class StepReplay:
                 raise DareError(
                     "this algorithm needs left-to-right decoding, one token per step "
                     "(rollout.block_length=1, rollout.steps=rollout.gen_length)")
-        block = getattr(wrapper, "kind", "masked") == "block"
+        block = wrapper.kind == "block"
         reduction = self.reduction if self.reduction != "auto" else ("per_sample" if block else "step_mean")
         if block:
             blk = response_block_ids(batch, int(wrapper.block_size))

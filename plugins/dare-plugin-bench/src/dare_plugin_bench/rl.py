@@ -50,7 +50,7 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
     for out, examples in rollouts:
         b = out.response_ids.shape[0]
         if setup.task is not None and examples is not None:
-            from dare_core.workflows.common import decode_responses
+            from dare_core.workflows.batching import decode_responses
 
             texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
             rewards = torch.tensor([setup.task.score(ex, t).score for ex, t in zip(examples, texts)],

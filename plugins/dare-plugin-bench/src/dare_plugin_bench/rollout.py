@@ -30,7 +30,7 @@ def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
         rows += out.response_ids.shape[0]
         responses.append(out.response_ids.cpu())
         if examples is not None and setup.task is not None:
-            from dare_core.workflows.common import decode_responses
+            from dare_core.workflows.batching import decode_responses
 
             texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
             correct += sum(setup.task.score(ex, t).acc for ex, t in zip(examples, texts))

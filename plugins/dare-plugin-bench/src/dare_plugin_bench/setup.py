@@ -165,7 +165,7 @@ def build(dare: Any, kw: dict[str, Any], extra_defaults: Optional[dict[str, Any]
     prompts = []
     if kw["task"]:
         from dare_core.config import TaskConfig
-        from dare_core.workflows.common import left_pad
+        from dare_core.workflows.batching import left_pad
 
         task = dare.registries.tasks.get(kw["task"]).build(TaskConfig(name=kw["task"], seed=kw["seed"]))
         n = kw["num_prompts"] or kw["batch"]

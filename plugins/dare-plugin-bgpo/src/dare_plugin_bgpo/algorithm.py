@@ -97,13 +97,11 @@ class BGPOLoss:
 
     def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                  clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
-                 accumulate: bool = True, kl_coef: float = 0.0, kl_type: str = "low_var_kl"):
+                 kl_coef: float = 0.0, kl_type: str = "low_var_kl"):
         self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c,
                        nan_guard=nan_guard, agg=agg)
         self.kl_coef = kl_coef
         self.kl_type = kl_type
-        if not accumulate:
-            self.accumulate = None  # the workflow then takes the one-backward path
 
     def row(self, l_row: torch.Tensor, old_row: torch.Tensor, ref_mean: Optional[torch.Tensor],
             advantages: torch.Tensor, mask: torch.Tensor):
@@ -122,7 +120,8 @@ class BGPOLoss:
             metrics["kl_loss"] = float(kl.detach())
         return loss, metrics
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
+                 extras: Optional[dict] = None):
         M = logp.shape[0]
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         total, agg = 0.0, {}
@@ -138,7 +137,8 @@ class BGPOLoss:
     #: detached ELBO is then its old value (ratio 1)
     computes_own_old = True
 
-    def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale):
+    def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale, *,
+                   extras: Optional[dict] = None):
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
 
@@ -153,13 +153,15 @@ class BGPOLoss:
 
 
 def build(cfg: BGPOConfig, lookup) -> Components:
+    loss = lookup.loss("bgpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                       clip_ratio_c=cfg.clip_ratio_c, nan_guard=cfg.nan_guard, agg=cfg.loss_agg_mode,
+                       kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
     return Components(
         corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("sequence_elbo", norm=cfg.length_norm),
-        loss=lookup.loss("bgpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                         clip_ratio_c=cfg.clip_ratio_c, nan_guard=cfg.nan_guard, agg=cfg.loss_agg_mode,
-                         accumulate=cfg.accumulate, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type),
+        loss=loss,
+        accumulate=loss if cfg.accumulate else None,
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
     )

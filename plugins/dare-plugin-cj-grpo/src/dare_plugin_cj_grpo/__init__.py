@@ -3,6 +3,7 @@
 from dare_core import hookimpl
 from dare_core.interfaces import AlgorithmSpec
 
+from dare_objectives.trajectory_replay import StepReplay
 from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build
 
 __version__ = "0.1.0"
@@ -20,5 +21,6 @@ def dare_register_algorithms(register):
         paper="arXiv:2509.23924",
         description="GRPO on every recorded denoising transition (exact trajectory replay; "
                     "block models: paper-exact block-parallel local steps)",
+        records=StepReplay.records,
         recipe=RECIPE,
     ))

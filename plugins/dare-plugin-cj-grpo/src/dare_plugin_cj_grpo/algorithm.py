@@ -50,11 +50,13 @@ class CJConfig(ClipOptions):
 
 
 def build(cfg: CJConfig, lookup) -> Components:
+    loss = lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+                       row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
     return Components(
         trajectory=lookup.trajectory("step_replay", reduction=cfg.reduction),
         estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-                         row_chunk=cfg.row_chunk, **clip_kwargs(cfg)),
+        loss=loss,
+        accumulate=loss,
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
     )

@@ -4,7 +4,7 @@
 from dare_core import hookimpl
 from dare_core.interfaces import AlgorithmSpec, ComponentSpec
 
-from dare_plugin_dtreerpo.algorithm import RECIPE, DTreeConfig, TreeLoss, TreeTransitions, build
+from dare_plugin_dtreerpo.algorithm import RECIPE, RESUMABLE, DTreeConfig, TreeLoss, TreeTransitions, build
 
 __version__ = "0.1.0"
 
@@ -42,5 +42,7 @@ def dare_register_algorithms(register):
         paper="arXiv:2512.09675",
         description="branching rollouts over the denoising steps; each parent->child transition "
                     "trained with a sibling-relative advantage, plus self-distillation",
+        rollout_fields=frozenset({"steps", "gen_length"}),
+        rollout_methods=RESUMABLE,
         recipe=RECIPE,
     ))

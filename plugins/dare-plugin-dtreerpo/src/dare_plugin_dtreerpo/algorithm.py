@@ -27,7 +27,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, optional, positive
 from dare_core.errors import DareError
@@ -177,10 +177,7 @@ class TreeTransitions:
     def __init__(self, schedule: Optional[dict] = None):
         self.schedule = schedule or {}
 
-    def build(self, rollout):
-        return rollout.sequences()
-
-    def expand(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
+    def rows(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
         if "tree_states" not in rollout.extras:
             raise DareError("dtreerpo trains tree transitions; the training rollout must be its "
                             "tree rollout (Components.wrap_rollout)")
@@ -252,7 +249,7 @@ class TreeLoss:
         self.kl_coef = kl_coef
         self.self_distillation = self_distillation
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, extras: Optional[dict] = None):
+    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None):
         if logp.dim() == 3:
             logp, old_logp = logp[0], old_logp[0]
             ref_logp = ref_logp[0] if ref_logp is not None else None
@@ -331,8 +328,6 @@ def build(cfg: DTreeConfig, lookup) -> Components:
                          self_distillation=cfg.self_distillation),
         needs_ref=cfg.kl_coef > 0,
         wrap_rollout=wrap,
-        rollout_fields=frozenset({"steps", "gen_length"}),
-        rollout_methods=RESUMABLE,
     )
 
 

@@ -4,7 +4,8 @@
 from dare_core import hookimpl
 from dare_core.interfaces import AlgorithmSpec, ComponentSpec
 
-from dare_plugin_justgrpo.algorithm import RECIPE, JustConfig, TemperedTokenLogProb, build
+from dare_objectives.trajectory_replay import StepReplay
+from dare_plugin_justgrpo.algorithm import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig, TemperedTokenLogProb, build
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,8 @@ def dare_register_algorithms(register):
         kinds=frozenset({"masked"}),
         components={"trajectory": "step_replay", "estimator": "tempered_token_logprob",
                     "loss": "replay_clipped_pg", "advantage": "group_norm"},
+        records=StepReplay.records,
+        rollout_fields=frozenset(LEFT_TO_RIGHT_FIELDS),
         paper="arXiv:2601.15165",
         description="generate left to right one token per step; token GRPO with exact "
                     "autoregressive-order log-probabilities at the sampling temperature",

@@ -113,15 +113,16 @@ def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
 def build(cfg: JustConfig, lookup) -> Components:
     estimator = lookup.estimator("tempered_token_logprob", temperature=cfg.temperature,
                                  exclude_mask_token=cfg.exclude_mask_token)
+    loss = lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+                       row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
     return Components(
         trajectory=lookup.trajectory("step_replay", reduction="token_mean", left_to_right=True),
         estimator=estimator,
-        loss=lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-                         row_chunk=cfg.row_chunk, **clip_kwargs(cfg)),
+        loss=loss,
+        accumulate=loss,
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
         rollout_config=left_to_right_rollout(cfg, estimator),
-        rollout_fields=frozenset(LEFT_TO_RIGHT_FIELDS),
     )
 
 

@@ -40,5 +40,6 @@ def dare_register_algorithms(register):
         paper="arXiv:2508.13148",
         description="rewards intermediate predictions of every denoising step; trains the "
                     "denoiser on the visited states with step-wise advantages",
+        records=StepStateRows.records,
         recipe=RECIPE,
     ))

@@ -25,7 +25,7 @@ import attrs
 import torch
 
 from dare_objectives.policy_options import GROUP_RL_RECIPE
-from dare_core.components.trajectory_rows import TrainingRows, TrajectoryContext
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, positive
 from dare_core.errors import DareError
@@ -95,10 +95,7 @@ class StepStateRows:
         self.sample_train_steps = sample_train_steps
         self.count_after_eos = count_after_eos
 
-    def build(self, rollout):
-        return rollout.sequences()
-
-    def expand(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
+    def rows(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
         ex = rollout.extras
         if not {"step_inputs", "step_predictions", "step_confidence"} <= set(ex):
             raise DareError("mdpo needs the rollout record step_states (intermediate states, "
@@ -156,7 +153,7 @@ class MDPOLoss:
         self.epsilon = epsilon
         self.kl_coef = kl_coef
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask,
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
                  extras: Optional[dict] = None):
         if extras is None or "confidence" not in extras:
             raise ValueError("the mdpo loss needs extras['confidence'] from its trajectory builder")

@@ -25,13 +25,15 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import click
 
-from dare_core.config import resolve
+from dare_core.config import RunConfig, resolve
 from dare_core.config.loader import to_dict
 from dare_core.errors import DareError
-from dare_core.pairing import clustered, compare, describe, describe_clustered, paired_counts, per_prompt
+from dare_core.pairing import compare, describe, paired_counts
+from dare_plugin_report.stats import clustered, describe_clustered, per_prompt
 from dare_core.rundir import atomic_write_text
-from dare_core.workflows.common import (eval_backend_name, eval_context, eval_rollout_config, evaluate,
-                                        judged_by_training_rollout)
+from dare_core.components import ComponentLookup
+from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config
+from dare_core.workflows.evaluation import evaluate
 
 __all__ = ["BUNDLED", "cache_key", "checkpoint_config", "compare_checkpoints", "paired_report",
            "pooled_report", "sampled_items"]
@@ -40,6 +42,28 @@ __all__ = ["BUNDLED", "cache_key", "checkpoint_config", "compare_checkpoints", "
 BUNDLED = "bundled"
 
 Echo = Callable[[str], None]
+
+
+def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
+    """``config`` with its evaluation set to the sampler the run trains with, as its algorithm
+    adjusts it (``Components.rollout_config``, e.g. one token per step, left to right, at the
+    algorithm's temperature): the rollout section becomes the adjusted one, ``eval.backend`` is
+    cleared and ``eval.steps`` / ``eval.temperature`` are taken from it. An algorithm's
+    ``wrap_rollout`` (e.g. a tree of partial states) is training bookkeeping over the same sampler
+    and is not applied."""
+    if not config.algo:
+        raise DareError("judging by the training sampler needs the run's algorithm; pass the run's "
+                        "config.yaml (--config) or algo=NAME")
+    spec = dare.registries.algorithms.get(config.algo)
+    comps = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    rc = comps.training_rollout_config(config.rollout)
+    names = {f.name for f in attrs.fields(type(rc))}
+    changes: dict[str, Any] = {"backend": None}
+    if "steps" in names:
+        changes["steps"] = rc.steps
+    if "temperature" in names:
+        changes["temperature"] = rc.temperature
+    return attrs.evolve(config, rollout=rc, eval=attrs.evolve(config.eval, **changes))
 
 
 def checkpoint_config(dare: Any, model: str, path: str, config_file: Optional[str] = None,

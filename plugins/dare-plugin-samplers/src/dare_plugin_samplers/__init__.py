@@ -13,6 +13,9 @@ from dare_plugin_samplers.fast import FastConfig, FastSampler
 from dare_plugin_samplers.low_confidence import SUPPORTED_RECORDS as LC_RECORDS
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
+#: the optional methods of LowConfidenceSampler and BlockSampler: resuming partial responses
+RESUMABLE = frozenset({"continue_from", "total_steps"})
+
 
 @hookimpl
 def dare_register_rollout_backends(register) -> None:
@@ -23,6 +26,7 @@ def dare_register_rollout_backends(register) -> None:
             build=LowConfidenceSampler,
             kinds=frozenset({"masked"}),
             records=LC_RECORDS,
+            methods=RESUMABLE,
             description=(
                 "semi-autoregressive low-confidence remasking for bidirectional masked "
                 "diffusion models (blocks, quota schedule, optional guidance; no cache)"
@@ -49,6 +53,7 @@ def dare_register_rollout_backends(register) -> None:
         build=BlockSampler,
         kinds=frozenset({"block"}),
         records=BLOCK_RECORDS,
+        methods=RESUMABLE,
         description=("block-diffusion generation: prompt prefill and per-block denoising with a "
                      "block KV cache, sequential / static / dynamic-threshold / entropy-bounded "
                      "reveal"),

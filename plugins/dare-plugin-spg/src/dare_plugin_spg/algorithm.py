@@ -192,7 +192,8 @@ class SPGLoss:
         self.mode = logp_estimation
         self.w = mix_weight
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask):
+    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
+                 extras: Optional[dict] = None):
         elbo, eubo = logp[0], logp[1]
         if self.mode == "mix":
             lower_side = self.w * eubo + (1.0 - self.w) * elbo

@@ -12,7 +12,8 @@ import torch
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
 
-from dare_core.ops.attention import available_kernels, document_attention
+from dare_core.ops.attention import available_kernels
+from dare_nn.attention import document_attention
 from dare_core.ops.fused_ce import fused_token_logprobs, naive_token_logprobs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -97,7 +98,7 @@ def test_sampling_rollouts_on_cuda_with_the_runs_cpu_generator(backend):
     from dare_core.config.structure import structure
     from dare_core.plugins import build
     from dare_core.testing.toy import make_toy_wrapper
-    from dare_core.workflows.common import left_pad
+    from dare_core.workflows.batching import left_pad
 
     dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks])
     w = make_toy_wrapper()

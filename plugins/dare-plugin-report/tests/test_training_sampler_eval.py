@@ -11,7 +11,8 @@ from dare_core.errors import DareError
 from dare_core.plugins import build
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
-from dare_core.workflows.common import eval_backend_name, eval_rollout_config, judged_by_training_rollout
+from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
+from dare_plugin_report.compare import judged_by_training_rollout
 
 COMMON = ["task.name=digits", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2",
           "rollout.temperature=0.8", "progress=false"]

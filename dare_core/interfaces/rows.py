@@ -1,7 +1,8 @@
 """Training rows: what a trajectory builder hands the RL loop when the final sequence is not the
 whole story.
 
-A builder with an ``expand(wrapper, rollout, context)`` method (instead of only ``build``) may
+A trajectory builder's ``rows(wrapper, rollout, context)`` (:class:`~dare_core.interfaces.TrajectoryBuilder`)
+returns them. Beyond the final sequence with the rollout's advantages, a builder may
 
 * turn one rollout row into several training rows (one per recorded denoising state, one per
   tree transition, ...), each with its own scalar advantage;
@@ -21,7 +22,7 @@ from typing import Any, Callable, Optional
 import attrs
 import torch
 
-from dare_core.interfaces import Corrupted, SequenceBatch
+from dare_core.interfaces.batch import Corrupted, SequenceBatch
 
 #: ``score(response_ids [N, R], response_mask [N, R], rollout_rows [N]) -> rewards [N]``: the task
 #: reward of arbitrary responses, each scored against the example of rollout row ``rollout_rows[i]``.
@@ -30,7 +31,7 @@ ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @attrs.frozen
 class TrajectoryContext:
-    """What ``expand`` may use besides the rollout.
+    """What ``TrajectoryBuilder.rows`` may use besides the rollout.
 
     Attributes:
         rewards: ``[B]`` task rewards of the final responses.

@@ -1,0 +1,55 @@
+"""Held-out evaluation: generate with the evaluation sampler, score with the task, write samples."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+
+from dare_core.interfaces import Example
+from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
+from dare_core.workflows.runtime import Context
+
+
+def evaluate(ctx: Context, examples: Sequence[Example], label: str,
+             items: Optional[list[float]] = None) -> dict[str, Any]:
+    """Generate for ``examples`` with the eval sampling config and score them.
+
+    Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples; the
+    per-item accuracies of this rank's shard are appended to ``items`` when it is given.
+    """
+    cfg = ctx.config
+    wrapper = ctx.wrapper
+    shard = ctx.engine.shard(list(examples))
+    prompts = encode_prompts(wrapper, shard, cfg.trainer.max_prompt_length)
+    gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    accs: list[float] = []
+    scores: list[float] = []
+    samples: list[dict[str, Any]] = []
+    nfe = 0
+    start = time.perf_counter()
+    device = wrapper.device
+    for sl in chunks(len(shard), cfg.eval.batch_size):
+        ids, mask = left_pad(prompts[sl], wrapper.pad_token_id)
+        roll = ctx.eval_rollout.generate(wrapper, ids.to(device), mask.to(device), generator=gen)
+        nfe += roll.nfe
+        texts = decode_responses(wrapper, roll.response_ids.cpu(), roll.response_mask.cpu())
+        for ex, text in zip(shard[sl], texts):
+            s = ctx.task.score(ex, text)
+            accs.append(float(s.acc))
+            scores.append(float(s.score))
+            if len(samples) < cfg.eval.save_samples:
+                samples.append({"prompt": ex.prompt[-1]["content"][-200:], "response": text,
+                                "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
+    seconds = time.perf_counter() - start
+    n = len(accs)
+    if items is not None:
+        items.extend(accs)
+    result = ctx.engine.reduce_mean({
+        "accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n),
+    })
+    result.update({"n": n * ctx.engine.world_size, "nfe": nfe, "seconds": round(seconds, 2)})
+    if ctx.rundir is not None and ctx.engine.is_main:
+        ctx.rundir.write_json(f"eval_samples/{label}.json", samples)
+    return result

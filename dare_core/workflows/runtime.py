@@ -1,0 +1,181 @@
+"""A run's runtime: device, seeds, the model (with LoRA), the rollout backends of training and
+evaluation, and the :class:`Context` every workflow receives from :func:`setup`."""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from dare_core._version import __version__
+from dare_core.components import ComponentLookup
+from dare_core.config import RunConfig, to_dict
+from dare_core.engines import build_engine
+from dare_core.config.structure import structure
+from dare_core.errors import ConfigError, DareError
+from dare_core.ops.paths import configure_training_paths
+from dare_core.rundir import RunDir
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DareError("model.device=cuda but no CUDA device is available; use model.device=cpu")
+    return name
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:  # pragma: no cover
+        pass
+    return torch.Generator().manual_seed(seed)
+
+
+def load_model(dare: Any, config: RunConfig, *, trainable: bool = True):
+    """Load the family's checkpoint; with ``model.lora`` (or a LoRA checkpoint as
+    ``model.path``) wrap it in PEFT adapters (trainable adapters when ``trainable``)."""
+    from dare_core.models import lora
+
+    family = dare.registries.models.get(config.model.family)
+    device = resolve_device(config.model.device)
+    base_path, saved_adapter = lora.resolve_checkpoint(config.model.path)
+    wrapper = family.load(
+        base_path,
+        dtype=DTYPES[config.model.dtype],
+        device=device,
+        attn_implementation=config.model.attn_implementation,
+    )
+    if config.model.gradient_checkpointing:
+        wrapper.module.gradient_checkpointing_enable()
+    lcfg = config.model.lora
+    if lcfg.enabled or saved_adapter is not None:
+        lora.apply_lora(wrapper, lcfg, base_path=base_path, adapter=lcfg.adapter or saved_adapter,
+                        trainable=trainable, checkpointing=config.model.gradient_checkpointing)
+    return wrapper
+
+
+def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None):
+    spec = dare.registries.rollouts.get(config.rollout_backend)
+    return spec.build(rollout_cfg if rollout_cfg is not None else config.rollout)
+
+
+def eval_backend_name(config: RunConfig) -> str:
+    """The rollout backend of evaluation: ``eval.backend``, else the training one."""
+    return config.eval.backend or config.rollout_backend
+
+
+def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
+    """The rollout config used for evaluation: the training one (or, with another
+    ``eval.backend``, that backend's defaults plus the fields it shares with the rollout section)
+    with eval's temperature and steps (``steps = gen_length`` when ``eval.steps`` is null), where
+    the backend has them."""
+    name = eval_backend_name(config)
+    rc = config.rollout
+    if name != config.rollout_backend:
+        if dare is None:
+            raise ValueError("eval_rollout_config needs the registries when eval.backend differs")
+        cls = dare.registries.rollouts.get(name).config_cls
+        wanted = {f.name for f in attrs.fields(cls)}
+        shared = {f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted}
+        rc, problems = structure(cls, shared, "eval rollout")
+        if problems:
+            raise ConfigError([f"eval.backend={name}: {p}" for p in problems])
+    names = {f.name for f in attrs.fields(type(rc))}
+    changes: dict[str, Any] = {}
+    if "temperature" in names:
+        changes["temperature"] = config.eval.temperature
+    if "steps" in names:
+        steps = config.eval.steps
+        if steps is None and "gen_length" in names:
+            steps = rc.gen_length
+        if steps is not None:
+            changes["steps"] = steps
+    return attrs.evolve(rc, **changes)
+
+
+def build_eval_rollout(dare: Any, config: RunConfig):
+    """The evaluation rollout backend (see :func:`eval_rollout_config`)."""
+    spec = dare.registries.rollouts.get(eval_backend_name(config))
+    return spec.build(eval_rollout_config(config, dare))
+
+
+@attrs.define
+class Context:
+    """Everything one run is made of, built once by :func:`setup`."""
+
+    dare: Any
+    config: RunConfig
+    spec: Any
+    family: Any
+    wrapper: Any
+    rollout: Any
+    eval_rollout: Any
+    task: Any
+    components: Any
+    engine: Any
+    rundir: Optional[RunDir]
+    generator: torch.Generator
+    console: Any = None
+
+    def log(self, message: str) -> None:
+        if self.engine.is_main:
+            try:
+                from tqdm import tqdm
+
+                tqdm.write(message, file=sys.stderr)
+            except ImportError:  # pragma: no cover
+                print(message, file=sys.stderr, flush=True)
+
+
+def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> Context:
+    generator = seed_everything(config.seed)
+    spec = dare.registries.algorithms.get(config.algo)
+    family = dare.registries.models.get(config.model.family)
+    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    components = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    # the samplers need no model: a bad eval rollout config fails before the model is loaded
+    rollout = build_rollout(dare, config)
+    eval_rollout = build_eval_rollout(dare, config)
+    wrapper = load_model(dare, config)
+    wrapper.module = engine.wrap(wrapper.module)
+    train_paths = configure_training_paths(
+        wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device),
+        attention_kernel=config.model.attention_kernel)
+    if rundir is not None and engine.is_main:
+        rundir.write_config(to_dict(config))
+        rundir.write_json("plugins.json", {
+            "dare_core": __version__,
+            "plugins": [i.as_dict() for i in dare.plugin_infos()],
+        })
+        rundir.write_json("training_paths.json", train_paths.as_dict())
+    ctx = Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
+                  engine, rundir, generator)
+    ctx.log(train_paths.describe())
+    return ctx
+
+
+def eval_context(dare: Any, config: RunConfig) -> Context:
+    """The context of an evaluation without training: model (frozen), eval sampler, task, engine.
+
+    Config errors of the sampler surface before the model is loaded.
+    """
+    gen = seed_everything(config.seed)
+    eval_rollout = build_eval_rollout(dare, config)
+    wrapper = load_model(dare, config, trainable=False)
+    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    return Context(dare, config, None, dare.registries.models.get(config.model.family), wrapper,
+                   None, eval_rollout, task, None, engine, None, gen)
