@@ -3,6 +3,7 @@ two of its packages import each other, directly or through others (lazy imports 
 
 import ast
 import importlib.util
+import re
 import pathlib
 
 import dare_core
@@ -81,3 +82,19 @@ def test_core_size_is_within_budget(capsys):
     core_size = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(core_size)
     assert core_size.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_distributions_use_the_public_api():
+    """Plugins and libraries import the core through ``dare_core`` (``hookimpl``), ``dare_core.api``
+    and the testing kit only; everything else in ``dare_core`` is private."""
+    repo = ROOT.parent
+    allowed = re.compile(r"^\s*(from|import)\s+dare_core(\.api|\.testing[\w.]*)?\b(?!\.)")
+    offenders = []
+    for path in sorted([*repo.glob("plugins/*/src/**/*.py"), *repo.glob("libs/*/src/**/*.py"),
+                        *repo.glob("contrib/*/src/**/*.py")]):
+        if "testing" in path.parts:
+            continue  # testing helpers may drive the CLI and the plugin manager directly
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"^\s*(from|import)\s+dare_core", line) and not allowed.match(line):
+                offenders.append(f"{path.relative_to(repo)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

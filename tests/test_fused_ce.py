@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dare_core.ops import fused_diffusion_ce, fused_token_logprobs, naive_token_logprobs
+from dare_core.ops.fused_ce import fused_diffusion_ce, fused_token_logprobs, naive_token_logprobs
 from dare_core.ops.fused_ce import chunk_rows
 
 

@@ -19,11 +19,14 @@ class ComponentLookup:
     """Builds registered components by name: ``lookup.loss("clipped_pg", clip_ratio_low=0.2)``.
 
     Passed to ``AlgorithmSpec.build`` so an algorithm composes components registered by any
-    plugin (its own or others') without importing them.
+    plugin (its own or others') without importing them. ``rollout`` is the run's resolved rollout
+    config (``None`` outside a run): the owner of rollout settings such as ``block_length``, which
+    an algorithm reads from here instead of declaring them again.
     """
 
-    def __init__(self, registries: Any):
+    def __init__(self, registries: Any, rollout: Any = None):
         self._r = registries
+        self.rollout = rollout
         #: names looked up so far, in order (the contract suite checks them against the spec)
         self.built: list[str] = []
 

@@ -145,12 +145,6 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
     return wrapper
 
 
-def trainable_report(module: torch.nn.Module) -> str:
-    total = sum(p.numel() for p in module.parameters())
-    train = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    return f"LoRA: training {train:,} of {total:,} parameters ({100.0 * train / max(1, total):.2f}%)"
-
-
 def merged_module(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of the base module with the adapters merged into its weights (the training
     module is left untouched)."""

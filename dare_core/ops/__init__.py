@@ -11,17 +11,3 @@
 The model wrapper (:class:`dare_core.models.HFDiffusionWrapper`) applies the chosen paths
 inside ``token_logprobs``, so every estimator and objective uses them without knowing.
 """
-
-from dare_core.ops.fused_ce import (
-    ChunkedTokenLogProb,
-    fused_diffusion_ce,
-    fused_token_logprobs,
-    naive_token_logprobs,
-)
-
-__all__ = [
-    "ChunkedTokenLogProb",
-    "fused_diffusion_ce",
-    "fused_token_logprobs",
-    "naive_token_logprobs",
-]

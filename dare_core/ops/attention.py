@@ -111,7 +111,7 @@ def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] =
     return tuple(found)
 
 
-def _cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     rows, width = doc_ids.shape
     flat = doc_ids.reshape(-1)
     slot = torch.arange(width, device=flat.device).repeat(rows)

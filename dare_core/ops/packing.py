@@ -24,7 +24,7 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.ops.attention import DocumentMask, _cu_seqlens, document_mask
+from dare_core.ops.attention import DocumentMask, cu_seqlens, document_mask
 
 
 @attrs.frozen
@@ -86,7 +86,7 @@ class PackPlan:
     def segments(self) -> torch.Tensor:
         """``cu_seqlens`` (int32, ``[n+1]``) over the row-major flattening of the packed rows,
         each filler slot its own segment: the input of varlen attention kernels."""
-        return _cu_seqlens(self.doc_ids)[0]
+        return cu_seqlens(self.doc_ids)[0]
 
     def to(self, device) -> "PackPlan":
         return attrs.evolve(self, **{f.name: getattr(self, f.name).to(device)

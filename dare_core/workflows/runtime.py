@@ -144,7 +144,7 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
-    components = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    components = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
     engine = build_engine(config.engine.name, resolve_device(config.model.device))
     # the samplers need no model: a bad eval rollout config fails before the model is loaded
     rollout = build_rollout(dare, config)

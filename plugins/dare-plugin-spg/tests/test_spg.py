@@ -146,3 +146,23 @@ def test_config_validators():
     _, problems = structure(SPGConfig, {"min_t": 0.5, "max_t": 0.2, "eubo_beta": 0.5,
                                         "logp_estimation": "upper"}, "algorithm")
     assert len(problems) == 3
+
+
+def test_masking_block_is_the_rollouts_unless_set():
+    """``block_length`` has one owner: the rollout config; SPG's option only overrides it."""
+    import attrs as _attrs
+
+    from dare_plugin_spg.algorithm import SPGConfig, masking_block
+
+    @_attrs.frozen
+    class Blocks:
+        block_length: int = 8
+
+    @_attrs.frozen
+    class NoBlocks:
+        steps: int = 4
+
+    assert masking_block(SPGConfig(), Blocks()) == 8
+    assert masking_block(SPGConfig(), NoBlocks()) == 32
+    assert masking_block(SPGConfig(), None) == 32
+    assert masking_block(SPGConfig(block_length=40), Blocks()) == 40

@@ -5,8 +5,7 @@ Manifest: only ``@hookimpl`` functions; the implementation is in
 :mod:`dare_plugin_reinforce_rloo.algorithm`.
 """
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_reinforce_rloo.algorithm import (
     ALGORITHM,

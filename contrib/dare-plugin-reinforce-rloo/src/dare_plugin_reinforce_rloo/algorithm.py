@@ -49,11 +49,10 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.components import corrupted_logprobs
-from dare_core.config import option
-from dare_core.config.validators import in_range, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
+from dare_core.api import (
+    Components, Corrupted, corrupted_logprobs, DareError, in_range, option, positive,
+    SequenceBatch,
+)
 
 ALGORITHM = "reinforce_rloo"
 ESTIMATOR = "reinforce_rloo_seq_logprob"

@@ -12,8 +12,7 @@ Registered here:
   estimator, ``group_norm`` advantage and ``final_sequence`` trajectory builder.
 """
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_myalgo.algorithm import (
     ALGORITHM,

@@ -43,11 +43,10 @@ from typing import Optional
 import attrs
 import torch
 
-from dare_core.components.corruptions import mask_tokens
-from dare_core.components.losses import agg_loss, masked_mean
-from dare_core.config import option
-from dare_core.config.validators import one_of, positive
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
+from dare_core.api import (
+    agg_loss, Components, Corrupted, mask_tokens, masked_mean, one_of, option, positive,
+    SequenceBatch,
+)
 
 # Every name this plugin registers, in one place (rename them together with the package).
 ALGORITHM = "myalgo"

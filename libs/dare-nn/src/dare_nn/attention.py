@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dare_core.ops.attention import FLEX_BLOCK, HALF, _cu_seqlens, available_kernels, document_mask
+from dare_core.api import FLEX_BLOCK, HALF, cu_seqlens, available_kernels, document_mask
 
 _COMPILED_FLEX = None
 
@@ -71,7 +71,7 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_id
     padded = q.shape[-1]
     rows, heads, width, _ = q.shape
     if "cu_seqlens" not in cache:
-        cache["cu_seqlens"] = _cu_seqlens(doc_ids)
+        cache["cu_seqlens"] = cu_seqlens(doc_ids)
     cu, longest = cache["cu_seqlens"]
     flat = [t.transpose(1, 2).reshape(rows * width, t.shape[1], padded) for t in (q, k, v)]
     if kernel == "varlen":

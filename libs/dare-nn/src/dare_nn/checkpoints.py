@@ -14,7 +14,7 @@ def checkpoint_model_type(path: str, accepted: Any) -> str:
     (one type name or a collection of them)."""
     import json
 
-    from dare_core.errors import DareError
+    from dare_core.api import DareError
 
     if not os.path.isdir(path):
         raise DareError(f"checkpoint directory {path!r} does not exist; pass model.path=DIR")
@@ -73,7 +73,7 @@ def load_module(module_cls: Any, path: str, dtype: torch.dtype = torch.float32, 
 def tiny_params(defaults: dict[str, Any], sizes: dict[str, Any], known: Any, label: str) -> dict[str, Any]:
     """``defaults`` overridden by ``sizes``; a :class:`~dare_core.errors.DareError` for size
     names that are neither in ``defaults`` nor in ``known`` (the config's field names)."""
-    from dare_core.errors import DareError
+    from dare_core.api import DareError
 
     params = dict(defaults)
     unknown = set(sizes) - set(params) - set(known)

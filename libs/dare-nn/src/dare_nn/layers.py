@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dare_core.errors import DareError
-from dare_core.ops.attention import DocumentMask
+from dare_core.api import DareError, DocumentMask
 from dare_nn.attention import document_attention
 
 __all__ = [

@@ -5,8 +5,7 @@ from the sibling modules."""
 
 from __future__ import annotations
 
-from dare_core import hookimpl
-from dare_core.interfaces import ComponentSpec
+from dare_core.api import ComponentSpec, hookimpl
 
 from dare_objectives.elbo import SequenceELBO, StratifiedCountMasking
 from dare_objectives.replay_loss import make_replay_clipped_loss

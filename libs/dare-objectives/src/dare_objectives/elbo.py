@@ -12,8 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from dare_core.components.corruptions import mask_tokens
-from dare_core.interfaces import Corrupted, SequenceBatch
+from dare_core.api import Corrupted, mask_tokens, SequenceBatch
 
 #: ``estimate(rows)`` evaluates the algorithm's estimator on the given Monte-Carlo rows only
 #: (with gradients unless the caller disables them) and returns ``[len(rows), B, ...]``.

@@ -12,9 +12,7 @@ from typing import Any, Literal, Optional
 import attrs
 import torch
 
-from dare_core.components.losses import agg_loss, kl_penalty
-from dare_core.config.schema import option
-from dare_core.config.validators import in_range, non_negative, one_of
+from dare_core.api import agg_loss, in_range, kl_penalty, non_negative, one_of, option
 
 KL_TYPES = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.components.losses import kl_penalty
+from dare_core.api import kl_penalty
 
 REDUCTIONS = {0: "step_mean", 1: "per_sample", 2: "token_mean"}
 
@@ -148,7 +148,7 @@ def make_replay_clipped_loss(clip_ratio_low: float = 0.2, clip_ratio_high: float
                              clip_ratio_c: float = 3.0, kl_coef: float = 0.0,
                              kl_type: str = "low_var_kl", row_chunk: int = 1) -> ReplayClippedLoss:
     """Registry factory: :class:`ReplayClippedLoss` around a fresh clipped surrogate."""
-    from dare_core.components.losses import ClippedPolicyLoss
+    from dare_core.api import ClippedPolicyLoss
 
     return ReplayClippedLoss(ClippedPolicyLoss(clip_ratio_low, clip_ratio_high, clip_ratio_c),
                              kl_coef, kl_type, row_chunk)

@@ -19,9 +19,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.components.corruptions import mask_tokens
-from dare_core.interfaces import Corrupted, SequenceBatch
-from dare_core.models.block import block_index, positions_from_mask
+from dare_core.api import block_index, Corrupted, mask_tokens, positions_from_mask, SequenceBatch
 
 
 def replay_states(
@@ -160,8 +158,8 @@ class StepReplay:
         self.left_to_right = left_to_right
 
     def rows(self, wrapper, rollout, context):
-        from dare_core.interfaces.rows import TrainingRows
-        from dare_core.errors import DareError
+        from dare_core.api import TrainingRows
+        from dare_core.api import DareError
 
         if rollout.reveal_step is None:
             raise DareError(

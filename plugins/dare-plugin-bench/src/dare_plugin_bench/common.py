@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import click
 import torch
 
-from dare_core.errors import DareError
+from dare_core.api import DareError
 
 __all__ = [
     "BenchError",
@@ -205,7 +205,7 @@ def prepare_model(dare: Any, family_name: str, *, checkpoint: Optional[str], ran
             if family.create is None:
                 raise BenchError(f"model family {family_name!r} cannot create random checkpoints; "
                                  f"pass --checkpoint DIR instead of --random")
-            from dare_core.config import TaskConfig
+            from dare_core.api import TaskConfig
 
             task = dare.registries.tasks.get(tokenizer_task).build(
                 TaskConfig(name=tokenizer_task, seed=seed))

@@ -50,7 +50,7 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
     for out, examples in rollouts:
         b = out.response_ids.shape[0]
         if setup.task is not None and examples is not None:
-            from dare_core.workflows.batching import decode_responses
+            from dare_core.api import decode_responses
 
             texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
             rewards = torch.tensor([setup.task.score(ex, t).score for ex, t in zip(examples, texts)],
@@ -102,9 +102,9 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
            accelerated_train: str, **kw: Any) -> None:
     """RL step time (rollout + log-probs + update): eager vs accelerated rollout, interleaved."""
     from dare_plugin_bench.common import BenchError
-    from dare_core.errors import DareError
-    from dare_core.components import ComponentLookup
-    from dare_core.plugins import get_dare
+    from dare_core.api import DareError
+    from dare_core.api import ComponentLookup
+    from dare_core.api import get_dare
 
     if group_size <= 0 or kw["batch"] % group_size:
         raise BenchError(f"--group-size ({group_size}) must be positive and divide --batch "
@@ -137,7 +137,7 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
     weights = copy.deepcopy(wrapper.module.state_dict())
     opt_state = copy.deepcopy(optimizer.state_dict())
 
-    from dare_core.ops.paths import select_training_paths
+    from dare_core.api import select_training_paths
 
     try:
         paths = {side: select_training_paths(wrapper, *req, device=setup.device)

@@ -30,7 +30,7 @@ def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
         rows += out.response_ids.shape[0]
         responses.append(out.response_ids.cpu())
         if examples is not None and setup.task is not None:
-            from dare_core.workflows.batching import decode_responses
+            from dare_core.api import decode_responses
 
             texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
             correct += sum(setup.task.score(ex, t).acc for ex, t in zip(examples, texts))
@@ -73,7 +73,7 @@ def rollout_cmd(**kw: Any) -> None:
     Example (the issue's CPU target, a ~50M-parameter random model):
     dare bench rollout --model FAMILY --random --size d_model=512 --size n_layers=15 ...
     """
-    from dare_core.plugins import get_dare
+    from dare_core.api import get_dare
 
     setup = build(get_dare(), kw)
     wrapper = setup.wrapper

@@ -10,8 +10,7 @@ import click
 import torch
 
 from dare_plugin_bench.common import BenchError, prepare_model, random_prompts
-from dare_core.config.loader import misfit, parse_overrides
-from dare_core.config.structure import structure
+from dare_core.api import misfit, parse_overrides, structure
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -164,8 +163,8 @@ def build(dare: Any, kw: dict[str, Any], extra_defaults: Optional[dict[str, Any]
     task = None
     prompts = []
     if kw["task"]:
-        from dare_core.config import TaskConfig
-        from dare_core.workflows.batching import left_pad
+        from dare_core.api import TaskConfig
+        from dare_core.api import left_pad
 
         task = dare.registries.tasks.get(kw["task"]).build(TaskConfig(name=kw["task"], seed=kw["seed"]))
         n = kw["num_prompts"] or kw["batch"]

@@ -175,7 +175,7 @@ def _median(xs: Sequence[float]) -> float:
 
 # --------------------------------------------------------------------------- packing
 def _training_batch(wrapper: Any, a: argparse.Namespace):
-    from dare_core.interfaces import SequenceBatch
+    from dare_core.api import SequenceBatch
 
     b = a.batch
     prompt_ids, prompt_mask = random_prompts(wrapper, b, a.prompt_length, a.seed, a.ragged)
@@ -193,7 +193,7 @@ def _training_batch(wrapper: Any, a: argparse.Namespace):
 
 
 def _nelbo_step(wrapper: Any, batch: Any, corrupted: Any) -> dict[str, Any]:
-    from dare_core.components.estimators import MaskedTokenLogProb
+    from dare_core.api import MaskedTokenLogProb
 
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     for p in params:
@@ -208,10 +208,10 @@ def _nelbo_step(wrapper: Any, batch: Any, corrupted: Any) -> dict[str, Any]:
 
 
 def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
-    from dare_core.components.corruptions import RandomRatioMasking
-    from dare_core.config.loader import parse_overrides
-    from dare_core.ops.packing import plan_packing
-    from dare_core.ops.paths import configure_training_paths
+    from dare_core.api import RandomRatioMasking
+    from dare_core.api import parse_overrides
+    from dare_core.api import plan_packing
+    from dare_core.api import configure_training_paths
 
     sizes = None
     if a.random_model:
@@ -300,8 +300,8 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
 
 def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
     """The packed-attention kernels of ``--kernels``, the one training would pick first."""
-    from dare_core.ops.attention import available_kernels
-    from dare_core.ops.paths import param_dtype, select_training_paths
+    from dare_core.api import available_kernels
+    from dare_core.api import param_dtype, select_training_paths
 
     dtype = param_dtype(wrapper)
     runnable = list(available_kernels(a.device, dtype))
@@ -320,7 +320,12 @@ def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
 
 # --------------------------------------------------------------------------- cross entropy
 def run_ce(a: argparse.Namespace) -> dict[str, Any]:
-    from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, chunk_rows, fused_token_logprobs, naive_token_logprobs
+    from dare_core.api import (
+        DEFAULT_CHUNK_ELEMENTS,
+        chunk_rows,
+        fused_token_logprobs,
+        naive_token_logprobs,
+    )
 
     dtype = DTYPES[a.ce_dtype]
     g = torch.Generator().manual_seed(a.seed)
@@ -406,7 +411,7 @@ def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
     ratios: dict[str, Any] = {}
     if a.part in ("all", "packing"):
         if dare is None:
-            from dare_core.plugins import get_dare
+            from dare_core.api import get_dare
 
             dare = get_dare()
         dare.registries.models.get(a.family)

@@ -1,7 +1,6 @@
 """dare-plugin-bgpo: Boundary-Guided Policy Optimization (arXiv:2510.11683)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_bgpo.algorithm import RECIPE, BGPOConfig, BGPOLoss, build
 

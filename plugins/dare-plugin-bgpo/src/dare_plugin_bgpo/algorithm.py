@@ -20,11 +20,10 @@ from dare_objectives.elbo import (
     per_row_backward,
     ratio_diagnostics,
 )
-from dare_core.components.losses import agg_loss, kl_penalty, masked_mean
+from dare_core.api import (
+    agg_loss, Components, divides, kl_penalty, masked_mean, one_of, option, positive,
+)
 from dare_objectives.policy_options import GROUP_RL_RECIPE, ClippedObjectiveOptions
-from dare_core.config import option
-from dare_core.config.validators import divides, one_of, positive
-from dare_core.interfaces import Components
 
 
 @attrs.frozen

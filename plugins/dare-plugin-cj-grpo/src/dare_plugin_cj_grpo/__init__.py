@@ -1,7 +1,6 @@
 """dare-plugin-cj-grpo: CJ-GRPO, consistency-trajectory GRPO (arXiv:2509.23924)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec
+from dare_core.api import AlgorithmSpec, hookimpl
 
 from dare_objectives.trajectory_replay import StepReplay
 from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build

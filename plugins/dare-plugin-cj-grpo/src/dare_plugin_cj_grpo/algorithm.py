@@ -29,9 +29,7 @@ from dare_objectives.policy_options import (
     advantage_from_options,
     clip_kwargs,
 )
-from dare_core.config import option
-from dare_core.config.validators import positive
-from dare_core.interfaces import Components
+from dare_core.api import Components, option, positive
 
 
 @attrs.frozen

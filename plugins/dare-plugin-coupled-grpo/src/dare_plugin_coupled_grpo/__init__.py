@@ -1,7 +1,6 @@
 """dare-plugin-coupled-grpo: Coupled-GRPO from DiffuCoder (arXiv:2506.20639)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_coupled_grpo.algorithm import (
     RECIPE,

@@ -17,16 +17,13 @@ from typing import Literal, Optional
 import attrs
 import torch
 
-from dare_core.components.corruptions import mask_tokens
+from dare_core.api import Components, Corrupted, in_range, mask_tokens, option, SequenceBatch
 from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClippedObjectiveOptions,
     advantage_from_options,
     build_clipped_objective,
 )
-from dare_core.config import option
-from dare_core.config.validators import in_range
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
 
 
 def _ratio_bounds(inst: "CoupledConfig", attr, value) -> None:

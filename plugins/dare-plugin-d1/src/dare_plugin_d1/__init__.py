@@ -1,7 +1,6 @@
 """dare-plugin-d1: d1 / diffu-GRPO (arXiv:2504.12216)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_d1.algorithm import RECIPE, D1Config, D1Masking, build
 

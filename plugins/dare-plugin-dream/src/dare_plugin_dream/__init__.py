@@ -6,8 +6,7 @@ Importing this package registers ``Dream`` with transformers' AutoConfig / AutoM
 
 import os
 
-from dare_core import hookimpl
-from dare_core.interfaces import ModelFamily, RolloutSpec
+from dare_core.api import hookimpl, ModelFamily, RolloutSpec
 
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.sampler import SUPPORTED_RECORDS, DreamSampler, DreamSamplerConfig

@@ -48,13 +48,10 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.api import for_device, in_range, non_negative, one_of, option, positive, RolloutBatch
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records
 from dare_plugin_samplers.common import join_micro_batches, run_micro_batches
-from dare_core.interfaces import RolloutBatch
-from dare_core.rng import for_device
 
 __all__ = [
     "ALGORITHMS",

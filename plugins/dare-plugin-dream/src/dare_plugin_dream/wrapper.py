@@ -23,8 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper
+from dare_core.api import DareError, HFDiffusionWrapper
 from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
 

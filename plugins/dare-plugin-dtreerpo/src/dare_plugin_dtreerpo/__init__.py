@@ -1,8 +1,7 @@
 """dare-plugin-dtreerpo: d-TreeRPO, tree-structured RL over the denoising process
 (arXiv:2512.09675)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_dtreerpo.algorithm import RECIPE, RESUMABLE, DTreeConfig, TreeLoss, TreeTransitions, build
 

@@ -27,11 +27,10 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, optional, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import Components, Corrupted, RolloutBatch, SequenceBatch
+from dare_core.api import (
+    Components, Corrupted, DareError, in_range, non_negative, option, optional, positive,
+    RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext,
+)
 
 
 @attrs.frozen

@@ -1,7 +1,6 @@
 """dare-plugin-ebpo: ELBO-based Block-level Policy Optimization (arXiv:2602.08676)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_ebpo.algorithm import RECIPE, BlockELBOMasking, EBPOConfig, EBPOLoss, build
 

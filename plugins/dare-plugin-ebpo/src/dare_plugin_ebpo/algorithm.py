@@ -14,7 +14,10 @@ import math
 import attrs
 import torch
 
-from dare_core.components.corruptions import mask_tokens
+from dare_core.api import (
+    block_index, Components, Corrupted, DareError, divides, in_range, mask_tokens, non_negative,
+    one_of, option, positions_from_mask, positive, SequenceBatch,
+)
 from dare_objectives.elbo import (
     RowMeanObjective,
     cyclic_levels,
@@ -24,11 +27,6 @@ from dare_objectives.elbo import (
     sequence_kl,
 )
 from dare_objectives.policy_options import GROUP_RL_RECIPE
-from dare_core.config import option
-from dare_core.config.validators import divides, in_range, non_negative, one_of, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
-from dare_core.models.block import block_index, positions_from_mask
 
 
 @attrs.frozen

@@ -1,7 +1,6 @@
 """dare-plugin-espo: sequence-level ELBO policy optimization (arXiv:2512.03759)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_espo.algorithm import RECIPE, ComplementMasking, ESPOConfig, ESPOLoss, build
 

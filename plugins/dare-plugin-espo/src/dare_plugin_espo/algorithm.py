@@ -12,7 +12,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dare_core.components.corruptions import mask_tokens
+from dare_core.api import (
+    Components, Corrupted, in_range, mask_tokens, non_negative, one_of, option, positive,
+    SequenceBatch,
+)
 from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
@@ -23,9 +26,6 @@ from dare_objectives.elbo import (
     response_valid,
     sequence_kl,
 )
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
 
 
 @attrs.frozen

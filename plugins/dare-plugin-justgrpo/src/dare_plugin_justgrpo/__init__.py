@@ -1,8 +1,7 @@
 """dare-plugin-justgrpo: JustGRPO, left-to-right decoding with exact log-probabilities
 (arXiv:2601.15165)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_objectives.trajectory_replay import StepReplay
 from dare_plugin_justgrpo.algorithm import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig, TemperedTokenLogProb, build

@@ -32,11 +32,9 @@ from dare_objectives.policy_options import (
     advantage_from_options,
     clip_kwargs,
 )
-from dare_core.config import option
-from dare_core.config.validators import optional, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
-from dare_core.models.base import gather_logprobs
+from dare_core.api import (
+    Components, Corrupted, DareError, gather_logprobs, option, optional, positive, SequenceBatch,
+)
 
 
 @attrs.frozen

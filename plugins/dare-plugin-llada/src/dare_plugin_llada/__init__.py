@@ -6,8 +6,7 @@ Importing this package registers ``llada`` with transformers' Auto classes, so
 
 import os
 
-from dare_core import hookimpl
-from dare_core.interfaces import ModelFamily
+from dare_core.api import hookimpl, ModelFamily
 
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.wrapper import BUNDLED, CAPABILITIES, create, load

@@ -12,8 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper
+from dare_core.api import DareError, HFDiffusionWrapper
 from dare_nn.checkpoints import load_module, padded_vocab_size, save_new_checkpoint
 from dare_nn.checkpoints import tiny_params, tokenizer_token_id
 

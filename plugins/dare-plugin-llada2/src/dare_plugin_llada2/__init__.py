@@ -8,8 +8,7 @@ two rollout backends: ``llada2_threshold`` (LLaDA2.0 decoding) and ``llada2_edit
 
 import os
 
-from dare_core import hookimpl
-from dare_core.interfaces import ModelFamily, RolloutSpec
+from dare_core.api import hookimpl, ModelFamily, RolloutSpec
 
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.sampler import (

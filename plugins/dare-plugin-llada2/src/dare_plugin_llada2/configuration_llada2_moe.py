@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dare_core.errors import DareError
+from dare_core.api import DareError
 from dare_nn import layers
 
 __all__ = ["LLaDA2MoeConfig", "LLaDA2ConfigError", "SUPPORTED_ATTN_IMPLEMENTATIONS"]

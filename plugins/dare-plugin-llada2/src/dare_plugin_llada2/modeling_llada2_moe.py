@@ -64,7 +64,7 @@ from transformers import initialization as hf_init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
-from dare_core.errors import DareError
+from dare_core.api import DareError
 from dare_nn import layers
 
 from .configuration_llada2_moe import LLaDA2MoeConfig

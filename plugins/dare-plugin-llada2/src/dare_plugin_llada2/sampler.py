@@ -54,12 +54,10 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import RolloutBatch
-from dare_core.models.block import block_causal_mask
-from dare_core.rng import for_device
+from dare_core.api import (
+    block_causal_mask, DareError, for_device, in_range, non_negative, one_of, option, positive,
+    RolloutBatch,
+)
 
 __all__ = ["ThresholdConfig", "EditingConfig", "ThresholdSampler", "EditingSampler", "SUPPORTED_RECORDS",
            "transfer_schedule", "sample_candidates"]

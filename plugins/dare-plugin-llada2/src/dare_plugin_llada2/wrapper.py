@@ -14,18 +14,13 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.errors import DareError
-from dare_core.models import HFDiffusionWrapper
+from dare_core.api import (
+    bd3lm_layout, block_causal_inputs, block_causal_mask, block_index, DareError,
+    HFDiffusionWrapper, positions_from_mask,
+)
 from dare_nn import layers
 from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_nn.checkpoints import save_new_checkpoint, tiny_params
-from dare_core.models.block import (
-    bd3lm_layout,
-    block_causal_inputs,
-    block_causal_mask,
-    block_index,
-    positions_from_mask,
-)
 
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes

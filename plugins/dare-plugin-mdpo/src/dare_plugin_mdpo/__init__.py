@@ -1,7 +1,6 @@
 """dare-plugin-mdpo: MDPO, Masked Diffusion Policy Optimization (arXiv:2508.13148)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_mdpo.algorithm import RECIPE, MDPOConfig, MDPOLoss, StepStateRows, build
 

@@ -25,11 +25,10 @@ import attrs
 import torch
 
 from dare_objectives.policy_options import GROUP_RL_RECIPE
-from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, positive
-from dare_core.errors import DareError
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
+from dare_core.api import (
+    Components, Corrupted, DareError, in_range, non_negative, option, positive, SequenceBatch,
+    TrainingRows, TrajectoryContext,
+)
 
 
 @attrs.frozen

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dare_core import hookimpl
+from dare_core.api import hookimpl
 
 
 @hookimpl

@@ -70,7 +70,7 @@ def compare(model: str, a: str, bs: tuple[str, ...], samples: int, pool: bool, c
       dare compare --model llada --a bundled --b runs/RUN/final \\
           --config runs/RUN/config.yaml --samples 4 eval.temperature=1.0
     """
-    from dare_core.plugins import get_dare
+    from dare_core.api import get_dare
     from dare_plugin_report.compare import compare_checkpoints
 
     compare_checkpoints(get_dare(), model, a, bs, samples=samples, config_file=config_file, pool=pool,

@@ -25,15 +25,11 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import click
 
-from dare_core.config import RunConfig, resolve
-from dare_core.config.loader import to_dict
-from dare_core.errors import DareError
-from dare_core.pairing import compare, describe, paired_counts
+from dare_core.api import (
+    atomic_write_text, compare, ComponentLookup, DareError, describe, eval_backend_name,
+    eval_context, eval_rollout_config, evaluate, paired_counts, resolve, RunConfig, to_dict,
+)
 from dare_plugin_report.stats import clustered, describe_clustered, per_prompt
-from dare_core.rundir import atomic_write_text
-from dare_core.components import ComponentLookup
-from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config
-from dare_core.workflows.evaluation import evaluate
 
 __all__ = ["BUNDLED", "cache_key", "checkpoint_config", "compare_checkpoints", "paired_report",
            "pooled_report", "sampled_items"]
@@ -55,7 +51,7 @@ def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
         raise DareError("judging by the training sampler needs the run's algorithm; pass the run's "
                         "config.yaml (--config) or algo=NAME")
     spec = dare.registries.algorithms.get(config.algo)
-    comps = spec.build(config.algorithm, ComponentLookup(dare.registries))
+    comps = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
     rc = comps.training_rollout_config(config.rollout)
     names = {f.name for f in attrs.fields(type(rc))}
     changes: dict[str, Any] = {"backend": None}

@@ -16,8 +16,7 @@ import json
 import os
 from typing import Optional, Sequence
 
-from dare_core.errors import DareError
-from dare_core.rundir import atomic_write_file
+from dare_core.api import atomic_write_file, DareError
 
 __all__ = ["Curve", "load_curves", "moving_average", "plot_runs"]
 

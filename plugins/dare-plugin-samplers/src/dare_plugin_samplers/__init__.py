@@ -3,8 +3,7 @@ block-diffusion sampler (see this plugin's README)."""
 
 from __future__ import annotations
 
-from dare_core import hookimpl
-from dare_core.interfaces import RolloutSpec
+from dare_core.api import hookimpl, RolloutSpec
 
 from dare_plugin_samplers.block import SUPPORTED_RECORDS as BLOCK_RECORDS
 from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler

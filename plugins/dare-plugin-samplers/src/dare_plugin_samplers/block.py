@@ -56,14 +56,12 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config.schema import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
+from dare_core.api import (
+    block_causal_mask, block_index, CapabilityError, DareError, for_device, in_range,
+    non_negative, one_of, option, positive, RolloutBatch,
+)
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
-from dare_core.errors import CapabilityError, DareError
-from dare_core.interfaces import RolloutBatch
-from dare_core.models.block import block_causal_mask, block_index
-from dare_core.rng import for_device
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 

@@ -15,9 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from dare_core.config.schema import option
-from dare_core.config.validators import non_negative, one_of, positive
-from dare_core.rng import for_device
+from dare_core.api import for_device, non_negative, one_of, option, positive
 
 __all__ = [
     "REMASKING",

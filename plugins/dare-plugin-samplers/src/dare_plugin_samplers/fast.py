@@ -63,11 +63,9 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config.schema import option
-from dare_core.config.validators import in_range, non_negative, one_of
+from dare_core.api import in_range, non_negative, one_of, option, RolloutBatch
 import dare_plugin_samplers.common as common
 from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
-from dare_core.interfaces import RolloutBatch
 
 __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
 

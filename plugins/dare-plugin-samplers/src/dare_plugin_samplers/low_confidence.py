@@ -42,10 +42,8 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.config.schema import option
-from dare_core.config.validators import non_negative
+from dare_core.api import non_negative, option, RolloutBatch
 import dare_plugin_samplers.common as common
-from dare_core.interfaces import RolloutBatch
 
 __all__ = [
     "LowConfidenceConfig",

@@ -7,8 +7,7 @@ checkpoints without ``trust_remote_code``.
 
 import os
 
-from dare_core import hookimpl
-from dare_core.interfaces import ModelFamily
+from dare_core.api import hookimpl, ModelFamily
 
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.wrapper import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE, create, load

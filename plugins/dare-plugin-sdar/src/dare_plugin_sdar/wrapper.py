@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.errors import DareError
+from dare_core.api import BlockDiffusionWrapper, DareError
 from dare_nn.checkpoints import (
     checkpoint_model_type,
     config_or_tokenizer_id,
@@ -24,7 +24,6 @@ from dare_nn.checkpoints import (
     padded_vocab_size,
 )
 from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
-from dare_core.models.block import BlockDiffusionWrapper
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes

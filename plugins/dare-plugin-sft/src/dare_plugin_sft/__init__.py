@@ -1,7 +1,6 @@
 """dare-plugin-sft: supervised fine-tuning with the diffusion NELBO (masked and block diffusion)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO
 from dare_plugin_sft.objective import RECIPE, NELBOLoss, SFTConfig, build

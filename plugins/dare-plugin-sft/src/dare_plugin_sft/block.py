@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from dare_core.components.corruptions import mask_tokens
-from dare_core.interfaces import Corrupted, SequenceBatch
+from dare_core.api import Corrupted, mask_tokens, SequenceBatch
 
 __all__ = ["BlockDiffusionMasking", "BlockDiffusionNELBO", "KindDispatch", "choose_masks"]
 

@@ -12,10 +12,10 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from dare_core.config import option
-from dare_core.config.validators import in_range, non_negative, one_of, positive
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
-from dare_core.workflows.sft import default_collate
+from dare_core.api import (
+    Components, Corrupted, default_collate, in_range, non_negative, one_of, option, positive,
+    SequenceBatch,
+)
 
 from dare_plugin_sft.block import KindDispatch
 

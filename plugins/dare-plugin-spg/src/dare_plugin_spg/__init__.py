@@ -1,7 +1,6 @@
 """dare-plugin-spg: Sandwiched Policy Gradient (arXiv:2510.09541)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_spg.algorithm import RECIPE, BlockWiseMasking, SPGBounds, SPGConfig, SPGLoss, build
 

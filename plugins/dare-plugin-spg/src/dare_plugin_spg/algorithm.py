@@ -11,17 +11,17 @@ one block of the response (matched to semi-autoregressive decoding) and everythi
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 import torch
 
-from dare_core.components.corruptions import mask_tokens
+from dare_core.api import (
+    Components, Corrupted, in_range, mask_tokens, one_of, option, optional, positive, probability,
+    SequenceBatch,
+)
 from dare_objectives.elbo import mc_diagnostics, random_subset, response_valid
 from dare_objectives.policy_options import GROUP_RL_RECIPE
-from dare_core.config import option
-from dare_core.config.validators import in_range, one_of, positive, probability
-from dare_core.interfaces import Components, Corrupted, SequenceBatch
 
 
 def _not_below_min_t(inst, attr, value) -> None:
@@ -34,9 +34,10 @@ class SPGConfig:
     """SPG options with the recipe defaults (LLaDA math recipe)."""
 
     mc_num: int = option(1, "Corruption rows per sequence (num_t; the recipe uses 1).", positive)
-    block_length: int = option(
-        32, "Block size of the block-wise masking (the rollout's semi-AR block). A response "
-            "length that is not a multiple gets a shorter last block.", positive)
+    block_length: Optional[int] = option(
+        None, "Block size of the block-wise masking; null = the training rollout's semi-AR block "
+              "(rollout.block_length), or 32 when the rollout has no blocks. A response length "
+              "that is not a multiple gets a shorter last block.", optional(positive))
     p_mask_prompt: float = option(0.15, "Masking probability of valid tokens before the chosen block "
                                         "(prompt and earlier response blocks).",
                                   in_range(0.0, 1.0, high_open=True))
@@ -221,9 +222,18 @@ class SPGLoss:
         return loss, metrics
 
 
+def masking_block(cfg: SPGConfig, rollout: Any) -> int:
+    """The masking block: the option, else the rollout config's ``block_length``, else 32."""
+    if cfg.block_length is not None:
+        return cfg.block_length
+    fields = attrs.fields_dict(type(rollout)) if attrs.has(type(rollout)) else {}
+    return int(rollout.block_length) if "block_length" in fields else 32
+
+
 def build(cfg: SPGConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption("spg_block_masking", mc_num=cfg.mc_num, block_length=cfg.block_length,
+        corruption=lookup.corruption("spg_block_masking", mc_num=cfg.mc_num,
+                                     block_length=masking_block(cfg, lookup.rollout),
                                      p_mask_prompt=cfg.p_mask_prompt, min_t=cfg.min_t, max_t=cfg.max_t),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("spg_bounds", eubo_beta=cfg.eubo_beta),

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dare_core.interfaces.seams import TaskSpec
-from dare_core.plugins import hookimpl
+from dare_core.api import hookimpl, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
 from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask
 from dare_plugin_tasks.sudoku import SudokuTask

@@ -6,9 +6,7 @@ import copy
 from pathlib import Path
 from typing import Callable, Optional
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example, Score
-from dare_core.config import TaskConfig
+from dare_core.api import DareError, Example, Score, TaskConfig
 from dare_plugin_tasks.rewards import score_example
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

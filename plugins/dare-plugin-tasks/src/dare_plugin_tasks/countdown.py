@@ -12,10 +12,8 @@ import json
 import random
 from typing import Iterable, Optional, Union
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example
+from dare_core.api import DareError, Example, TaskConfig
 from dare_plugin_tasks._base import FileBackedTask
-from dare_core.config import TaskConfig
 from dare_plugin_tasks.rewards import evaluate_equation
 
 __all__ = [

@@ -14,8 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example
+from dare_core.api import DareError, Example
 from dare_plugin_tasks._base import FileBackedTask
 
 __all__ = ["GSM8KTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples"]

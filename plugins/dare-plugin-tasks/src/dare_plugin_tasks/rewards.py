@@ -16,8 +16,7 @@ import re
 import threading
 from typing import Any, Optional, Sequence, Union
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example, Score
+from dare_core.api import DareError, Example, Score
 
 __all__ = [
     "EXTRACTION_FAILED",

@@ -10,10 +10,8 @@ import random
 from functools import lru_cache
 from typing import Iterable, Optional, Union
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example
+from dare_core.api import DareError, Example, TaskConfig
 from dare_plugin_tasks._base import FileBackedTask
-from dare_core.config import TaskConfig
 
 __all__ = [
     "SUDOKU_PROMPT",

@@ -11,8 +11,7 @@ training run through the core's lifecycle hooks (:mod:`dare_plugin_tracking.sess
 * ``dare_unconfigure`` — flush and close (also after an error).
 """
 
-from dare_core import hookimpl
-from dare_core.interfaces import ConfigSection
+from dare_core.api import ConfigSection, hookimpl
 
 from dare_plugin_tracking import session
 from dare_plugin_tracking.config import SECTION, TrackingConfig

@@ -13,8 +13,7 @@ from typing import Any, Literal, Optional
 
 import attrs
 
-from dare_core.config import option
-from dare_core.errors import DareError
+from dare_core.api import DareError, option
 
 SECTION = "tracking"
 

@@ -21,7 +21,7 @@ import sys
 import warnings
 from typing import Any, Mapping, Optional
 
-from dare_core.config import to_dict
+from dare_core.api import to_dict
 
 from dare_plugin_tracking.config import SECTION, TrackingConfig, check_backends
 from dare_plugin_tracking.writers import TensorBoardWriter, WandbWriter, scalars

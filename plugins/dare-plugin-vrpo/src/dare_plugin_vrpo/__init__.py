@@ -1,7 +1,6 @@
 """dare-plugin-vrpo: VRPO, variance-reduced DPO on masked-diffusion ELBOs (arXiv:2505.19223)."""
 
-from dare_core import hookimpl
-from dare_core.interfaces import AlgorithmSpec, ComponentSpec
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
 
 from dare_plugin_vrpo.algorithm import RECIPE, DPOLoss, VRPOConfig, build
 

@@ -29,9 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dare_objectives.elbo import mc_diagnostics
-from dare_core.config import option
-from dare_core.config.validators import positive
-from dare_core.interfaces import Components, SequenceBatch
+from dare_core.api import Components, option, positive, SequenceBatch
 
 
 def _divides_mc_num(inst, attr, value) -> None:

@@ -51,7 +51,7 @@ def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
     from dare_core import plugins
     from dare_core.cli import cli
     from dare_plugin_tasks.sudoku import SudokuTask
-    from dare_core.config import TaskConfig
+    from dare_core.api import TaskConfig
 
     monkeypatch.setattr(plugins, "_DARE", dare)
     example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]

@@ -1,0 +1,41 @@
+"""The public API of dare-core for plugin authors: everything a family, algorithm, rollout
+backend, task, command or observer plugin may import, in one place. Other modules of
+``dare_core`` are private and may change; the testing kit is :mod:`dare_core.testing`.
+
+* registration: ``hookimpl`` and the specs and Protocols of the seams (:mod:`dare_core.interfaces`);
+* generic components and their building blocks, :class:`ComponentLookup`;
+* config: ``option``, validators, ``TaskConfig``, ``structure``; errors;
+* model wrappers: ``HFDiffusionWrapper``, ``BlockDiffusionWrapper`` and the block layouts;
+  training paths (packing, fused cross entropy, document attention kernels);
+* the runtime commands drive: ``get_dare``, ``resolve``, ``eval_context``, ``evaluate``, ...
+"""
+
+from dare_core.components import ComponentLookup, corrupted_logprobs
+from dare_core.components.advantages import GroupNormAdvantage, RLOOAdvantage
+from dare_core.components.corruptions import RandomRatioMasking, mask_tokens
+from dare_core.components.estimators import MaskedTokenLogProb, ResponseTokenLogProb
+from dare_core.components.losses import ClippedPolicyLoss, agg_loss, kl_penalty, masked_mean
+from dare_core.components.trajectories import FinalSequence
+from dare_core.config import RunConfig, TaskConfig, option, resolve, structure, to_dict
+from dare_core.config.loader import misfit, parse_overrides
+from dare_core.config.validators import divides, in_range, non_negative, one_of, optional, positive, probability
+from dare_core.errors import CapabilityError, ConfigError, DareError
+from dare_core.interfaces import *  # noqa: F401,F403 (the seams; see dare_core.interfaces.__all__)
+from dare_core.interfaces import __all__ as _seams
+from dare_core.models.base import HFDiffusionWrapper, gather_logprobs
+from dare_core.models.block import (BlockDiffusionWrapper, bd3lm_layout, block_causal_inputs, block_causal_mask,
+                                    block_index, positions_from_mask)
+from dare_core.ops.attention import FLEX_BLOCK, HALF, DocumentMask, available_kernels, cu_seqlens, document_mask
+from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, chunk_rows, fused_token_logprobs, naive_token_logprobs
+from dare_core.ops.packing import plan_packing
+from dare_core.ops.paths import configure_training_paths, param_dtype, select_training_paths
+from dare_core.pairing import compare, describe, paired_counts
+from dare_core.plugins import get_dare, hookimpl
+from dare_core.rng import for_device
+from dare_core.rundir import atomic_write_file, atomic_write_text
+from dare_core.workflows.batching import decode_responses, left_pad
+from dare_core.workflows.evaluation import evaluate
+from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config
+from dare_core.workflows.sft import default_collate
+
+__all__ = sorted(set(_seams) | {name for name in dir() if not name.startswith("_")} - {"annotations"})
