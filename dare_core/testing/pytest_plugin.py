@@ -22,6 +22,24 @@ def dare_build():
 
 
 @pytest.fixture
+def dare_cli(monkeypatch):
+    """``dare_cli(dare)`` → ``invoke(*args)``: runs ``dare ARGS`` (click's ``CliRunner``) with the
+    registries ``dare`` and the commands its plugins register; undone after the test."""
+    from click.testing import CliRunner
+
+    import dare_core.plugins as plugins
+    from dare_core.cli import cli
+
+    def use(dare):
+        monkeypatch.setattr(cli, "commands", dict(cli.commands))
+        monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
+        monkeypatch.setattr(plugins, "_DARE", dare)
+        return lambda *args: CliRunner().invoke(cli, list(args), prog_name="dare")
+
+    return use
+
+
+@pytest.fixture
 def toy_wrapper():
     """A fresh family-free tiny masked-diffusion wrapper (character tokenizer)."""
     return make_toy_wrapper()

@@ -7,10 +7,8 @@ import pathlib
 import re
 
 import pytest
-from click.testing import CliRunner
 
 import dare_core.plugins as dare_plugins
-from dare_core.cli import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -36,10 +34,12 @@ def _readme_matrix() -> list[dict[str, str]]:
     return [dict(zip(header, row)) for row in rows]
 
 
-def test_readme_matrix_is_dare_list_matrix(monkeypatch):
-    monkeypatch.setattr(dare_plugins, "_DARE", dare_plugins.build(
-        load_entrypoints=False, extra_plugins=_first_party_plugins()))
-    result = CliRunner().invoke(cli, ["list", "--matrix", "--json"])
+def _first_party_dare():
+    return dare_plugins.build(load_entrypoints=False, extra_plugins=_first_party_plugins())
+
+
+def test_readme_matrix_is_dare_list_matrix(dare_cli):
+    result = dare_cli(_first_party_dare())("list", "--matrix", "--json")
     assert result.exit_code == 0, result.output
     assert _readme_matrix() == json.loads(result.output)
 
@@ -52,13 +52,9 @@ def test_readme_is_a_front_page():
 
 @pytest.mark.parametrize("command", ["train", "generate", "eval", "compare", "init", "bench", "plot",
                                      "plugins", "list", "config"])
-def test_readme_commands_exist(command, monkeypatch):
-    monkeypatch.setattr(dare_plugins, "_DARE", dare_plugins.build(
-        load_entrypoints=False, extra_plugins=_first_party_plugins()))
-    monkeypatch.setattr(cli, "commands", dict(cli.commands))
-    monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
+def test_readme_commands_exist(command, dare_cli):
     assert f"dare {command}" in README.read_text()
-    assert CliRunner().invoke(cli, [command, "--help"]).exit_code == 0
+    assert dare_cli(_first_party_dare())(command, "--help").exit_code == 0
 
 
 def test_set_up_installs_every_distribution_of_the_repository():

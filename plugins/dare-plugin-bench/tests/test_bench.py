@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from dare_core.testing.registries import build_for
-from click.testing import CliRunner
 
-import dare_core.plugins as dare_plugins
 import dare_plugin_bench
 from dare_plugin_bench.common import PeakMemory, interleave, random_prompts
 from dare_core.testing import toy
@@ -22,19 +20,14 @@ SMALL = ["--prompt-length", "6", "--gen-length", "8", "--block-length", "4", "--
 
 
 @pytest.fixture
-def run(monkeypatch, tmp_path):
-    from dare_core.cli import cli
-
-    monkeypatch.setattr(cli, "commands", dict(cli.commands))
-    monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
-    monkeypatch.setattr(dare_plugins, "_DARE",
-                        build_for(dare_plugin_bench, toy))
+def run(dare_cli, tmp_path):
+    dare = dare_cli(build_for(dare_plugin_bench, toy))
     ckpt = tmp_path / "toy-ckpt"
     make_toy_wrapper().save_pretrained(str(ckpt))
 
     def invoke(*args, checkpoint=True):
         extra = ["--checkpoint", str(ckpt)] if checkpoint else []
-        return CliRunner().invoke(cli, [*args, *extra])
+        return dare(*args, *extra)
 
     return invoke
 

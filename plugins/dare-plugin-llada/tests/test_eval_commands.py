@@ -29,12 +29,10 @@ def dare_with_report():
 
 
 @pytest.fixture
-def compare(dare_with_report, monkeypatch):
+def compare(dare_with_report, dare_cli):
     """``compare(*args)``: the result of ``dare compare ARGS`` with the llada registry."""
-    monkeypatch.setattr(cli, "commands", dict(cli.commands))
-    monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
-    monkeypatch.setattr(dare_core.plugins, "_DARE", dare_with_report)
-    return lambda *args: CliRunner().invoke(cli, ["compare", *args], prog_name="dare")
+    dare = dare_cli(dare_with_report)
+    return lambda *args: dare("compare", *args)
 
 
 def _stdout(result) -> str:

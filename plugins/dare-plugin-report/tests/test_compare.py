@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-import dare_core.plugins
 import dare_plugin_report
 import dare_plugin_samplers  # the toy family's rollout backend
 from dare_core.config import resolve
@@ -54,14 +52,10 @@ def ckpts(tmp_path):
 
 
 @pytest.fixture
-def run(dare, monkeypatch):
-    """``run(*args)``: ``dare ARGS`` with the registry ``dare`` (plugin commands loaded from it)."""
-    from dare_core.cli import cli
-
-    monkeypatch.setattr(cli, "commands", dict(cli.commands))
-    monkeypatch.setattr(cli, "_plugins_loaded", False, raising=False)
-    monkeypatch.setattr(dare_core.plugins, "_DARE", dare)
-    return lambda *args: CliRunner().invoke(cli, ["compare", *args], prog_name="dare")
+def run(dare, dare_cli):
+    """``run(*args)``: ``dare compare ARGS`` with the registry ``dare``."""
+    invoke = dare_cli(dare)
+    return lambda *args: invoke("compare", *args)
 
 
 def _records(output: str) -> list[dict]:
