@@ -23,9 +23,10 @@ def plugin_dist_hint(name: str) -> str:
 class Registry(Generic[T]):
     """Name → object, with the registering plugin recorded for every entry."""
 
-    def __init__(self, kind: str, *, hint_install: bool = True):
+    def __init__(self, kind: str, *, hint_install: bool = True, provider: str = ""):
         self.kind = kind
         self.hint_install = hint_install
+        self.provider = provider
         self._items: dict[str, T] = {}
         self._owners: dict[str, str] = {}
 
@@ -57,6 +58,8 @@ class Registry(Generic[T]):
             parts.append(f"did you mean {close[0]!r}?")
         if self.hint_install:
             parts.append(f"if it is a plugin, install it: pip install {plugin_dist_hint(name)}")
+        elif self.provider and name not in names:
+            parts.append(f"the first-party {self.kind}s come with pip install {self.provider}")
         return "; ".join(parts)
 
     def owner(self, name: str) -> str:
@@ -95,9 +98,15 @@ class Registries:
         "config_sections": "config section",
     }
 
+    #: the distributions of this repository that register a kind's first-party entries
+    PROVIDERS = {"rollouts": "dare-plugin-samplers", "tasks": "dare-plugin-tasks",
+                 "corruptions": "dare-objectives", "estimators": "dare-objectives",
+                 "trajectories": "dare-objectives", "losses": "dare-objectives"}
+
     def __init__(self) -> None:
         for attr, kind in self.KINDS.items():
-            setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms")))
+            setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms"),
+                                         provider=self.PROVIDERS.get(attr, "")))
 
     def __getitem__(self, attr: str) -> Registry[Any]:
         if attr not in self.KINDS:

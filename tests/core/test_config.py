@@ -313,7 +313,9 @@ def test_unknown_algorithm_model_rollout_task(dare, ckpt):
         _resolve(dare, ckpt, model="tyo")
     with pytest.raises(UnknownNameError, match="unknown rollout backend 'minu'.*did you mean 'mini'") as info:
         _resolve(dare, ckpt, "rollout.backend=minu")
-    assert "pip install" not in str(info.value)
+    # a backend is no plugin of its own: the hint names the first-party samplers, not dare-plugin-minu
+    assert "dare-plugin-minu" not in str(info.value)
+    assert "pip install dare-plugin-samplers" in str(info.value)
     with pytest.raises(ConfigError, match="task.name: unknown task 'echo'"):
         _resolve(dare, ckpt, "task.name=echo")
     assert _resolve(dare, ckpt, "task.name=echo_task").task.name == "echo_task"
