@@ -1,14 +1,7 @@
-"""The public API of dare-core for plugin authors: everything a family, algorithm, rollout
-backend, task, command or observer plugin may import, in one place. Other modules of
-``dare_core`` are private and may change; the testing kit is :mod:`dare_core.testing`.
-
-* registration: ``hookimpl`` and the specs and Protocols of the seams (:mod:`dare_core.interfaces`);
-* generic components and their building blocks, :class:`ComponentLookup`;
-* config: ``option``, validators, ``TaskConfig``, ``structure``; errors;
-* model wrappers: ``HFDiffusionWrapper``, ``BlockDiffusionWrapper`` and the block layouts;
-  training paths (packing, fused cross entropy, document attention kernels);
-* the runtime commands drive: ``get_dare``, ``resolve``, ``eval_context``, ``evaluate``, ...
-"""
+"""The public API of dare-core for plugin authors: what a family, algorithm, rollout backend, task,
+command or observer plugin may import (the seams, generic components, config, errors, model
+wrappers, training paths, the runtime commands drive). Other ``dare_core`` modules are private;
+the testing kit is :mod:`dare_core.testing`."""
 
 from dare_core.components import ComponentLookup, corrupted_logprobs
 from dare_core.components.advantages import GroupNormAdvantage, RLOOAdvantage

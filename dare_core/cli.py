@@ -7,7 +7,6 @@ with status 2; no traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, Optional
 
@@ -207,44 +206,6 @@ def config_show(algo: str, model: str, config_file: Optional[str], overrides: tu
     click.echo(render_with_help(config, dare), nl=False)
 
 
-@cli.command()
-@click.option("--model", required=True, help="Model family whose architecture to instantiate.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="New checkpoint directory.")
-@click.option("--task", "tasks", multiple=True, default=("sudoku",), show_default=True,
-              help="Task(s) whose texts train the tokenizer (repeatable).")
-@click.option("--seed", default=0, show_default=True)
-@OVERRIDES
-def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tuple[str, ...]) -> None:
-    """Create a randomly initialised tiny checkpoint (tokenizer trained on task texts).
-
-    Size overrides are architecture fields, e.g. d_model=128 n_layers=4.
-    """
-    import torch
-
-    from dare_core.config.loader import parse_overrides
-    from dare_core.config import TaskConfig
-
-    dare = _dare()
-    family = dare.registries.models.get(model)
-    if family.create is None:
-        raise DareError(f"model family {model!r} cannot create new checkpoints")
-    sizes, problems = parse_overrides(overrides)
-    if problems:
-        raise DareError("; ".join(problems))
-    if os.path.exists(out) and os.listdir(out):
-        raise DareError(f"{out!r} exists and is not empty; choose a new --out directory")
-    texts: list[str] = []
-    for name in tasks:
-        task = dare.registries.tasks.get(name).build(TaskConfig(name=name, seed=seed))
-        for ex in task.examples("train", limit=4000, seed=seed):
-            texts.extend(m["content"] for m in ex.prompt)
-            if ex.response:
-                texts.append(ex.response)
-    torch.manual_seed(seed)
-    family.create(out, texts, **sizes)
-    click.echo(f"created {out}")
-
-
 def _table(header, rows) -> None:
     rows = [tuple(str(c) for c in r) for r in rows]
     widths = [max([len(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
@@ -255,7 +216,7 @@ def _table(header, rows) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config", "init"}
+_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config"}
 
 
 def main() -> None:  # console script

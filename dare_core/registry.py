@@ -100,8 +100,7 @@ class Registries:
 
     #: the distributions of this repository that register a kind's first-party entries
     PROVIDERS = {"rollouts": "dare-plugin-samplers", "tasks": "dare-plugin-tasks",
-                 "corruptions": "dare-objectives", "estimators": "dare-objectives",
-                 "trajectories": "dare-objectives", "losses": "dare-objectives"}
+                 **dict.fromkeys(("corruptions", "estimators", "trajectories", "losses"), "dare-objectives")}
 
     def __init__(self) -> None:
         for attr, kind in self.KINDS.items():

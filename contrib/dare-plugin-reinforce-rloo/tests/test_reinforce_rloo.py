@@ -5,11 +5,9 @@ import pytest
 import torch
 
 import dare_plugin_reinforce_rloo
-from dare_core.components import ComponentLookup
-from dare_core.config import resolve
-from dare_core.config.structure import structure
-from dare_core.errors import ConfigError, DareError
-from dare_core.interfaces import Corrupted, SequenceBatch
+from dare_core.api import (
+    ComponentLookup, ConfigError, Corrupted, DareError, resolve, SequenceBatch, structure,
+)
 from dare_core.testing import fake_rollout, toy
 from dare_plugin_reinforce_rloo.algorithm import (
     MaskedMeanSequenceLogProb,

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import dare_plugin_myalgo
-from dare_core.components import ComponentLookup
-from dare_core.config.structure import structure
-from dare_core.interfaces import SequenceBatch
+from dare_core.api import ComponentLookup, SequenceBatch, structure
 from dare_core.testing.contracts import AlgorithmContract
 from dare_plugin_myalgo.algorithm import MyAlgoConfig, build
 
