@@ -26,6 +26,9 @@ class ModelWrapper(Protocol):
 
     ``logits`` and ``denoise_logits`` are aligned so that position ``i`` predicts token ``i``;
     a family whose raw model is shifted (autoregressively initialised) undoes it here.
+    :class:`~dare_core.api.HFDiffusionWrapper` gives every member below a default.
+    ``lora_target_modules``: module-name suffixes or a regular expression LoRA adapts by default
+    (``None``: every linear layer but the output head).
     """
 
     family: str
@@ -38,6 +41,23 @@ class ModelWrapper(Protocol):
     pad_token_id: int
     stop_token_ids: tuple[int, ...]
     block_size: Optional[int]
+    lora_target_modules: Any
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the module's parameters."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` with special tokens removed."""
+
+    def supports_packing(self) -> bool:
+        """Whether ``token_logprobs`` can run on packed rows (``model.train_attention=packed``)."""
+
+    def supports_fused_ce(self) -> bool:
+        """Whether ``token_logprobs`` can use the logits-free fused cross entropy."""
 
     def logits(
         self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None

@@ -48,6 +48,9 @@ class HFDiffusionWrapper:
     Token ids must come from the checkpoint's config/tokenizer, never literals.
     """
 
+    #: LoRA's default targets (module-name suffixes or a regular expression); None = every linear
+    lora_target_modules: Any = None
+
     def __init__(
         self,
         *,

@@ -90,7 +90,7 @@ def target_modules(wrapper: Any, configured: Optional[tuple[str, ...]]) -> Any:
     if configured:
         names = list(configured)
         return names[0] if len(names) == 1 and names[0] == ALL_LINEAR else names
-    default = getattr(wrapper, "lora_target_modules", None)
+    default = wrapper.lora_target_modules
     if default:
         return default if isinstance(default, str) else list(default)
     return ALL_LINEAR

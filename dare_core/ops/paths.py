@@ -66,11 +66,6 @@ class TrainingPaths:
         return attrs.asdict(self)
 
 
-def _supports(wrapper: Any, name: str) -> bool:
-    fn = getattr(wrapper, name, None)
-    return bool(fn()) if callable(fn) else False
-
-
 def param_dtype(wrapper: Any):
     """The dtype of the wrapper's (first) parameters, or ``None`` when it has none."""
     try:
@@ -93,8 +88,8 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
         raise DareError(f"model.attention_kernel={attention_kernel!r} is not one of "
                         f"{', '.join(ATTENTION_KERNEL_CHOICES)}; pick one of them")
     name = getattr(wrapper, "family", type(wrapper).__name__)
-    can_pack = _supports(wrapper, "supports_packing")
-    can_fuse = _supports(wrapper, "supports_fused_ce")
+    can_pack = bool(wrapper.supports_packing())
+    can_fuse = bool(wrapper.supports_fused_ce())
     if train_attention == "packed" and not can_pack:
         raise DareError(
             f"model.train_attention=packed but the {name!r} wrapper cannot pack sequences (it needs "

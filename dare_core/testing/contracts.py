@@ -92,6 +92,14 @@ class ModelFamilyContract:
         assert callable(spec.load)
         assert spec.default_rollout in dare.registries.rollouts, "default rollout not registered"
 
+    def test_wrapper_has_every_declared_member(self, wrapper):
+        """Every member of the ModelWrapper seam (dare_core.interfaces) the core may call."""
+        from dare_core.interfaces import ModelWrapper
+
+        members = set(ModelWrapper.__annotations__) | {n for n in vars(ModelWrapper) if not n.startswith("_")}
+        missing = sorted(m for m in members if not hasattr(wrapper, m))
+        assert not missing, f"the wrapper lacks {missing}"
+
     def test_token_ids_come_from_checkpoint(self, wrapper):
         vocab = wrapper.module.get_input_embeddings().num_embeddings
         for tid in (wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids):
