@@ -41,9 +41,9 @@ def wandb_sandbox(tmp_path, monkeypatch):
                 "WANDB_TAGS", "WANDB_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     yield
-    from dare_plugin_tracking import session
+    from dare_plugin_tracking import tracked_run
 
-    assert session.active() is None, "a test left a tracking session open"
+    assert tracked_run.active() is None, "a test left a tracked run open"
 
 
 # The .wandb file is W&B's transaction log: a 7-byte header (":W&B", magic 0xBEE1, version 0),

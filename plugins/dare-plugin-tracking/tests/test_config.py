@@ -15,7 +15,7 @@ from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
-from dare_plugin_tracking import session
+from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import TensorBoardConfig, TrackingConfig, WandbConfig
 
 
@@ -112,14 +112,14 @@ def test_a_missing_package_is_one_line_before_any_work(dare, tmp_path, monkeypat
                               f"imported (")
     assert message.endswith(f"; {fix} (or remove {backend} from tracking.backends)")
     assert not (tmp_path / "runs").exists()  # refused before the run directory was created
-    assert session.active() is None
+    assert tracked_run.active() is None
 
 
 def test_wandb_disabled_needs_no_package(dare, tmp_path, monkeypatch):
     cfg = _resolve(dare, tmp_path, "tracking.backends=[wandb]", "tracking.wandb.mode=disabled")
     monkeypatch.setitem(sys.modules, "wandb", None)
     dare_plugin_tracking.dare_configure(config=cfg)
-    assert session.active() is None  # nothing to write to
+    assert tracked_run.active() is None  # nothing to write to
     dare_plugin_tracking.dare_unconfigure(config=cfg)
 
 

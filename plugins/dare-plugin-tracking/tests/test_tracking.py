@@ -19,7 +19,7 @@ from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
-from dare_plugin_tracking import session
+from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import TensorBoardConfig
 from dare_plugin_tracking.writers import TensorBoardWriter, scalars
 
@@ -101,7 +101,7 @@ def test_tensorboard_and_wandb_hold_the_values_of_metrics_jsonl(tmp_path, wandb_
     assert {k: run["config"][k] for k in data} == data
     assert run["config"]["tracking"]["backends"] == ["tensorboard", "wandb"]
     assert run["name"] == "r" and run["tags"] == ["t1"] and run["exit_code"] == 0
-    assert session.active() is None
+    assert tracked_run.active() is None
 
 
 def test_writers_are_closed_after_an_error_and_wandb_marks_the_run_failed(tmp_path, wandb_run):
@@ -118,7 +118,7 @@ def test_writers_are_closed_after_an_error_and_wandb_marks_the_run_failed(tmp_pa
     cfg = _config(dare, tmp_path, "tracking.backends=[tensorboard, wandb]", "eval.before=false")
     with pytest.raises(Boom):
         train(dare, cfg)
-    assert session.active() is None
+    assert tracked_run.active() is None
     root = tmp_path / "runs" / "r"
     steps, _ = _metrics(root)
     acc = _tensorboard(root / "tensorboard")  # flushed on close: step 1 is there

@@ -2,7 +2,7 @@
 
 This module is the plugin's manifest: only ``@hookimpl`` functions. It registers the
 ``tracking:`` section of the run config (:mod:`dare_plugin_tracking.config`) and follows a
-training run through the core's lifecycle hooks (:mod:`dare_plugin_tracking.session`):
+training run through the core's lifecycle hooks (:mod:`dare_plugin_tracking.tracked_run`):
 
 * ``dare_configure`` — check the section (unknown backend, package not installed) before any
   work starts;
@@ -13,7 +13,7 @@ training run through the core's lifecycle hooks (:mod:`dare_plugin_tracking.sess
 
 from dare_core.api import ConfigSection, hookimpl
 
-from dare_plugin_tracking import session
+from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import SECTION, TrackingConfig
 
 __version__ = "0.1.0"
@@ -27,24 +27,24 @@ def dare_register_config_sections(register):
 
 @hookimpl
 def dare_configure(config):
-    session.configure(config)
+    tracked_run.configure(config)
 
 
 @hookimpl
 def dare_on_run_start(config, run_dir):
-    session.start(run_dir)
+    tracked_run.start(run_dir)
 
 
 @hookimpl
 def dare_on_step_end(step, metrics):
-    session.step(step, metrics)
+    tracked_run.step(step, metrics)
 
 
 @hookimpl
 def dare_on_eval(step, label, metrics):
-    session.evaluation(step, label, metrics)
+    tracked_run.evaluation(step, label, metrics)
 
 
 @hookimpl
 def dare_unconfigure(config):
-    session.unconfigure()
+    tracked_run.unconfigure()

@@ -27,7 +27,7 @@ from dare_plugin_tracking.config import SECTION, TrackingConfig, check_backends
 from dare_plugin_tracking.writers import TensorBoardWriter, WandbWriter, scalars
 
 
-class Session:
+class TrackedRun:
     """The writers of one run."""
 
     def __init__(self, cfg: TrackingConfig, config: Any):
@@ -79,16 +79,16 @@ class Session:
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
 
 
-_ACTIVE: Optional[Session] = None
+_ACTIVE: Optional[TrackedRun] = None
 
 
-def active() -> Optional[Session]:
-    """The session of the run in progress (``None`` when tracking is off or no run is)."""
+def active() -> Optional[TrackedRun]:
+    """The tracked run in progress (``None`` when tracking is off or no run is)."""
     return _ACTIVE
 
 
 def configure(config: Any) -> None:
-    """Read and check the ``tracking:`` section; a run with backends gets a session."""
+    """Read and check the ``tracking:`` section; a run with backends gets a TrackedRun."""
     global _ACTIVE
     if _ACTIVE is not None:  # a previous run that was never unconfigured
         _ACTIVE.close()
@@ -96,7 +96,7 @@ def configure(config: Any) -> None:
     cfg = config.plugin_section(SECTION, TrackingConfig)
     check_backends(cfg)
     if cfg.active():
-        _ACTIVE = Session(cfg, config)
+        _ACTIVE = TrackedRun(cfg, config)
 
 
 def start(run_dir: str) -> None:
@@ -116,6 +116,6 @@ def evaluation(step_: int, label: str, metrics: Mapping[str, Any]) -> None:
 
 def unconfigure() -> None:
     global _ACTIVE
-    session, _ACTIVE = _ACTIVE, None
-    if session is not None:
-        session.close()
+    run, _ACTIVE = _ACTIVE, None
+    if run is not None:
+        run.close()
