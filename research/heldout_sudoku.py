@@ -1,6 +1,6 @@
 """A fresh held-out set of generated 4×4 Sudoku puzzles, disjoint from the training pools.
 
-    python scripts/heldout_sudoku.py --n 2000 --train-seeds 0-4 --out heldout8.jsonl
+    python research/heldout_sudoku.py --n 2000 --train-seeds 0-4 --seed 0 --out heldout0.jsonl
 
 The real test set has 500 puzzles; a paired comparison on them resolves about ±2 points. This
 draws ``--n`` further puzzles like the training ones (``--blanks`` empty cells, exactly one

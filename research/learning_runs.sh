@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Short learning runs of the RL algorithms on the bundled tiny checkpoints, one after another,
 # each followed by its reward/accuracy curves (the docs/results.md tables and PNGs).
-#   bash scripts/learning_runs.sh OUT_DIR "ALGO:FAMILY[:key=value,...]" ...
+#   bash research/learning_runs.sh OUT_DIR "ALGO:FAMILY[:key=value,...]" ...
 # e.g.
-#   bash scripts/learning_runs.sh runs/results "mdpo:llada:trainer.steps=15" "bgpo:sdar"
+#   bash research/learning_runs.sh runs/results "mdpo:llada:trainer.steps=15" "bgpo:sdar"
 # Needs matplotlib for the PNGs (pip install 'dare-core[plot]'); runs are sequential because
 # the 2-core CPU gives no speed to parallel ones.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Does one policy-gradient step of an RL algorithm improve what it should?
 
-    python scripts/rl_direction_probe.py --algo d1 --model llada [--prompts 32] [--group 8]
+    python research/rl_direction_probe.py --algo d1 --model llada [--prompts 32] [--group 8]
         [--step-norm 0.008] [--samples 16] [--sign] [KEY=VALUE ...]
 
 Takes the first ``--prompts`` training prompts of the run's task, rolls out ``--group`` responses

@@ -1,4 +1,4 @@
-"""``scripts/heldout_sudoku.py``: a fresh held-out set, disjoint from the test set and from the
+"""``research/heldout_sudoku.py``: a fresh held-out set, disjoint from the test set and from the
 training pools of the given run seeds."""
 
 import importlib.util
@@ -11,8 +11,8 @@ from dare_core.config import TaskConfig
 from dare_plugin_tasks.parquet import load_examples
 from dare_plugin_tasks.sudoku import SudokuTask, count_solutions, sudoku_reference_response
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "heldout_sudoku.py"
-pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="needs the repository's scripts/")
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "heldout_sudoku.py"
+pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="needs the repository's research/")
 
 
 def _script():
