@@ -1,0 +1,677 @@
+"""Bounded execution of generated Python programs: an evaluation grader and an RL reward.
+
+:func:`run_program` runs one source file, :func:`check_program` runs a HumanEval/MBPP item
+(program + tests, optionally followed by ``check(entry_point)``) and :func:`run_many` runs many of
+either on a thread pool, each in its own subprocess, results in input order.
+
+Every run gets
+
+* a fresh temporary working directory (``HOME`` and ``TMPDIR`` point at it) that is removed
+  afterwards, also after a timeout;
+* the current interpreter started with ``-s -B`` (and ``-P`` on 3.11+): no user site directory,
+  no bytecode files, the script directory is not put on ``sys.path``. ``-I``/``-E`` are not used
+  because the environment is built from scratch anyway and ``-E`` would drop the
+  ``PYTHONHASHSEED=0`` we set for reproducible ``set``/``dict`` ordering; the standard library and
+  the interpreter's site-packages stay importable;
+* a scrubbed environment: only ``PATH=/usr/local/bin:/usr/bin:/bin``, ``HOME``, ``TMPDIR``,
+  ``LANG``/``LC_ALL=C.UTF-8``, ``PYTHONDONTWRITEBYTECODE=1``, ``PYTHONHASHSEED=0``,
+  ``PYTHONIOENCODING=utf-8``; nothing of the parent's environment (tokens, keys) is visible;
+* its own session and process group; on timeout, and after every normal exit, the whole group
+  gets ``SIGKILL`` (the group leader is killed while it is still an unreaped zombie, so the
+  process-group id cannot have been reused);
+* resource limits (:class:`Limits`) set in the child between ``fork`` and ``exec``: CPU seconds
+  (``SIGXCPU``, then ``SIGKILL`` one second later), address space, processes, file size, open
+  files, and no core files;
+* stdout and stderr read concurrently and kept up to :attr:`Limits.output_bytes` each (the rest is
+  read and discarded, so a chatty child never blocks on a full pipe); ``stdin`` comes from a file;
+* no network where the OS allows it: the child calls ``unshare(CLONE_NEWNET)`` before ``exec``
+  and so runs in an empty network namespace whose only interface, loopback, is down — no
+  connection to the internet, to the host's loopback services or to DNS is possible. This needs
+  ``CAP_SYS_ADMIN`` (root, or a container that grants it); no user namespace is created, so an
+  unprivileged caller gets no isolation. Whether it works is probed once per process
+  (:func:`network_isolation_available`) and reported as :attr:`ExecutionResult.network_isolated`.
+  When it does not work the program runs with the host's network, and the run does not fail
+  unless the caller passes ``require_network_isolation=True``.
+
+What is **not** contained: the program runs as the calling user with the caller's filesystem
+view, so it can read any file that user can read and write (up to :attr:`Limits.file_size` bytes
+per file) anywhere that user can write; a descendant that calls ``setsid()``/``setpgid()`` leaves
+the process group and survives the final ``killpg``; ``RLIMIT_NPROC`` counts all processes of the
+real user id and is not enforced for root; memory is bounded per process (address space), not
+for the group as a whole. For untrusted code at scale run the trainer itself in a container or VM
+with a read-only filesystem; this module is the inner, per-program layer.
+
+Outcome (:attr:`ExecutionResult.status`): the program is executed by a small harness that maps an
+uncaught ``AssertionError`` to ``wrong`` and ``MemoryError`` to ``memory``; any other uncaught
+exception, a syntax error or a non-zero exit is ``error``; a signal is ``killed``; the wall clock
+running out is ``timeout``; exit status 0 is ``passed``. :func:`check_program` is stricter: the
+harness writes a random token (given to it through a pipe, never through the environment or a
+file) to a marker file only after the tests ran to the end, and ``passed`` needs that token, so
+``sys.exit(0)``/``os._exit(0)``/``quit()`` before the tests finish is ``error`` rather than a
+reward. (A program that walks the interpreter's frames can still find the token; the check stops
+accidental and the common deliberate exits, not an adversary with full introspection.)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import ctypes.util
+import math
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Iterable, List, Literal, Optional, Sequence, Union
+
+import attrs
+
+from dare_core.api import DareError
+
+try:  # POSIX only
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None  # type: ignore[assignment]
+
+__all__ = [
+    "EXIT_MEMORY",
+    "EXIT_WRONG",
+    "STATUSES",
+    "ExecutionResult",
+    "Job",
+    "Limits",
+    "Status",
+    "check_program",
+    "network_isolation_available",
+    "run_many",
+    "run_program",
+]
+
+Status = Literal["passed", "wrong", "error", "timeout", "memory", "killed"]
+STATUSES = ("passed", "wrong", "error", "timeout", "memory", "killed")
+
+#: exit status of the harness for an uncaught ``AssertionError`` (a failed test)
+EXIT_WRONG = 117
+#: exit status of the harness for an uncaught ``MemoryError``
+EXIT_MEMORY = 118
+
+CLONE_NEWNET = 0x40000000
+_KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
+_PROGRAM = "main.py"
+_HARNESS = "_dare_harness.py"
+_MARKER = ".dare_done"
+_STDIN = ".dare_stdin"
+_READ_CHUNK = 65536
+
+
+def _positive_or_none(instance, attribute, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise DareError(f"Limits.{attribute.name} must be a positive number or None, got {value!r}")
+
+
+def _positive_int(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DareError(f"Limits.{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen
+class Limits:
+    """Per-run resource limits; ``None`` leaves a limit as inherited from the caller.
+
+    Attributes:
+        cpu_seconds: CPU time (user + system) of the program process, rounded up to whole seconds
+            (``RLIMIT_CPU``); exceeding it delivers ``SIGXCPU``, one second more ``SIGKILL``
+            (status ``killed``). Each process of the group has its own budget.
+        address_space: virtual memory per process in bytes (``RLIMIT_AS``); allocations beyond it
+            fail, which Python reports as ``MemoryError`` (status ``memory``).
+        processes: processes of the real user id (``RLIMIT_NPROC``; a fork-bomb brake — it counts
+            the user's other processes too and root is exempt).
+        file_size: largest file the program may write, in bytes (``RLIMIT_FSIZE``); writing more
+            fails with ``OSError: File too large``.
+        open_files: file descriptors per process (``RLIMIT_NOFILE``).
+        output_bytes: bytes of stdout and of stderr each that are kept; more is read and dropped
+            and the result's ``stdout_truncated``/``stderr_truncated`` is set.
+    """
+
+    cpu_seconds: Optional[float] = attrs.field(default=10.0, validator=_positive_or_none)
+    address_space: Optional[int] = attrs.field(default=4 * _GIB, validator=_positive_or_none)
+    processes: Optional[int] = attrs.field(default=256, validator=_positive_or_none)
+    file_size: Optional[int] = attrs.field(default=16 * _MIB, validator=_positive_or_none)
+    open_files: Optional[int] = attrs.field(default=64, validator=_positive_or_none)
+    output_bytes: int = attrs.field(default=64 * _KIB, validator=_positive_int)
+
+
+@attrs.frozen
+class ExecutionResult:
+    """Outcome of one sandboxed run.
+
+    Attributes:
+        status: ``passed`` (exit 0; for :func:`check_program` also: the tests ran to the end),
+            ``wrong`` (uncaught ``AssertionError``), ``error`` (other exception, syntax error,
+            non-zero exit, early exit during tests), ``timeout`` (wall clock), ``memory``
+            (``MemoryError`` / address-space limit), ``killed`` (ended by a signal, e.g. the CPU
+            limit's ``SIGXCPU``).
+        returncode: exit status of the program process; negative for a signal
+            (``-signal.SIGKILL`` after a timeout).
+        stdout, stderr: captured output (UTF-8, invalid bytes replaced), at most
+            ``Limits.output_bytes`` bytes each.
+        stdout_truncated, stderr_truncated: whether more output was produced than kept.
+        seconds: wall-clock seconds from start to the end of the process group.
+        network_isolated: whether the program ran in an empty network namespace.
+        detail: a short human-readable reason for the status.
+    """
+
+    status: Status
+    returncode: Optional[int]
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    seconds: float
+    network_isolated: bool
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+@attrs.frozen
+class Job:
+    """One unit of work for :func:`run_many`: :func:`check_program` when ``tests`` is given,
+    else :func:`run_program` of ``program``."""
+
+    program: str
+    tests: Optional[str] = None
+    entry_point: Optional[str] = None
+    timeout: float = 10.0
+    limits: Limits = Limits()
+    stdin: str = ""
+
+
+# --------------------------------------------------------------------------- the child-side harness
+# Run as ``python <harness> <token-fd> <marker> <program> <strict>``. It reads its token from the
+# pipe, compiles and executes the program as ``__main__`` and maps the outcome to exit statuses.
+_HARNESS_SOURCE = f"""\
+import os, sys, traceback
+
+def _dare_main():
+    token_fd, marker, program, strict = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    token = os.read(token_fd, 256)
+    os.close(token_fd)
+    _write, _open, _close, _exit = os.write, os.open, os.close, os._exit
+    _flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+    def _done():
+        fd = _open(marker, _flags, 0o600)
+        _write(fd, token)
+        _close(fd)
+
+    def _report(exc):
+        try:
+            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        except BaseException:
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+
+    with open(program, encoding="utf-8") as handle:
+        source = handle.read()
+    sys.argv = [program]
+    namespace = {{"__name__": "__main__", "__file__": program, "__builtins__": __builtins__}}
+    del handle
+    try:
+        exec(compile(source, program, "exec"), namespace)
+    except MemoryError:
+        namespace = source = None
+        _write(2, b"MemoryError\\n")
+        _exit({EXIT_MEMORY})
+    except AssertionError as exc:
+        _report(exc)
+        _exit({EXIT_WRONG})
+    except SystemExit as exc:
+        if strict:
+            _write(2, b"SystemExit(" + repr(exc.code).encode() + b") before the tests finished\\n")
+            _report(exc)
+            _exit(1)
+        if exc.code not in (None, 0):
+            raise
+    except BaseException as exc:
+        _report(exc)
+        _exit(1)
+    _done()
+
+_dare_main()
+"""
+
+
+# ------------------------------------------------------------------------------- network isolation
+_unshare_fn = None
+_probe_lock = threading.Lock()
+_probe_result: Optional[bool] = None
+
+
+def _load_unshare():
+    """A callable ``unshare(flags) -> None`` raising ``OSError``, or ``None`` where there is none."""
+    if hasattr(os, "unshare"):  # Python 3.12+
+        return os.unshare
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        raw = libc.unshare
+    except (OSError, AttributeError):
+        return None
+    raw.argtypes = [ctypes.c_int]
+    raw.restype = ctypes.c_int
+
+    def unshare(flags: int) -> None:
+        if raw(flags) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+
+    return unshare
+
+
+def network_isolation_available() -> bool:
+    """Whether a child can be put into a new network namespace; probed once per process."""
+    global _probe_result, _unshare_fn
+    if _probe_result is not None:
+        return _probe_result
+    with _probe_lock:
+        if _probe_result is None:
+            _unshare_fn = _load_unshare()
+            ok = False
+            if _unshare_fn is not None:
+                unshare = _unshare_fn
+
+                def preexec() -> None:
+                    unshare(CLONE_NEWNET)
+
+                try:
+                    ok = subprocess.run(
+                        [sys.executable, "-S", "-c", "pass"],
+                        preexec_fn=preexec,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        timeout=30,
+                        env={},
+                    ).returncode == 0
+                except (subprocess.SubprocessError, OSError):
+                    ok = False
+            _probe_result = ok
+    return _probe_result
+
+
+# ------------------------------------------------------------------------------------ the runner
+def _rlimits(limits: Limits) -> list:
+    """``(resource, (soft, hard))`` pairs, clamped to the caller's hard limits (never raised)."""
+    wanted = [(resource.RLIMIT_CORE, 0, 0)]
+    if limits.cpu_seconds is not None:
+        seconds = max(1, math.ceil(limits.cpu_seconds))
+        wanted.append((resource.RLIMIT_CPU, seconds, seconds + 1))
+    for name, value in (
+        ("RLIMIT_AS", limits.address_space),
+        ("RLIMIT_NPROC", limits.processes),
+        ("RLIMIT_FSIZE", limits.file_size),
+        ("RLIMIT_NOFILE", limits.open_files),
+    ):
+        if value is not None and hasattr(resource, name):
+            value = int(value)
+            wanted.append((getattr(resource, name), value, value))
+    pairs = []
+    for res, soft, hard in wanted:
+        _, current_hard = resource.getrlimit(res)
+        if current_hard != resource.RLIM_INFINITY:
+            hard = min(hard, current_hard)
+            soft = min(soft, hard)
+        pairs.append((res, (soft, hard)))
+    return pairs
+
+
+def _make_preexec(pairs: list, isolate: bool):
+    # Runs between fork and exec, possibly while other threads of the parent hold locks: it only
+    # calls pre-bound functions and imports nothing.
+    setrlimit = resource.setrlimit
+    unshare = _unshare_fn if isolate else None
+
+    def preexec() -> None:
+        if unshare is not None:  # before RLIMIT_NOFILE/NPROC could get in the way
+            unshare(CLONE_NEWNET)
+        for res, value in pairs:
+            setrlimit(res, value)
+
+    return preexec
+
+
+class _Capture:
+    """Reads a pipe to its end on a daemon thread, keeping the first ``cap`` bytes."""
+
+    def __init__(self, pipe, cap: int) -> None:
+        self._pipe, self._cap = pipe, cap
+        self._chunks: List[bytes] = []
+        self._kept = 0
+        self.truncated = False
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        fd = self._pipe.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    break
+                with self._lock:
+                    room = self._cap - self._kept
+                    if len(chunk) > room:
+                        self.truncated = True
+                        chunk = chunk[:room]
+                    if chunk:
+                        self._chunks.append(chunk)
+                        self._kept += len(chunk)
+        except OSError:
+            pass
+
+    def text(self) -> str:
+        with self._lock:
+            return b"".join(self._chunks).decode("utf-8", errors="replace")
+
+
+def _wait_exit(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait until ``proc`` has exited *without reaping it*; False if ``deadline`` passed first."""
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            pidfd = None
+    try:
+        if pidfd is not None:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                try:
+                    ready, _, _ = select.select([pidfd], [], [], remaining)
+                except InterruptedError:  # pragma: no cover - PEP 475 retries already
+                    continue
+                if ready:
+                    return True
+        delay = 0.001
+        while True:  # fallback: poll without reaping
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.02)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):  # the program may have removed permissions on what it created
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                try:
+                    os.chmod(os.path.join(root, name), 0o700)
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _classify(returncode: int, stderr: str, strict: bool, marker_ok: bool) -> tuple:
+    if returncode == 0:
+        if strict and not marker_ok:
+            return "error", "exited with status 0 before the tests finished"
+        return "passed", "exited with status 0"
+    if returncode == EXIT_WRONG:
+        return "wrong", "AssertionError"
+    if returncode == EXIT_MEMORY:
+        return "memory", "MemoryError"
+    if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
+        return "memory", f"exit status {returncode} after a failed allocation"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return "killed", f"terminated by {name}"
+    return "error", f"exited with status {returncode}"
+
+
+def _interpreter_flags() -> list:
+    flags = ["-s", "-B"]
+    if sys.version_info >= (3, 11):
+        flags.append("-P")
+    return flags
+
+
+def _execute(
+    source: str,
+    *,
+    timeout: float,
+    limits: Limits,
+    stdin: str,
+    strict: bool,
+    require_network_isolation: bool,
+) -> ExecutionResult:
+    if resource is None:  # pragma: no cover - Windows
+        raise DareError("the code sandbox needs a POSIX system (the resource module is missing)")
+    if not isinstance(source, str):
+        raise DareError(f"the program must be a str, got {type(source).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise DareError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(limits, Limits):
+        raise DareError(f"limits must be a dare_plugin_tasks.sandbox.Limits, got {type(limits).__name__}")
+    isolate = network_isolation_available()
+    if require_network_isolation and not isolate:
+        raise DareError(
+            "network isolation was required but unshare(CLONE_NEWNET) is not permitted here; "
+            "run with CAP_SYS_ADMIN or pass require_network_isolation=False"
+        )
+
+    workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
+    try:
+        program = os.path.join(workdir, _PROGRAM)
+        harness = os.path.join(workdir, _HARNESS)
+        marker = os.path.join(workdir, _MARKER)
+        stdin_path = os.path.join(workdir, _STDIN)
+        with open(program, "w", encoding="utf-8") as handle:
+            handle.write(source)
+        with open(harness, "w", encoding="utf-8") as handle:
+            handle.write(_HARNESS_SOURCE)
+        with open(stdin_path, "w", encoding="utf-8") as handle:
+            handle.write(stdin)
+        token = secrets.token_hex(16).encode()
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "PYTHONIOENCODING": "utf-8",
+        }
+        pairs = _rlimits(limits)
+        proc = None
+        while proc is None:
+            read_end, write_end = os.pipe()
+            try:
+                os.write(write_end, token)
+                os.close(write_end)
+                write_end = -1
+                argv = [sys.executable, *_interpreter_flags(), harness, str(read_end), marker, program,
+                        "1" if strict else "0"]
+                with open(stdin_path, "rb") as stdin_file:
+                    start = time.monotonic()
+                    try:
+                        proc = subprocess.Popen(
+                            argv,
+                            cwd=workdir,
+                            env=env,
+                            stdin=stdin_file,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            pass_fds=(read_end,),
+                            start_new_session=True,
+                            preexec_fn=_make_preexec(pairs, isolate),
+                        )
+                    except subprocess.SubprocessError:
+                        if not isolate:
+                            raise
+                        # unshare failed in this child although the probe succeeded
+                        if require_network_isolation:
+                            raise DareError("network isolation was required but unshare(CLONE_NEWNET) failed") from None
+                        isolate = False
+            finally:
+                os.close(read_end)
+                if write_end >= 0:
+                    os.close(write_end)
+
+        out = _Capture(proc.stdout, limits.output_bytes)
+        err = _Capture(proc.stderr, limits.output_bytes)
+        try:
+            exited = _wait_exit(proc, start + float(timeout))
+        finally:
+            _kill_group(proc.pid)  # the leader is unreaped, so this pgid is still ours
+            if proc.poll() is None:
+                proc.kill()
+            returncode = proc.wait()
+        seconds = time.monotonic() - start
+        for capture in (out, err):
+            capture.thread.join(timeout=2.0)  # a setsid()-escaped descendant may hold the pipe
+        proc.stdout.close()
+        proc.stderr.close()
+        stdout, stderr = out.text(), err.text()
+        if not exited:
+            status, detail = "timeout", f"wall-clock limit of {float(timeout):g} s exceeded"
+        else:
+            try:
+                with open(marker, "rb") as handle:
+                    marker_ok = handle.read() == token
+            except OSError:
+                marker_ok = False
+            status, detail = _classify(returncode, stderr, strict, marker_ok)
+        return ExecutionResult(
+            status=status,
+            returncode=returncode,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            seconds=seconds,
+            network_isolated=isolate,
+            detail=detail,
+        )
+    finally:
+        _remove_tree(workdir)
+
+
+def run_program(
+    source: str,
+    *,
+    timeout: float = 10.0,
+    limits: Limits = Limits(),
+    stdin: str = "",
+    require_network_isolation: bool = False,
+) -> ExecutionResult:
+    """Run ``source`` as ``__main__`` in a fresh sandbox; see the module docstring for the rules.
+
+    ``timeout`` is the wall-clock limit in seconds for the whole process group; ``stdin`` is the
+    program's standard input. Raises :class:`~dare_core.api.DareError` only for invalid
+    arguments or when ``require_network_isolation`` is set and isolation is unavailable; every
+    outcome of the program itself is an :class:`ExecutionResult`.
+    """
+    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, strict=False,
+                    require_network_isolation=require_network_isolation)
+
+
+def check_program(
+    program: str,
+    tests: str,
+    entry_point: Optional[str] = None,
+    *,
+    timeout: float = 10.0,
+    limits: Limits = Limits(),
+    stdin: str = "",
+    require_network_isolation: bool = False,
+) -> ExecutionResult:
+    """Grade ``program`` by running ``tests`` after it, HumanEval/MBPP style.
+
+    The executed file is ``program``, then ``tests``, then ``check(<entry_point>)`` when
+    ``entry_point`` is given (HumanEval's test strings define ``def check(candidate)``; MBPP's are
+    bare ``assert`` lines). ``passed`` means the file ran to its end; a failed assertion is
+    ``wrong``; exiting early (``sys.exit``, ``os._exit``) is ``error``.
+    """
+    if not isinstance(program, str) or not isinstance(tests, str):
+        raise DareError("check_program needs the program and the tests as str")
+    parts = [program.rstrip("\n"), tests.rstrip("\n")]
+    if entry_point is not None:
+        if not isinstance(entry_point, str) or not entry_point.isidentifier():
+            raise DareError(f"entry_point must be a Python identifier, got {entry_point!r}")
+        parts.append(f"check({entry_point})")
+    source = "\n\n".join(parts) + "\n"
+    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, strict=True,
+                    require_network_isolation=require_network_isolation)
+
+
+def run_many(
+    jobs: Iterable[Union[str, Job]],
+    workers: Optional[int] = None,
+    *,
+    require_network_isolation: bool = False,
+) -> List[ExecutionResult]:
+    """Run ``jobs`` (source strings or :class:`Job`) with at most ``workers`` at a time.
+
+    Each job runs in its own sandboxed subprocess; threads only wait on them. Results come back
+    in input order. ``workers`` defaults to ``os.cpu_count()``.
+    """
+    items: Sequence[Union[str, Job]] = list(jobs)
+    for index, job in enumerate(items):
+        if not isinstance(job, (str, Job)):
+            raise DareError(f"run_many job {index} must be a str or a Job, got {type(job).__name__}")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise DareError(f"workers must be a positive integer, got {workers!r}")
+    if not items:
+        return []
+    network_isolation_available()  # probe once before the threads start
+
+    def one(job: Union[str, Job]) -> ExecutionResult:
+        if isinstance(job, str):
+            return run_program(job, require_network_isolation=require_network_isolation)
+        if job.tests is not None:
+            return check_program(job.program, job.tests, job.entry_point, timeout=job.timeout,
+                                 limits=job.limits, stdin=job.stdin,
+                                 require_network_isolation=require_network_isolation)
+        return run_program(job.program, timeout=job.timeout, limits=job.limits, stdin=job.stdin,
+                           require_network_isolation=require_network_isolation)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(one, items))

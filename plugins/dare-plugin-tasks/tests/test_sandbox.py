@@ -1,0 +1,303 @@
+"""The code-execution sandbox: outcomes, limits, cleanup of processes and files, isolation, pool."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import pytest
+
+from dare_core.errors import DareError
+from dare_plugin_tasks import sandbox
+from dare_plugin_tasks.sandbox import (
+    EXIT_WRONG,
+    ExecutionResult,
+    Job,
+    Limits,
+    check_program,
+    network_isolation_available,
+    run_many,
+    run_program,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox tests use /proc")
+
+HUMANEVAL_PROMPT = '''def add(a: int, b: int) -> int:
+    """Return the sum of a and b.
+    >>> add(2, 3)
+    5
+    """
+'''
+HUMANEVAL_TESTS = '''METADATA = {}
+
+
+def check(candidate):
+    assert candidate(2, 3) == 5
+    assert candidate(-1, 1) == 0
+    assert candidate(10, 0) == 10
+'''
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process; reaping of orphans is up to PID 1."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_dead(pid: int, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+# ----------------------------------------------------------------------------------------- outcomes
+def test_passed_captures_stdout_and_stdin():
+    result = run_program("import sys\nprint(sys.stdin.read().upper(), end='')\n", stdin="hello")
+    assert isinstance(result, ExecutionResult)
+    assert result.status == "passed" and result.passed
+    assert result.returncode == 0
+    assert result.stdout == "HELLO"
+    assert not result.stdout_truncated and not result.stderr_truncated
+    assert 0 < result.seconds < 10
+
+
+def test_assertion_failure_is_wrong():
+    result = run_program("x = 1\nassert x == 2, 'nope'\n")
+    assert result.status == "wrong"
+    assert result.returncode == EXIT_WRONG
+    assert "AssertionError: nope" in result.stderr
+    assert "_dare_harness" not in result.stderr  # the harness frame is cut from the traceback
+
+
+def test_other_exception_and_nonzero_exit_are_error():
+    result = run_program("raise ValueError('bad value')\n")
+    assert result.status == "error" and result.returncode == 1
+    assert "ValueError: bad value" in result.stderr
+    exited = run_program("import sys\nsys.exit(3)\n")
+    assert exited.status == "error" and exited.returncode == 3
+
+
+def test_syntax_error_is_error():
+    result = run_program("def f(:\n    pass\n")
+    assert result.status == "error"
+    assert "SyntaxError" in result.stderr
+
+
+def test_sys_exit_zero_passes_a_plain_program():
+    assert run_program("import sys\nprint('x')\nsys.exit(0)\n").status == "passed"
+
+
+# ---------------------------------------------------------------------------------------- timeouts
+@pytest.mark.parametrize("body", ["while True:\n    pass\n", "import time\ntime.sleep(100)\n"])
+def test_wall_clock_timeout(body):
+    start = time.monotonic()
+    result = run_program(body, timeout=1.0)
+    elapsed = time.monotonic() - start
+    assert result.status == "timeout"
+    assert result.returncode == -9
+    assert 0.9 <= result.seconds < 4 and elapsed < 5
+
+
+@pytest.mark.parametrize("tail,timeout,status", [
+    ("time.sleep(100)\n", 1.0, "timeout"),  # killed by the timeout
+    ("", 10.0, "passed"),  # the leader exits at once; its grandchild must not outlive the run
+])
+def test_process_group_is_killed(tmp_path, tail, timeout, status):
+    pid_file = tmp_path / "grandchild.pid"
+    body = (
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(100)\n"
+        "    os._exit(0)\n"
+        f"with open({str(pid_file)!r}, 'w') as handle:\n"
+        "    handle.write(str(pid))\n"
+        + tail
+    )
+    start = time.monotonic()
+    result = run_program(body, timeout=timeout)
+    assert result.status == status, result
+    assert time.monotonic() - start < 5
+    grandchild = int(pid_file.read_text())
+    assert _wait_dead(grandchild), f"grandchild {grandchild} survived"
+    if not os.path.exists(f"/proc/{grandchild}"):  # reaped (else a zombie waiting for PID 1)
+        with pytest.raises(ProcessLookupError):
+            os.kill(grandchild, 0)
+
+
+# ------------------------------------------------------------------------------------------ limits
+def test_memory_hog_is_memory():
+    body = "chunks = []\nwhile True:\n    chunks.append(bytearray(64 * 1024 * 1024))\n"
+    result = run_program(body, limits=Limits(address_space=512 * 1024**2), timeout=20)
+    assert result.status == "memory", result
+
+
+def test_cpu_limit_kills():
+    start = time.monotonic()
+    result = run_program("while True:\n    pass\n", limits=Limits(cpu_seconds=1), timeout=20)
+    assert result.status == "killed", result
+    assert result.returncode in (-24, -9)  # SIGXCPU, or SIGKILL at the hard limit
+    assert time.monotonic() - start < 8
+
+
+def test_file_size_limit(tmp_path):
+    body = (
+        "with open('big.bin', 'wb') as handle:\n"
+        "    handle.write(b'x' * (2 * 1024 * 1024))\n"
+    )
+    limited = run_program(body, limits=Limits(file_size=1024 * 1024))
+    assert limited.status == "error"
+    assert "File too large" in limited.stderr
+    assert run_program(body, limits=Limits(file_size=4 * 1024 * 1024)).status == "passed"
+
+
+def test_output_is_capped_without_deadlock():
+    body = "import sys\nsys.stdout.write('x' * 10_000_000)\nsys.stderr.write('e' * 300_000)\n"
+    start = time.monotonic()
+    result = run_program(body, limits=Limits(output_bytes=64 * 1024), timeout=20)
+    assert time.monotonic() - start < 10
+    assert result.status == "passed"
+    assert result.stdout == "x" * 65536 and result.stdout_truncated
+    assert result.stderr == "e" * 65536 and result.stderr_truncated
+    small = run_program("print('ok')")
+    assert small.stdout == "ok\n" and not small.stdout_truncated
+
+
+def test_limits_are_validated():
+    with pytest.raises(DareError, match="cpu_seconds"):
+        Limits(cpu_seconds=0)
+    with pytest.raises(DareError, match="output_bytes"):
+        Limits(output_bytes=None)
+    with pytest.raises(DareError, match="timeout"):
+        run_program("pass", timeout=0)
+    assert Limits(address_space=None).address_space is None
+
+
+# -------------------------------------------------------------------------------- files and env
+def test_workdir_is_fresh_and_removed():
+    body = "import os\nprint(os.getcwd())\nprint(os.environ['HOME'])\nopen('left.txt', 'w').write('x')\n"
+    result = run_program(body)
+    assert result.status == "passed"
+    cwd, home = result.stdout.split()
+    assert cwd == home
+    assert os.path.basename(cwd).startswith("dare-sandbox-")
+    assert os.path.realpath(os.path.dirname(cwd)) == os.path.realpath(tempfile.gettempdir())
+    assert not os.path.exists(cwd)
+
+
+def test_workdir_removed_after_timeout():
+    result = run_program("import os, time\nprint(os.getcwd(), flush=True)\ntime.sleep(100)\n", timeout=1.0)
+    assert result.status == "timeout"
+    assert result.stdout.strip().startswith(tempfile.gettempdir())
+    assert not os.path.exists(result.stdout.strip())
+
+
+def test_environment_is_scrubbed(monkeypatch):
+    monkeypatch.setenv("DARE_SECRET_TEST", "hunter2")
+    body = "import os\nprint(repr(os.environ.get('DARE_SECRET_TEST')))\nprint(os.environ.get('PYTHONHASHSEED'))\n"
+    result = run_program(body)
+    assert result.status == "passed"
+    assert result.stdout.split() == ["None", "0"]
+    assert "hunter2" not in result.stdout
+
+
+# ----------------------------------------------------------------------------------- check_program
+def test_check_program_humaneval_passed_and_wrong():
+    good = check_program(HUMANEVAL_PROMPT + "    return a + b\n", HUMANEVAL_TESTS, "add")
+    assert good.status == "passed", good
+    bad = check_program(HUMANEVAL_PROMPT + "    return a - b\n", HUMANEVAL_TESTS, "add")
+    assert bad.status == "wrong", bad
+
+
+def test_check_program_mbpp_style_and_errors():
+    tests = "assert square(3) == 9\nassert square(-2) == 4\n"
+    assert check_program("def square(x):\n    return x * x\n", tests).status == "passed"
+    assert check_program("def square(x):\n    return x + x\n", tests).status == "wrong"
+    assert check_program("def square(x):\n    return x.foo\n", tests).status == "error"
+    with pytest.raises(DareError, match="entry_point"):
+        check_program("pass", "pass", "not an identifier")
+
+
+@pytest.mark.parametrize("escape", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "quit()"])
+def test_check_program_early_exit_is_not_a_pass(escape):
+    program = HUMANEVAL_PROMPT + "    return 0\n" + escape + "\n"
+    result = check_program(program, HUMANEVAL_TESTS, "add")
+    assert result.status == "error", result
+    # the same program is a clean exit when it is not being graded
+    assert run_program(program).status == "passed"
+
+
+# ---------------------------------------------------------------------------------------- run_many
+def test_run_many_order_and_parallelism():
+    jobs = [f"import time\ntime.sleep(1)\nprint({i})\n" for i in range(4)]
+    start = time.monotonic()
+    results = run_many(jobs, workers=2)
+    elapsed = time.monotonic() - start
+    assert [r.stdout.strip() for r in results] == ["0", "1", "2", "3"]
+    assert all(r.status == "passed" for r in results)
+    assert elapsed < 3.5  # serial would take >= 4 s
+
+
+def test_run_many_mixed_jobs():
+    jobs = [
+        Job(HUMANEVAL_PROMPT + "    return a + b\n", tests=HUMANEVAL_TESTS, entry_point="add"),
+        "assert False\n",
+        Job("print(input())", stdin="hi\n"),
+        Job("while True:\n    pass\n", timeout=0.5),
+    ]
+    results = run_many(jobs, workers=2)
+    assert [r.status for r in results] == ["passed", "wrong", "passed", "timeout"]
+    assert results[2].stdout == "hi\n"
+    assert run_many([]) == []
+    with pytest.raises(DareError, match="workers"):
+        run_many(["pass"], workers=0)
+
+
+# ----------------------------------------------------------------------------------------- network
+_CONNECT = (
+    "import socket\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+    "except OSError as exc:\n"
+    "    print('blocked', exc)\n"
+    "else:\n"
+    "    print('connected')\n"
+)
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_network_is_isolated(listener):
+    if not network_isolation_available():
+        pytest.skip("unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN); "
+                    "the sandbox runs with the host network")
+    result = run_program(_CONNECT.format(port=listener), require_network_isolation=True)
+    assert result.network_isolated
+    assert result.stdout.startswith("blocked"), result
+
+
+def test_without_isolation_the_network_is_reachable(listener, monkeypatch):
+    # the control for the test above: the same probe program connects when isolation is off
+    monkeypatch.setattr(sandbox, "_probe_result", False)
+    result = run_program(_CONNECT.format(port=listener))
+    assert not result.network_isolated
+    assert result.stdout.strip() == "connected", result
+    with pytest.raises(DareError, match="network isolation"):
+        run_program("pass", require_network_isolation=True)
