@@ -9,6 +9,7 @@ import types
 import pytest
 
 import dare_core.plugins as dare_plugins
+import dare_plugin_tasks
 from dare_core.errors import DareError
 from dare_core.interfaces import ComponentSpec
 from dare_core.plugins import DEFAULT_PLUGINS, REGISTRATION_HOOKS, build
@@ -43,8 +44,10 @@ def test_every_registration_hook_fills_its_registry():
 def test_build_without_default_plugins_has_only_the_extras(make_dare):
     d = make_dare(default_plugins=False)
     assert "random_ratio" not in d.registries.corruptions
-    assert set(d.registries.tasks.names()) == {"echo_task", "sudoku", "countdown", "gsm8k", "math500",
-                                               "parquet"}  # test plugins and dare_plugin_tasks
+    tasks_plugin = dare_plugins.build(load_entrypoints=False, default_plugins=False,
+                                      extra_plugins=[dare_plugin_tasks]).registries.tasks.names()
+    assert set(d.registries.tasks.names()) == {"echo_task", *tasks_plugin}  # exactly the extras'
+    assert "sudoku" in tasks_plugin
     assert not any(i.builtin for i in d.plugin_infos())
 
 

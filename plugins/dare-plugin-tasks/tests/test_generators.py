@@ -12,7 +12,14 @@ from dare_core import hookspecs
 from dare_core.errors import DareError
 from dare_core.interfaces.seams import Example, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
-from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask
+from dare_plugin_tasks.parquet import (
+    GSM8KTask,
+    HumanEvalPlusTask,
+    HumanEvalTask,
+    MBPPTask,
+    Math500Task,
+    ParquetTask,
+)
 from dare_plugin_tasks.sudoku import SudokuTask
 from dare_core.config import TaskConfig
 from dare_plugin_tasks.rewards import countdown_reward, score_example, sudoku_reward
@@ -275,9 +282,10 @@ def test_plugin_registers_tasks():
     specs: list[TaskSpec] = []
     pm.hook.dare_register_tasks(register=specs.append)
     by_name = {s.name: s for s in specs}
-    assert set(by_name) == {"sudoku", "countdown", "gsm8k", "math500", "parquet"}
     classes = {"sudoku": SudokuTask, "countdown": CountdownTask, "gsm8k": GSM8KTask,
-               "math500": Math500Task, "parquet": ParquetTask}
+               "math500": Math500Task, "parquet": ParquetTask, "humaneval": HumanEvalTask,
+               "humaneval_plus": HumanEvalPlusTask, "mbpp": MBPPTask}
+    assert set(by_name) == set(classes)
     for name, spec in by_name.items():
         assert spec.description and "\n" not in spec.description
         task = spec.build(TaskConfig(name=name))

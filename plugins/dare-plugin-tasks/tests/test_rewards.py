@@ -232,8 +232,9 @@ def test_score_example_dispatch():
 
 
 @pytest.mark.parametrize("source", ["humaneval", "mbpp", "lcbv5"])
-def test_score_example_code_is_unsupported(source):
-    with pytest.raises(ValueError, match="code tasks .* not supported yet") as info:
+def test_score_example_code_in_unknown_format_is_unsupported(source):
+    # tests that are neither HumanEval check() code nor a JSON list of asserts (e.g. stdin/stdout)
+    with pytest.raises(ValueError, match="stdin/stdout tests are not supported yet") as info:
         score_example(_ex(source, "assert f() == 1"), "```python\ndef f(): return 1\n```")
     assert isinstance(info.value, DareError)
     assert "\n" not in str(info.value)

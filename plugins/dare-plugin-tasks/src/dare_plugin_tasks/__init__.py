@@ -1,10 +1,18 @@
-"""The core's default task plugin: sudoku, countdown, gsm8k, math500 and generic parquet."""
+"""The core's default task plugin: sudoku, countdown, gsm8k, math500, humaneval(_plus), mbpp and
+generic parquet."""
 
 from __future__ import annotations
 
 from dare_core.api import hookimpl, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
-from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask
+from dare_plugin_tasks.parquet import (
+    GSM8KTask,
+    HumanEvalPlusTask,
+    HumanEvalTask,
+    MBPPTask,
+    Math500Task,
+    ParquetTask,
+)
 from dare_plugin_tasks.sudoku import SudokuTask
 
 
@@ -33,6 +41,24 @@ def dare_register_tasks(register) -> None:
         build=Math500Task,
         description="MATH-500, boxed-answer math reward; eval = 200 bundled items, "
         "train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="humaneval",
+        build=HumanEvalTask,
+        description="HumanEval, sandboxed check() tests; prompt = the data's 'Complete the following "
+        "python code:' + stub; eval = 164 bundled items, train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="humaneval_plus",
+        build=HumanEvalPlusTask,
+        description="HumanEval+ (EvalPlus tests), sandboxed; prompt = the data's bare stub; "
+        "eval = 163 bundled items, train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="mbpp",
+        build=MBPPTask,
+        description="MBPP, sandboxed assert tests; prompt = the data's 3-shot [BEGIN]/[DONE] chat; "
+        "eval = 500 bundled test items, train needs task.train_path.",
     ))
     register(TaskSpec(
         name="parquet",

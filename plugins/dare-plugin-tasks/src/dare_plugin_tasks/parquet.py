@@ -1,4 +1,5 @@
-"""Loading verl-schema data files, and the file-backed tasks (``parquet``, ``gsm8k``, ``math500``).
+"""Loading verl-schema data files, and the file-backed tasks (``parquet``, ``gsm8k``, ``math500``,
+``humaneval``, ``humaneval_plus``, ``mbpp``).
 
 A data file is ``.parquet`` or ``.jsonl`` (one JSON object per line) with the keys
 ``data_source``, ``prompt`` (chat messages, or a plain string = one user message),
@@ -17,7 +18,7 @@ from typing import Any, Optional
 from dare_core.api import DareError, Example
 from dare_plugin_tasks._base import FileBackedTask
 
-__all__ = ["GSM8KTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples"]
+__all__ = ["GSM8KTask", "HumanEvalPlusTask", "HumanEvalTask", "MBPPTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples"]
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _EXPECTED = "data_source, prompt, reward_model{ground_truth}, extra_info (optional)"
@@ -181,3 +182,30 @@ class Math500Task(FileBackedTask):
 
     name = "math500"
     default_eval_file = "math500_test.parquet"
+
+
+class HumanEvalTask(FileBackedTask):
+    """HumanEval (164 items, bundled) graded by running each item's ``check(candidate)`` tests;
+    the prompt is the data's own ("Complete the following python code:" + the function stub).
+    Train = ``task.train_path`` (required)."""
+
+    name = "humaneval"
+    default_eval_file = "humaneval_test.parquet"
+
+
+class HumanEvalPlusTask(FileBackedTask):
+    """HumanEval+ (EvalPlus; 163 items, bundled: HumanEval/32 ``find_zero`` is not in the file)
+    graded by its extended ``check(candidate)`` tests; the prompt is the bare function stub as the
+    data gives it. Train = ``task.train_path`` (required)."""
+
+    name = "humaneval_plus"
+    default_eval_file = "humanevalplus_test.parquet"
+
+
+class MBPPTask(FileBackedTask):
+    """MBPP (500 test items, bundled) graded by running each item's three ``assert`` lines; the
+    prompt is the data's own 3-shot ``[BEGIN] … [DONE]`` chat. Train = ``task.train_path``
+    (required)."""
+
+    name = "mbpp"
+    default_eval_file = "mbpp_test.parquet"

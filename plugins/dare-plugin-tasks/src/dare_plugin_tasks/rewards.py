@@ -1,4 +1,5 @@
-"""Rule-based rewards: countdown and 4×4 sudoku (Zhao et al. 2025, arXiv:2504.12216), boxed math answers.
+"""Rule-based rewards: countdown and 4×4 sudoku (Zhao et al. 2025, arXiv:2504.12216), boxed math answers,
+and (through :mod:`dare_plugin_tasks.code`) executed tests for HumanEval/MBPP-style code items.
 
 Every function returns a :class:`~dare_core.interfaces.Score`: ``score`` is the training reward,
 ``acc`` is 1.0 iff the answer is fully correct, ``pred`` is the extracted answer.
@@ -17,10 +18,12 @@ import threading
 from typing import Any, Optional, Sequence, Union
 
 from dare_core.api import DareError, Example, Score
+from dare_plugin_tasks.code import CODE_SOURCES, UnsupportedCodeFormatError, code_reward
 
 __all__ = [
     "EXTRACTION_FAILED",
     "UnsupportedDataSourceError",
+    "code_reward",
     "countdown_reward",
     "evaluate_equation",
     "extract_answer_tag",
@@ -519,7 +522,8 @@ _CODE_SOURCES = frozenset(
     {"humaneval", "humanevalplus", "mbpp", "lcbv5", "primeintellect", "taco", "apps",
      "code_contests", "codeforces", "livecodebench"}
 )
-_SUPPORTED = "countdown, sudoku*, gsm8k, math, math500, aime*, openr1*"
+_SUPPORTED = ("countdown, sudoku*, gsm8k, math, math500, aime*, openr1*, humaneval, "
+              "humanevalplus, mbpp (and extra_info.task == 'code' with check()/assert tests)")
 
 
 def _is_math_source(key: str) -> bool:
@@ -530,7 +534,10 @@ def _is_math_source(key: str) -> bool:
 def score_example(example: Example, response: str) -> Score:
     """Reward of ``response`` for ``example``, chosen by ``example.data_source``.
 
-    Raises :class:`UnsupportedDataSourceError` (a ``ValueError``) for sources without a rule.
+    Code items (``humaneval``, ``humanevalplus``, ``mbpp``, other code sources and
+    ``extra_info.task == "code"``) are run against their tests (:func:`code_reward`).
+    Raises :class:`UnsupportedDataSourceError` (a ``ValueError``) for sources without a rule and
+    for code items whose tests are in another format (e.g. stdin/stdout).
     """
     source = example.data_source or ""
     key = source.lower()
@@ -546,11 +553,11 @@ def score_example(example: Example, response: str) -> Score:
     if _is_math_source(key):
         return math_reward(response, example.ground_truth)
     base = key.rsplit("/", 1)[-1]
-    if base in _CODE_SOURCES or info.get("task") == "code":
-        raise UnsupportedDataSourceError(
-            f"data_source {source!r} is a code task; code tasks (sandboxed test execution) are "
-            f"not supported yet; supported data sources: {_SUPPORTED}"
-        )
+    if base in CODE_SOURCES or base in _CODE_SOURCES or info.get("task") == "code":
+        try:
+            return code_reward(example, response)
+        except UnsupportedCodeFormatError as exc:
+            raise UnsupportedDataSourceError(f"{exc}; supported data sources: {_SUPPORTED}") from None
     raise UnsupportedDataSourceError(
         f"unsupported data_source {source!r}: no reward rule; supported data sources: {_SUPPORTED}"
     )
