@@ -113,14 +113,15 @@ def _rollout_needs(spec: Any):
     return spec.records, spec.rollout_fields, spec.rollout_methods
 
 
-def _backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset,
-                    methods: frozenset) -> bool:
+def backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset = frozenset(),
+                   methods: frozenset = frozenset()) -> bool:
+    """Whether the rollout backend records ``records`` and offers the config ``fields`` and the
+    ``methods`` an algorithm's training rollout uses."""
     cfg_fields = {f.name for f in attrs.fields(rollout_spec.config_cls)}
     return records <= rollout_spec.records and fields <= cfg_fields and methods <= rollout_spec.methods
 
 
-def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
-                     raw: dict[str, Any]) -> str:
+def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any]) -> str:
     """The rollout backend when ``rollout.backend`` is not given: the checkpoint preset's
     ``rollout.backend`` (a suggestion: used when it is installed, drives the family and serves the
     algorithm's training rollout), else the family's default, or — when that cannot serve the
@@ -137,7 +138,7 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any],
         rs = dare.registries.rollouts.get(name)
         if name == suggested and misfit("", rs, family, ""):
             continue
-        if _backend_offers(rs, *needs):
+        if backend_offers(rs, *needs):
             return name
     return family.default_rollout
 
@@ -238,7 +239,7 @@ def resolve(
             preset = deep_merge(preset, per_algo[spec.name])
 
     rollout_raw = _section(raw, "rollout", [])  # a non-mapping is reported once, below
-    backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset, raw)
+    backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset)
     rollout_spec = dare.registries.rollouts.get(str(backend_name))
     backend_hint = f"use one of: {', '.join(family.rollouts) or family.default_rollout}"
     _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family, backend_hint)

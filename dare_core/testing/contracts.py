@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from dare_core.components import ComponentLookup
+from dare_core.config.loader import backend_offers
 from dare_core.config.structure import structure
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
@@ -38,8 +39,8 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
     """The first registered rollout backend that drives ``wrapper``'s kind, records ``records``
     and offers ``methods`` (the plugins under test must bring one)."""
     for _, spec in dare.registries.rollouts.items():
-        if (not spec.kinds or wrapper.kind in spec.kinds) and records <= spec.records \
-                and spec.requires <= wrapper.capabilities and methods <= spec.methods:
+        if (not spec.kinds or wrapper.kind in spec.kinds) and spec.requires <= wrapper.capabilities \
+                and backend_offers(spec, records, methods=methods):
             return spec
     pytest.fail(f"no registered rollout backend records {sorted(records)} for {wrapper.kind} "
                 f"models; require a plugin that provides one (e.g. dare-plugin-samplers)")
