@@ -10,6 +10,7 @@ requirements' ``dare`` entry points, so a plugin's tests list only the plugin it
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import re
 from types import ModuleType
@@ -24,7 +25,8 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _required(dist: str) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def _required(dist: str) -> tuple[str, ...]:
     """Distributions ``dist`` requires unconditionally or in its ``test`` extra."""
     out = []
     for req in md.requires(dist) or ():
@@ -34,15 +36,22 @@ def _required(dist: str) -> list[str]:
         m = _NAME.match(name)
         if m:
             out.append(_canonical(m.group(1)))
-    return out
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> tuple[dict, dict]:
+    """``(top-level module -> distributions, distribution -> its dare entry point)``, read once
+    per process (scanning the installed metadata takes a few hundred milliseconds)."""
+    entry = {_canonical(ep.dist.name): ep for ep in md.entry_points(group=ENTRY_POINT_GROUP)
+             if ep.dist is not None}
+    return md.packages_distributions(), entry
 
 
 def requirements(plugins: Iterable[Any]) -> list[ModuleType]:
     """The ``dare`` entry-point modules of the distributions the given plugin modules'
     distributions require, recursively (the given plugins' own distributions excluded)."""
-    owners = md.packages_distributions()
-    entry = {_canonical(ep.dist.name): ep for ep in md.entry_points(group=ENTRY_POINT_GROUP)
-             if ep.dist is not None}
+    owners, entry = _installed()
     own: set[str] = set()
     for plugin in plugins:
         top = getattr(plugin, "__name__", type(plugin).__module__).split(".")[0]
