@@ -140,6 +140,29 @@ def dare_register_config_sections(register: Register) -> None:
 
 
 @hookspec
+def dare_register_engines(register: Register) -> None:
+    """Register execution engines (:class:`~dare_core.interfaces.EngineSpec`): how a run's steps
+    execute — processes, placement and sharding, precision, optimizer, gradient reductions and
+    checkpoint state. ``engine.name`` selects one; the core registers ``single``.
+
+    :param register: call ``register(EngineSpec(...))`` once per engine.
+
+    Called once per process; all implementations are called; return values are ignored.
+    """
+
+
+@hookspec
+def dare_register_workflows(register: Register) -> None:
+    """Register training workflows (:class:`~dare_core.interfaces.WorkflowSpec`): the loop an
+    algorithm's ``workflow`` names (the core registers ``rl`` and ``sft``).
+
+    :param register: call ``register(WorkflowSpec(...))`` once per workflow.
+
+    Called once per process; all implementations are called; return values are ignored.
+    """
+
+
+@hookspec
 def dare_register_commands(cli: Any) -> None:
     """Add subcommands to the ``dare`` command line.
 

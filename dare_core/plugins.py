@@ -43,6 +43,8 @@ REGISTRATION_HOOKS = {
     "dare_register_algorithms": "algorithms",
     "dare_register_tasks": "tasks",
     "dare_register_config_sections": "config_sections",
+    "dare_register_engines": "engines",
+    "dare_register_workflows": "workflows",
 }
 
 

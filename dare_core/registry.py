@@ -96,6 +96,8 @@ class Registries:
         "tasks": "task",
         "advantages": "advantage estimator",
         "config_sections": "config section",
+        "engines": "engine",
+        "workflows": "workflow",
     }
 
     #: the distributions of this repository that register a kind's first-party entries
@@ -104,7 +106,7 @@ class Registries:
 
     def __init__(self) -> None:
         for attr, kind in self.KINDS.items():
-            setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms"),
+            setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms", "engines", "workflows"),
                                          provider=self.PROVIDERS.get(attr, "")))
 
     def __getitem__(self, attr: str) -> Registry[Any]:

@@ -9,22 +9,15 @@ from dare_core.config import RunConfig
 from dare_core.errors import DareError
 from dare_core.rundir import RunDir
 from dare_core.workflows.runtime import setup
-from dare_core.workflows.preference import run_preference
-from dare_core.workflows.rl import run_rl
-from dare_core.workflows.sft import run_sft
-
-WORKFLOWS = {"rl": run_rl, "sft": run_sft, "preference": run_preference}
 
 
 def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> dict[str, Any]:
     """Train with ``config``; returns the summary (also written to ``summary.json``)."""
     spec = dare.registries.algorithms.get(config.algo)
-    workflow = WORKFLOWS.get(spec.workflow)
-    if workflow is None:
-        raise DareError(
-            f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow, which this dare-core "
-            f"version does not provide (available: {', '.join(sorted(WORKFLOWS))})"
-        )
+    if spec.workflow not in dare.registries.workflows:
+        raise DareError(f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow; "
+                        + dare.registries.workflows.unknown_message(spec.workflow))
+    workflow = dare.registries.workflows.get(spec.workflow).run
     start = time.time()
     dare.pm.hook.dare_configure.call_historic(kwargs={"config": config})
     try:

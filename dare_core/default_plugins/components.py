@@ -1,4 +1,5 @@
-"""Registers the core's generic components through the same hooks plugins use."""
+"""Registers the core's generic components and the core workflows through the same hooks
+plugins use."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dare_core.components import (
     ResponseTokenLogProb,
     RLOOAdvantage,
 )
-from dare_core.interfaces import ComponentSpec
+from dare_core.interfaces import ComponentSpec, WorkflowSpec
 from dare_core.plugins import hookimpl
 
 
@@ -56,3 +57,14 @@ def dare_register_advantage_estimators(register):
     ))
     register(ComponentSpec("rloo", RLOOAdvantage, "leave-one-out baseline",
                            reference="arXiv:2402.14740"))
+
+
+@hookimpl
+def dare_register_workflows(register):
+    from dare_core.workflows.preference import run_preference
+    from dare_core.workflows.rl import run_rl
+    from dare_core.workflows.sft import run_sft
+
+    register(WorkflowSpec("rl", run_rl, "rollouts → rewards → advantages → policy update"))
+    register(WorkflowSpec("sft", run_sft, "supervised training on reference responses"))
+    register(WorkflowSpec("preference", run_preference, "pairwise preference optimisation"))

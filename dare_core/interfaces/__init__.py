@@ -1,6 +1,7 @@
 """Protocols and data classes of DARE's seams. See ``docs/hooks.md``."""
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
+from dare_core.interfaces.engine import Engine, EngineSpec, WorkflowSpec
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.interfaces.seams import (
     AccumulatingLoss,
@@ -30,9 +31,9 @@ from dare_core.interfaces.seams import (
 
 __all__ = [
     "AccumulatingLoss", "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec",
-    "ConfigSection", "Corrupted", "DiffusionKind", "Example", "ForwardCorruption",
+    "ConfigSection", "Corrupted", "DiffusionKind", "Engine", "EngineSpec", "Example", "ForwardCorruption",
     "LikelihoodEstimator", "ModelFamily", "ModelWrapper", "PolicyLoss", "PreferenceLoss",
     "RolloutBackend", "RolloutBatch", "RolloutSpec", "RowEstimate", "SFTObjective", "Score",
     "SequenceBatch", "Task", "TaskSpec", "TrainingRows", "TrajectoryBuilder", "TrajectoryContext",
-    "WorkflowKind",
+    "WorkflowKind", "WorkflowSpec",
 ]

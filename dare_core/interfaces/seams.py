@@ -16,7 +16,8 @@ from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 
 DiffusionKind = Literal["masked", "block"]
-WorkflowKind = Literal["rl", "sft", "preference"]
+#: a registered workflow name (``rl``, ``sft``, ``preference``, ...)
+WorkflowKind = str
 
 
 # --------------------------------------------------------------------------- model wrapper

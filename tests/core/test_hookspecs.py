@@ -16,6 +16,7 @@ import dare_core.hookspecs as hookspecs
 import dare_core.train as train_mod
 from dare_core import hookimpl
 from dare_core.config import resolve
+from dare_core.interfaces import WorkflowSpec
 from dare_core.plugins import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -166,7 +167,8 @@ def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ck
         return {"eval": {"after": {"accuracy": 1.0}}, "final_checkpoint": None}
 
     monkeypatch.setattr(train_mod, "setup", fake_setup)
-    monkeypatch.setitem(train_mod.WORKFLOWS, "rl", fake_workflow)
+    monkeypatch.setitem(d.registries.workflows._items, "rl",
+                        WorkflowSpec("rl", fake_workflow, "a stand-in for the rl loop"))
     if fail:
         with pytest.raises(RuntimeError, match="workflow failed"):
             train_mod.train(d, config)
