@@ -41,6 +41,37 @@ def test_every_registration_hook_fills_its_registry():
         assert hasattr(dare_plugins.hookspecs, hook)
 
 
+def test_engines_and_workflows_are_registered_through_hooks(make_dare, make_plugin):
+    """The core registers the ``rl`` and ``sft`` workflows with its default plugin; plugins add
+    engines and workflows; ``train`` refuses an algorithm whose workflow is not registered with
+    the install hint, before anything is set up."""
+    from dare_core.interfaces import AlgorithmSpec, EngineSpec, WorkflowSpec
+    from dare_core.train import train
+
+    def run_loop(ctx):  # pragma: no cover - never run here
+        return {}
+
+    def build_engine(config):  # pragma: no cover - never built here
+        raise AssertionError
+
+    def needs_loop(register):
+        register(AlgorithmSpec(name="needs_loop", workflow="pair_loop", config_cls=object,
+                               build=lambda cfg, lookup: None))
+
+    extra = make_plugin(
+        "engines_and_workflows",
+        dare_register_engines=lambda register: register(EngineSpec("test_engine", build_engine, "test")),
+        dare_register_workflows=lambda register: register(WorkflowSpec("test_loop", run_loop, "test")),
+        dare_register_algorithms=needs_loop,
+    )
+    regs = make_dare(extra).registries
+    assert regs.workflows.owner("rl") == regs.workflows.owner("sft") == "dare_core.default_plugins.components"
+    assert regs.workflows.get("test_loop").run is run_loop
+    assert regs.workflows.owner("test_loop") == regs.engines.owner("test_engine") == "engines_and_workflows"
+    with pytest.raises(DareError, match="needs the 'pair_loop' workflow.*pip install dare-plugin-pair-loop"):
+        train(make_dare(extra), types.SimpleNamespace(algo="needs_loop"))
+
+
 def test_build_without_default_plugins_has_only_the_extras(make_dare):
     d = make_dare(default_plugins=False)
     assert "random_ratio" not in d.registries.corruptions
