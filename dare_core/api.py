@@ -31,4 +31,12 @@ from dare_core.workflows.evaluation import evaluate
 from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config
 from dare_core.workflows.sft import default_collate
 
+# --- what workflows in plugins use (dare-plugin-preference): the run context and its tracker,
+# rollout and batching helpers, the optimizer step, the LoRA reference
+from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
+from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts
+from dare_core.workflows.optim import clip_and_step, make_optimizer
+from dare_core.workflows.runtime import Context, build_rollout
+from dare_core.workflows.tracker import Tracker
+
 __all__ = sorted(set(_seams) | {name for name in dir() if not name.startswith("_")} - {"annotations"})

@@ -61,10 +61,8 @@ def dare_register_advantage_estimators(register):
 
 @hookimpl
 def dare_register_workflows(register):
-    from dare_core.workflows.preference import run_preference
     from dare_core.workflows.rl import run_rl
     from dare_core.workflows.sft import run_sft
 
     register(WorkflowSpec("rl", run_rl, "rollouts → rewards → advantages → policy update"))
     register(WorkflowSpec("sft", run_sft, "supervised training on reference responses"))
-    register(WorkflowSpec("preference", run_preference, "pairwise preference optimisation"))

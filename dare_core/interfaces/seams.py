@@ -326,7 +326,7 @@ class AlgorithmSpec:
 
     Attributes:
         name: the ``--algo`` name.
-        workflow: which core loop runs it (``rl``, ``sft``, ``preference``).
+        workflow: which registered workflow runs it (``rl``, ``sft``, ``preference``, ...).
         config_cls: frozen attrs class of the ``algorithm:`` section (recipe defaults).
         build: ``build(config, lookup) -> Components``; ``lookup`` builds registered
             components by name (:class:`dare_core.components.ComponentLookup`).

@@ -9,18 +9,15 @@ import attrs
 import pytest
 import torch
 
-import dare_objectives  # the shared ELBO estimator and stratified masking
-import dare_plugin_samplers  # the reference rollout backends the loops run with
-import dare_plugin_tasks  # the default task of the run config
 import torch.nn.functional as F
 
-from dare_core.config import option, resolve
-from dare_core.interfaces import AlgorithmSpec, Components
-from dare_core.plugins import build, hookimpl
-from dare_core.workflows.pairs import PreferencePair
+from dare_core.api import AlgorithmSpec, Components, hookimpl, option, resolve
 from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing.registries import build_for
 from dare_core.train import train
-from dare_core.workflows.preference import collate_pairs, pair_rows
+from dare_plugin_preference import plugin
+from dare_plugin_preference.pairs import PreferencePair
+from dare_plugin_preference.workflow import collate_pairs, pair_rows
 
 
 @attrs.frozen
@@ -83,7 +80,16 @@ def _write_jsonl(path, pairs):
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_objectives, dare_plugin_samplers, dare_plugin_tasks, toy, Plugin()])
+    """The workflow, the test algorithm and what the plugin's tests require (the shared ELBO
+    objectives, the reference rollout backends, the default task)."""
+    return build_for(plugin, toy, Plugin())
+
+
+def test_the_plugin_registers_the_preference_workflow(dare):
+    from dare_plugin_preference.workflow import run_preference
+
+    assert dare.registries.workflows.get("preference").run is run_preference
+    assert dare.registries.workflows.owner("preference") == "dare_plugin_preference.plugin"
 
 
 def test_collate_interleaves_pairs_and_pair_rows():

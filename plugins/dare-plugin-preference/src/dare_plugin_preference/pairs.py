@@ -25,8 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 import attrs
 import torch
 
-from dare_core.errors import DareError
-from dare_core.interfaces.seams import Example
+from dare_core.api import DareError, Example
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -164,7 +163,7 @@ def save_pairs(path: str, pairs: Sequence[PreferencePair]) -> None:
         {"prompt": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
          "chosen": pa.array([], pa.string()), "rejected": pa.array([], pa.string()),
          "meta": pa.array([], pa.string())})
-    from dare_core.rundir import atomic_write_file
+    from dare_core.api import atomic_write_file
 
     atomic_write_file(path, lambda tmp: pq.write_table(table, tmp), suffix=".parquet")
 
@@ -212,7 +211,7 @@ def generate_pairs(
     """Preference pairs from ``wrapper``'s own rollouts on ``examples`` (``samples`` per prompt,
     sampled with ``rollout``), scored by ``task``. Returns ``(pairs, stats)``; ``stats`` has the
     mean reward and accuracy of all rollouts and the fraction of prompts that gave a pair."""
-    from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
+    from dare_core.api import chunks, decode_responses, encode_prompts, left_pad
 
     if samples < 2:
         raise DareError("generating preference pairs needs at least 2 samples per prompt")

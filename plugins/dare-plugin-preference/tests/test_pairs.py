@@ -8,20 +8,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import dare_plugin_samplers  # the reference rollout backends the loops run with
-import dare_plugin_tasks  # the default task of the run config
-
-from dare_core.errors import DareError
-from dare_core.interfaces import Example, Score
-from dare_core.plugins import build
-from dare_core.workflows.pairs import (
+from dare_core.api import DareError, Example, Score
+from dare_core.testing import make_toy_wrapper, toy
+from dare_core.testing.registries import build_for
+from dare_plugin_preference import plugin
+from dare_plugin_preference.pairs import (
     PreferencePair,
     generate_pairs,
     load_pairs,
     pairs_from_scores,
     save_pairs,
 )
-from dare_core.testing import make_toy_wrapper, toy
 
 
 def test_ultrafeedback_parquet_with_message_lists(tmp_path):
@@ -104,9 +101,9 @@ def test_generate_pairs_from_own_rollouts():
             frac = sum(c.isdigit() for c in response) / max(1, len(response))
             return Score(frac, float(frac == 1.0))
 
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy])
+    dare = build_for(plugin, toy)  # the test extra brings the reference rollout backends
     spec = dare.registries.rollouts.get("low_confidence")
-    from dare_core.config.structure import structure
+    from dare_core.api import structure
 
     cfg, problems = structure(spec.config_cls, {"gen_length": 6, "block_length": 6, "steps": 6,
                                                 "temperature": 1.0})

@@ -1,7 +1,7 @@
 """The preference loop (DPO-style objectives on likelihood surrogates).
 
 Data: (prompt, chosen, rejected) pairs from ``preference.train_path`` or generated from the
-model's own rollouts on ``task.name`` (:mod:`dare_core.workflows.pairs`). A training batch of
+model's own rollouts on ``task.name`` (:mod:`dare_plugin_preference.pairs`). A training batch of
 ``N = trainer.batch_size`` pairs is one :class:`SequenceBatch` of ``2N`` rows in interleaved
 order ``[c0, r0, c1, r1, ...]`` (row ``2i`` = prompt + chosen, row ``2i+1`` = prompt + rejected).
 
@@ -39,15 +39,23 @@ from typing import Any, Optional, Sequence
 import attrs
 import torch
 
-from dare_core.errors import DareError
-from dare_core.interfaces import SequenceBatch
-from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
-from dare_core.workflows.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
-from dare_core.workflows.runtime import Context, build_rollout
-from dare_core.workflows.tracker import Tracker
-from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts
-from dare_core.workflows.optim import clip_and_step, make_optimizer
-from dare_core.workflows.sft import default_collate
+from dare_core.api import (
+    Context,
+    DareError,
+    SequenceBatch,
+    Tracker,
+    adapters_disabled,
+    build_rollout,
+    chunks,
+    clip_and_step,
+    cycle_batches,
+    default_collate,
+    encode_prompts,
+    is_lora,
+    make_optimizer,
+    starts_from_base,
+)
+from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
 
 def collate_pairs(pairs: Sequence[PreferencePair], wrapper: Any, *, max_prompt_length: int,
