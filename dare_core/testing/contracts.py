@@ -258,6 +258,8 @@ class AlgorithmContract:
 
     def test_components_registered(self, dare, spec):
         regs = dare.registries
+        assert spec.workflow in regs.workflows, (
+            f"workflow {spec.workflow!r} is not registered; require the distribution that provides it")
         where = {"corruption": regs.corruptions, "estimator": regs.estimators, "loss": regs.losses,
                  "advantage": regs.advantages, "trajectory": regs.trajectories}
         for role, names in spec.components.items():
