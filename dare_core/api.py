@@ -32,11 +32,19 @@ from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_ro
 from dare_core.workflows.sft import default_collate
 
 # --- what workflows in plugins use (dare-plugin-preference): the run context and its tracker,
-# rollout and batching helpers, the optimizer step, the LoRA reference
-from dare_core.models.lora import adapters_disabled, is_lora, starts_from_base
-from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts
-from dare_core.workflows.optim import clip_and_step, make_optimizer
+# the batch stream and its random streams, rollout and batching helpers, the learning-rate
+# schedule, the reference policy
+from dare_core.engines.common import lr_at
+from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, chunks, encode_prompts
+from dare_core.workflows.rl import ReferencePolicy, estimate_no_grad
 from dare_core.workflows.runtime import Context, build_rollout
 from dare_core.workflows.tracker import Tracker
+
+# --- what engine plugins build on: the single-process engine, the process-group base and the
+# shared precision / optimizer pieces
+from dare_core.engines.common import (CompensatedAdamW, adamw, autocast_for, cast_for_precision, grad_norm,
+                                      resolve_precision, set_lr, trainable_parameters)
+from dare_core.engines.distributed import LAUNCH_HINT, ProcessGroupEngine
+from dare_core.engines.single import SingleProcessEngine
 
 __all__ = sorted(set(_seams) | {name for name in dir() if not name.startswith("_")} - {"annotations"})

@@ -165,7 +165,7 @@ def plugins(as_json: bool) -> None:
 
 
 LIST_KINDS = ("models", "algorithms", "rollouts", "corruptions", "trajectories", "estimators",
-              "losses", "advantages", "tasks")
+              "losses", "advantages", "tasks", "engines", "workflows")
 
 
 @cli.command("list")

@@ -26,6 +26,10 @@ def list_rows(dare: Any, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ..
     if kind == "tasks":
         rows = [(n, s.description, regs.tasks.owner(n)) for n, s in regs.tasks.items()]
         return ("task", "description", "plugin"), rows
+    if kind == "engines":
+        rows = [(n, "torchrun" if s.distributed else "-", s.description, regs.engines.owner(n))
+                for n, s in regs.engines.items()]
+        return ("engine", "launcher", "description", "plugin"), rows
     registry = regs[kind]
     rows = [(n, getattr(s, "description", ""), registry.owner(n)) for n, s in registry.items()]
     return (registry.kind, "description", "plugin"), rows

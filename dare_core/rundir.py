@@ -60,6 +60,18 @@ def atomic_write_file(path: str, write: Callable[[str], None], suffix: str = "")
         raise
 
 
+def fsync_dir(path: str) -> None:
+    """Flush a directory's entries (a rename into it survives a crash)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover (platforms without directory descriptors)
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
@@ -149,6 +161,23 @@ class RunDir:
         with open(self._metrics, "a") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
+
+    def metrics_lines(self) -> int:
+        """How many records ``metrics.jsonl`` holds."""
+        if not os.path.isfile(self._metrics):
+            return 0
+        with open(self._metrics) as fh:
+            return sum(1 for _ in fh)
+
+    def truncate_metrics(self, lines: int) -> list[dict[str, Any]]:
+        """Keep the first ``lines`` records of ``metrics.jsonl`` (those a resumed checkpoint had
+        written; later ones are recomputed) and return them."""
+        kept: list[str] = []
+        if os.path.isfile(self._metrics):
+            with open(self._metrics) as fh:
+                kept = [line for _, line in zip(range(lines), fh)]
+        atomic_write_text(self._metrics, "".join(kept))
+        return [json.loads(line) for line in kept]
 
     def save_model(self, wrapper: Any, name: str, extra_files: tuple[str, ...] = (),
                    writer: Optional[Callable[[Any, str], None]] = None) -> str:

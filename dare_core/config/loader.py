@@ -280,6 +280,8 @@ def resolve(
         problems += sec_problems
     if top is not None and top.task.name not in dare.registries.tasks:
         problems.append("task.name: " + dare.registries.tasks.unknown_message(top.task.name))
+    if top is not None and top.engine.name not in dare.registries.engines:
+        problems.append("engine.name: " + dare.registries.engines.unknown_message(top.engine.name))
     if top is not None and top.eval.backend:
         if top.eval.backend not in dare.registries.rollouts:
             problems.append("eval.backend: " + dare.registries.rollouts.unknown_message(top.eval.backend))

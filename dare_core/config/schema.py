@@ -109,13 +109,18 @@ class TrainerConfig:
     lr_schedule: Literal["constant", "cosine"] = option("constant", "Learning-rate schedule after warmup.")
     warmup_ratio: float = option(0.0, "Fraction of the steps used for linear warmup.", in_range(0.0, 1.0))
     grad_clip: float = option(1.0, "Global L2 gradient-norm clip; 0 disables. Non-finite norms skip the step.", non_negative)
-    batch_size: int = option(16, "RL: prompts per step; SFT: sequences per optimizer step.", positive)
+    batch_size: int = option(16, "RL: prompts per step; SFT: sequences per optimizer step. The global batch: split evenly over the processes of a distributed engine.", positive)
     group_size: int = option(8, "RL: rollouts per prompt (the advantage group).", positive)
     ppo_epochs: int = option(1, "RL: passes over each rollout batch.", positive)
     mini_batch_size: int = option(
         0, "RL: sequences per optimizer step within an epoch; 0 = the whole rollout batch.", non_negative
     )
     micro_batch_size: int = option(8, "Sequences per forward/backward pass (gradient accumulation).", positive)
+    rollout_batch_size: int = option(
+        0, "RL: prompts per generate call (each with its group); 0 = all of a process's prompts at "
+           "once. Each call's random draws are keyed by its first prompt's place in the global "
+           "batch, so with a value that divides the per-process batch the rollouts do not depend "
+           "on the number of processes.", non_negative)
     reuse_logprob: bool = option(
         True, "RL: when each rollout batch gets exactly one optimizer step (ppo_epochs=1 and "
         "mini_batch_size 0 or >= the batch), take the old log-likelihoods from the update's own "
@@ -127,6 +132,11 @@ class TrainerConfig:
     log_every: int = option(1, "Print a metrics line every N steps.", positive)
     save_every: int = option(0, "Save a checkpoint every N steps; 0 = only the final one.", non_negative)
     save_final: bool = option(True, "Save the final model in HF layout under <run>/final.")
+    resume: Optional[str] = option(
+        None, "Continue a run from a training checkpoint (written every save_every steps): auto = "
+              "the latest complete one in this run's directory (needs run_name; starts fresh when "
+              "there is none), or a checkpoint path (<run>/checkpoints/step-N).")
+    keep_last: int = option(0, "Keep only the newest N step checkpoints; 0 = keep all.", non_negative)
 
 
 @attrs.frozen
@@ -195,7 +205,18 @@ class EvalConfig:
 
 @attrs.frozen
 class EngineConfig:
-    name: str = option("single", "How a step runs: single (one process).", one_of(("single",)))
+    name: str = option("single", "How a step runs: a registered engine (`dare list engines`); "
+                       "single = one process; distributed engines run one process per device, "
+                       "started by torchrun (docs/engines.md).")
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = option(
+        "auto", "Training precision, independent of model.dtype (how weights are stored and "
+                "exported): fp32; bf16-mixed = bf16 compute with fp32 master weights and optimizer "
+                "state; bf16 = bf16 weights with a compensated update (engine.bf16_update); "
+                "auto = bf16-mixed on CUDA, fp32 on the CPU.")
+    bf16_update: Literal["none", "kahan", "stochastic"] = option(
+        "none", "precision=bf16 only: kahan = keep each weight's rounding error in a bf16 buffer "
+                "added to the next step; stochastic = round the fp32 result up or down at random "
+                "(unbiased); none refuses precision=bf16 (small updates would be lost).")
 
 
 @attrs.frozen

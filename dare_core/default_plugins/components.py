@@ -1,5 +1,5 @@
-"""Registers the core's generic components and the core workflows through the same hooks
-plugins use."""
+"""Registers the core's generic components, the single-process engine and the core workflows
+through the same hooks plugins use."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dare_core.components import (
     ResponseTokenLogProb,
     RLOOAdvantage,
 )
-from dare_core.interfaces import ComponentSpec, WorkflowSpec
+from dare_core.interfaces import ComponentSpec, EngineSpec, WorkflowSpec
 from dare_core.plugins import hookimpl
 
 
@@ -57,6 +57,15 @@ def dare_register_advantage_estimators(register):
     ))
     register(ComponentSpec("rloo", RLOOAdvantage, "leave-one-out baseline",
                            reference="arXiv:2402.14740"))
+
+
+@hookimpl
+def dare_register_engines(register):
+    from dare_core.engines.distributed import DDP
+    from dare_core.engines.single import build_single
+
+    register(EngineSpec("single", build_single, "one process on one device (CPU or one GPU)"))
+    register(DDP)
 
 
 @hookimpl

@@ -1,36 +1,130 @@
-"""The single-process engine.
+"""The single-process engine (``engine.name=single``), and the base every engine extends.
 
-The workflows are written data-parallel: they shard prompts with :meth:`shard` (groups stay whole
-on one rank because sharding happens before the group expansion), wrap the module with
-:meth:`wrap`, and reduce metrics with :meth:`reduce_mean` before logging. A multi-process engine
-implements the same four members.
+:class:`SingleProcessEngine` implements the whole :class:`~dare_core.interfaces.Engine` seam for
+one process: the precision policy on the module, AdamW (compensated for pure bf16), the clipped
+step that skips non-finite gradients, and state as one file. Multi-process engines override what
+sharding changes (:mod:`dare_core.engines.distributed`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+import copy
+import os
+from typing import Any, Optional, Sequence, TypeVar
 
 import torch
 
+from dare_core.engines.common import (
+    adamw, autocast_for, cast_for_precision, grad_norm, resolve_device, resolve_precision, set_lr,
+    trainable_parameters)
+from dare_core.errors import DareError
+
 T = TypeVar("T")
+
+STATE_FILE = "engine_state.pt"
 
 
 class SingleProcessEngine:
+    name = "single"
     rank = 0
     world_size = 1
 
-    def __init__(self, device: str):
-        self.device = torch.device(device)
+    def __init__(self, config: Any, device: Optional[torch.device] = None):
+        self.config = config
+        self.device = torch.device(device or resolve_device(config.model.device))
+        self.precision = resolve_precision(config.engine, self.device, self.precisions())
+        self.module: Optional[torch.nn.Module] = None
+        self.optimizer: Any = None
+        self.params: list[torch.nn.Parameter] = []
+
+    @classmethod
+    def precisions(cls) -> tuple[str, ...]:
+        return ("fp32", "bf16-mixed", "bf16")
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    # -- data ---------------------------------------------------------------------------------
     def shard(self, items: Sequence[T]) -> list[T]:
-        return list(items)[self.rank :: self.world_size]
+        items = list(items)
+        if len(items) % self.world_size:
+            raise DareError(f"{len(items)} items cannot be split evenly over {self.world_size} "
+                            f"processes; make the batch a multiple of the world size")
+        n = len(items) // self.world_size
+        return items[self.rank * n:(self.rank + 1) * n]
 
-    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module
+    # -- models -------------------------------------------------------------------------------
+    def prepare(self, wrapper: Any, *, trainable: bool) -> None:
+        cast_for_precision(wrapper.module, self.precision, trainable)
+        if trainable:
+            self.module = wrapper.module
 
-    def reduce_mean(self, metrics: dict[str, float]) -> dict[str, float]:
+    def reference(self, wrapper: Any) -> Any:
+        ref = copy.copy(wrapper)
+        ref.module = copy.deepcopy(wrapper.module).eval()
+        for p in ref.module.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def autocast(self) -> Any:
+        return autocast_for(self.precision, self.device)
+
+    # -- optimisation -------------------------------------------------------------------------
+    def setup_optimizer(self, wrapper: Any, trainer: Any) -> None:
+        self.module = wrapper.module
+        self.params = trainable_parameters(wrapper.module)
+        update = self.config.engine.bf16_update if self.precision == "bf16" else "none"
+        self.optimizer = adamw(self.params, trainer, update)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
+        norm = float(grad_norm(self.params, max_norm))
+        finite = bool(torch.isfinite(torch.tensor(norm)))
+        if finite:
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, finite
+
+    # -- collectives (trivial with one process) ------------------------------------------------
+    def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
         return dict(metrics)
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        return list(items)
+
+    def barrier(self) -> None:
+        pass
+
+    # -- state --------------------------------------------------------------------------------
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def save_state(self, path: str) -> None:
+        torch.save({"model": self._trainable_state(), "optimizer": self.optimizer.state_dict()},
+                   os.path.join(path, STATE_FILE))
+
+    def load_state(self, path: str) -> None:
+        state = torch.load(os.path.join(path, STATE_FILE), map_location=self.device, weights_only=True)
+        missing = sorted(set(self._trainable_state()) - set(state["model"]))
+        if missing:
+            raise DareError(f"checkpoint {path} lacks trainable weights ({missing[0]}, ...): it was "
+                            f"written by a run with other trainable parameters (LoRA settings)")
+        with torch.no_grad():
+            for n, p in self.module.named_parameters():
+                if n in state["model"]:
+                    p.copy_(state["model"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def build_single(config: Any) -> SingleProcessEngine:
+    return SingleProcessEngine(config)

@@ -101,14 +101,12 @@ class EngineSpec:
             started without its launcher).
         description: one line for ``dare list engines``.
         distributed: needs a launcher (``torchrun``) that sets ``RANK`` / ``WORLD_SIZE``.
-        precisions: the precision policies it implements.
     """
 
     name: str
     build: Callable[[Any], Engine]
     description: str = ""
     distributed: bool = False
-    precisions: frozenset[str] = frozenset({"fp32", "bf16-mixed", "bf16"})
 
 
 @attrs.frozen

@@ -86,8 +86,13 @@ class ModelWrapper(Protocol):
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         """The chat-template text of ``messages`` ending with the assistant header."""
 
-    def save_pretrained(self, path: str) -> None:
-        """Write the model and tokenizer in the published HF layout."""
+    def decoder_layers(self) -> list[Any]:
+        """The network's repeated blocks in order (sharding engines wrap each; activation
+        checkpointing recomputes them)."""
+
+    def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
+        """Write the model and tokenizer in the published HF layout; ``state_dict`` (a sharding
+        engine's consolidated weights) replaces the module's own."""
 
 
 @attrs.frozen
@@ -193,15 +198,17 @@ class AccumulatingLoss(Protocol):
 
     ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
     own forward passes (detached); otherwise the loop gives it a separate no-grad pass.
-    ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients and returns the detached
-    loss and its metrics.
+    ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients — through ``backward``
+    (the engine's, which a distributed engine needs to see) — and returns the detached loss and
+    its metrics.
     """
 
     computes_own_old: bool
 
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
                    ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
-                   scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None
+                   scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None,
+                   backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
                    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 

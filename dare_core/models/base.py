@@ -275,6 +275,20 @@ class HFDiffusionWrapper:
             picked = gather_logprobs(rows, targets[where])
         return picked.new_zeros(targets.shape).index_put(where, picked)
 
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        """The repeated blocks of the network, in order (what sharding engines wrap one by one and
+        activation checkpointing recomputes): modules whose class the HF model lists in
+        ``_no_split_modules``, else the children of its longest ``ModuleList``."""
+        mods = list(self.module.modules())
+        names = set()
+        for m in mods:
+            names.update(getattr(m, "_no_split_modules", None) or ())
+        layers = [m for m in mods if type(m).__name__ in names]
+        if layers:
+            return layers
+        lists = [m for m in mods if isinstance(m, torch.nn.ModuleList)]
+        return list(max(lists, key=len)) if lists else []
+
     # -- text ---------------------------------------------------------------------------------
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -288,7 +302,7 @@ class HFDiffusionWrapper:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- persistence --------------------------------------------------------------------------
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        self.module.save_pretrained(path)
+        self.module.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)

@@ -151,13 +151,19 @@ def merged_module(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).merge_and_unload()
 
 
-def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False) -> None:
-    """Write a LoRA checkpoint into ``directory`` (see the module docstring for the layout)."""
+def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False,
+                    state_dict: Optional[dict] = None) -> None:
+    """Write a LoRA checkpoint into ``directory`` (see the module docstring for the layout);
+    ``state_dict``: a sharding engine's consolidated weights of the PEFT model."""
     module = wrapper.module
+    if merge and state_dict is not None:
+        raise DareError("model.lora.merge_on_save needs the whole model in one process; with a "
+                        "sharding engine set it to false and merge the saved adapter afterwards "
+                        "(PEFT merge_and_unload)")
     os.makedirs(directory, exist_ok=True)
     with warnings.catch_warnings():  # a base without an HF config.json (test models) is fine
         warnings.filterwarnings("ignore", message="Could not find a config file")
-        module.save_pretrained(os.path.join(directory, ADAPTER_DIR))
+        module.save_pretrained(os.path.join(directory, ADAPTER_DIR), state_dict=state_dict)
     readme = os.path.join(directory, ADAPTER_DIR, "README.md")
     if os.path.isfile(readme):  # PEFT's model-card template, not ours
         os.remove(readme)

@@ -20,7 +20,8 @@ from dare_core.plugins import hookimpl
 
 
 class ParityTask:
-    """Prompt ``n<k>``; reward = fraction of even digits in the response; acc = all even."""
+    """Prompt ``n<k>``; reward = fraction of response characters with an even code point (about
+    half of any random response, so a group's rewards almost never tie); acc = all of them."""
 
     name = "parity"
 
@@ -34,7 +35,7 @@ class ParityTask:
                 for i in range(n)]
 
     def score(self, example: Example, response: str) -> Score:
-        even = sum(c in "02468" for c in response) / max(1, len(response))
+        even = sum(ord(c) % 2 == 0 for c in response) / max(1, len(response))
         return Score(even, float(len(response) > 0 and even == 1.0), response)
 
 
@@ -46,7 +47,7 @@ class ProbePlugin:
 
     @hookimpl
     def dare_register_tasks(self, register):
-        register(TaskSpec("parity", ParityTask, "even digits (test task)"))
+        register(TaskSpec("parity", ParityTask, "characters with even code points (test task)"))
 
     @hookimpl
     def dare_register_algorithms(self, register):

@@ -121,9 +121,10 @@ class ToyDiffusionLM(nn.Module):
 
 
 class ToyWrapper(HFDiffusionWrapper):
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        torch.save(self.module.state_dict(), os.path.join(path, "toy.pt"))
+        torch.save(state_dict if state_dict is not None else self.module.state_dict(),
+                   os.path.join(path, "toy.pt"))
         with open(os.path.join(path, "config.json"), "w") as fh:
             json.dump({"model_type": "toy", "vocab_size": self.module.vocab_size,
                        "dim": self.module.dim, "max_len": self.module.max_len,

@@ -147,9 +147,10 @@ class ToyBlockWrapper(BlockDiffusionWrapper):
     """Block-diffusion wrapper: block-causal inference, BD3LM ``[noisy | clean]`` training (the
     shared :class:`~dare_core.models.block.BlockDiffusionWrapper`)."""
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        torch.save(self.module.state_dict(), os.path.join(path, "toy_block.pt"))
+        torch.save(state_dict if state_dict is not None else self.module.state_dict(),
+                   os.path.join(path, "toy_block.pt"))
         m = self.module
         with open(os.path.join(path, "config.json"), "w") as fh:
             json.dump({"model_type": "block_toy", "vocab_size": m.vocab_size, "dim": m.dim,

@@ -17,11 +17,13 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str,
     """Generate for ``examples`` with the eval sampling config and score them.
 
     Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples; the
-    per-item accuracies of this rank's shard are appended to ``items`` when it is given.
+    per-item accuracies (every rank's, in the order of ``examples``) are appended to ``items``
+    when it is given. With several processes each rank generates for every world-size-th item.
     """
     cfg = ctx.config
     wrapper = ctx.wrapper
-    shard = ctx.engine.shard(list(examples))
+    rank, world = ctx.engine.rank, ctx.engine.world_size
+    shard = list(examples)[rank::world]
     prompts = encode_prompts(wrapper, shard, cfg.trainer.max_prompt_length)
     gen = torch.Generator().manual_seed(cfg.seed + 7919)
     accs: list[float] = []
@@ -32,7 +34,8 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str,
     device = wrapper.device
     for sl in chunks(len(shard), cfg.eval.batch_size):
         ids, mask = left_pad(prompts[sl], wrapper.pad_token_id)
-        roll = ctx.eval_rollout.generate(wrapper, ids.to(device), mask.to(device), generator=gen)
+        with ctx.engine.autocast():
+            roll = ctx.eval_rollout.generate(wrapper, ids.to(device), mask.to(device), generator=gen)
         nfe += roll.nfe
         texts = decode_responses(wrapper, roll.response_ids.cpu(), roll.response_mask.cpu())
         for ex, text in zip(shard[sl], texts):
@@ -43,13 +46,15 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str,
                 samples.append({"prompt": ex.prompt[-1]["content"][-200:], "response": text,
                                 "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
     seconds = time.perf_counter() - start
+    # every item's (position, acc, score), in the order of ``examples`` on every rank
+    scored = sorted(ctx.engine.gather([(rank + world * i, a, s) for i, (a, s) in enumerate(zip(accs, scores))]))
+    accs, scores = [a for _, a, _ in scored], [s for _, _, s in scored]
     n = len(accs)
     if items is not None:
         items.extend(accs)
-    result = ctx.engine.reduce_mean({
-        "accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n),
-    })
-    result.update({"n": n * ctx.engine.world_size, "nfe": nfe, "seconds": round(seconds, 2)})
+    result = {"accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n), "n": n,
+              "nfe": nfe, "seconds": round(seconds, 2)}
+    samples = ctx.engine.gather(samples)[: cfg.eval.save_samples]
     if ctx.rundir is not None and ctx.engine.is_main:
         ctx.rundir.write_json(f"eval_samples/{label}.json", samples)
     return result

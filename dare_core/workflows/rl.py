@@ -12,40 +12,38 @@ The loop calls component objects directly; pluggy is only used for the step-end 
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import attrs
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
-from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
+from dare_core.engines.common import lr_at
 from dare_core.errors import DareError
-from dare_core.workflows.runtime import Context, build_rollout
+from dare_core.interfaces import RolloutBatch, SequenceBatch
+from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
+from dare_core.models import lora
 from dare_core.workflows.batching import (
-    chunks,
-    cycle_batches,
-    decode_responses,
-    encode_prompts,
-    left_pad,
-)
-from dare_core.workflows.optim import clip_and_step, make_optimizer
+    STREAM_CORRUPTION, STREAM_DATA, STREAM_ORDER, STREAM_ROLLOUT, BatchStream, chunks, decode_responses,
+    encode_prompts, left_pad)
+from dare_core.workflows.runtime import Context, build_rollout
 from dare_core.workflows.tracker import Tracker
 
 
-def _estimate(ctx: Context, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
-    """Estimator over the whole batch in micro-batches, without gradients; dim 1 is the batch."""
-    est = ctx.components.estimator
+def estimate_no_grad(engine: Any, estimator: Any, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
+    """``estimator`` over all rows in micro-batches of ``micro``, eval mode, no gradients, in the
+    engine's compute precision; rows on dim 1."""
     outs = []
     was_training = wrapper.module.training
     wrapper.module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), engine.autocast():
             for sl in chunks(batch.batch_size, micro):
                 idx = torch.arange(sl.start, sl.stop)
-                outs.append(est(wrapper, batch.select(idx),
-                                corrupted.select(idx) if corrupted is not None else None))
+                outs.append(estimator(wrapper, batch.select(idx),
+                                      corrupted.select(idx) if corrupted is not None else None))
     finally:
         wrapper.module.train(was_training)
     return torch.cat(outs, dim=1)
@@ -60,17 +58,28 @@ def _row_estimate(estimator: Any, wrapper: Any, batch, corrupted):
     return estimate
 
 
-class _RefWrapper:
-    """A frozen copy of the policy used for reference log-likelihoods."""
+class ReferencePolicy:
+    """The frozen reference policy of the KL term: under LoRA started from the base model, that
+    base with the adapters disabled (no copy); otherwise the engine's frozen copy."""
 
-    def __init__(self, wrapper: Any):
-        self._w = copy.copy(wrapper)
-        self._w.module = copy.deepcopy(wrapper.module).eval()
-        for p in self._w.module.parameters():
-            p.requires_grad_(False)
+    def __init__(self, wrapper: Any, engine: Any):
+        self.policy = wrapper
+        self.shared = lora.is_lora(wrapper) and lora.starts_from_base(wrapper)
+        self.copy = None if self.shared else engine.reference(wrapper)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._w, name)
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Any]:
+        """The reference wrapper, valid inside the block."""
+        if self.shared:
+            with lora.adapters_disabled(self.policy) as w:
+                yield w
+        else:
+            yield self.copy
+
+    def estimate(self, engine: Any, estimator: Any, batch, corrupted, micro: int) -> torch.Tensor:
+        """:func:`estimate_no_grad` under the reference policy."""
+        with self.use() as w:
+            return estimate_no_grad(engine, estimator, w, batch, corrupted, micro)
 
 
 def run_rl(ctx: Context) -> dict[str, Any]:
@@ -78,24 +87,22 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     tr = cfg.trainer
     comps = ctx.components
     wrapper = ctx.wrapper
+    engine = ctx.engine
     device = wrapper.device
-    gen = ctx.generator
 
-    train_examples = ctx.engine.shard(ctx.task.examples("train", seed=cfg.seed))
+    train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
-    batches = cycle_batches(train_examples, tr.batch_size, gen)
+    batches = BatchStream(train_examples, tr.batch_size, ctx.stream(STREAM_DATA))
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
     _check_records(ctx, trajectory.records)
     train_rollout = training_rollout(ctx)
-    ref = _RefWrapper(wrapper) if comps.needs_ref else None
-    params = list(wrapper.module.parameters())
-    optimizer, scheduler = make_optimizer(params, cfg)
+    ref = ReferencePolicy(wrapper, engine) if comps.needs_ref else None
+    engine.setup_optimizer(wrapper, tr)
 
-    tracker = Tracker(ctx, eval_examples)
-    tracker.begin()
-    history = []
-    for step in range(1, tr.steps + 1):
+    tracker = Tracker(ctx, eval_examples, batches)
+    first = tracker.begin()
+    for step in range(first, tr.steps + 1):
         t0 = time.perf_counter()
         c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
         rollout, rewards, accs, group_ids, rows, corrupted = (
@@ -103,35 +110,44 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         t_roll = t0 + c.rollout_seconds
         batch, advantages = rows.batch, rows.advantages.to(device)
         total = batch.batch_size
-        mini = tr.mini_batch_size or total
+        mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
         accumulating = comps.accumulate is not None and corrupted is not None
         # one optimizer step per batch: the policy that produced the rollouts is the one being
         # differentiated, so its log-likelihoods are the update's own forward, detached (a loss
         # that runs its own backward passes must say it can take old_logp=None)
         on_policy = (tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total
                      and (not accumulating or comps.accumulate.computes_own_old))
-        old = None if on_policy else _estimate(ctx, wrapper, batch, corrupted, tr.micro_batch_size)
-        ref_logp = _estimate(ctx, ref, batch, corrupted, tr.micro_batch_size) if ref is not None else None
+        old = None if on_policy else estimate_no_grad(engine, comps.estimator, wrapper, batch, corrupted,
+                                                      tr.micro_batch_size)
+        ref_logp = (ref.estimate(engine, comps.estimator, batch, corrupted, tr.micro_batch_size)
+                    if ref is not None else None)
         t_old = time.perf_counter()
 
         wrapper.module.train()
         loss_sum, n_micro = 0.0, 0
         agg: dict[str, float] = {}
         norms, skipped = [], 0
-        for _epoch in range(tr.ppo_epochs):
-            perm = torch.randperm(total, generator=gen)
+        lr = lr_at(tr, step - 1)
+        for epoch in range(tr.ppo_epochs):
+            # one mini-batch of the whole batch needs no shuffle: rows keep their order, so the
+            # micro-batches are the same rows on every world size
+            perm = (torch.arange(total) if mini >= total and tr.ppo_epochs == 1 else
+                    torch.randperm(total, generator=ctx.stream(STREAM_ORDER, step, epoch, engine.rank)))
             for msl in chunks(total, mini):
                 mb_loss, mb_micro = minibatch_backward(comps, wrapper, rows, corrupted, old, ref_logp,
-                                                       advantages, perm[msl], tr.micro_batch_size, agg)
+                                                       advantages, perm[msl], tr.micro_batch_size, agg,
+                                                       engine=engine)
                 loss_sum += mb_loss
                 n_micro += mb_micro
-                norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
+                norm, ok = engine.step(tr.grad_clip, lr)
                 norms.append(norm)
                 skipped += 0 if ok else 1
-        scheduler.step()
         t_end = time.perf_counter()
 
         resp_len = rollout.response_mask.float().sum(1).mean().item()
+        # the batch's statistics over every rank's rollouts (group ids made global)
+        rewards, accs, group_ids = (torch.tensor(engine.gather(t.tolist())) for t in
+                                    (rewards, accs, group_ids + engine.rank * (int(group_ids.max()) + 1)))
         record = {
             "step": step,
             "reward": rewards.mean().item(),
@@ -140,9 +156,9 @@ def run_rl(ctx: Context) -> dict[str, Any]:
             "loss": loss_sum / max(1, n_micro),
             "grad_norm": sum(norms) / max(1, len(norms)),
             "skipped_steps": skipped,
-            "lr": scheduler.get_last_lr()[0],
+            "lr": lr,
             "response_length": resp_len,
-            "rollout_nfe": rollout.nfe,
+            "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
             "time_rollout": round(t_roll - t0, 3),
             "time_logprob": round(t_old - t_roll, 3),
             "time_update": round(t_end - t_old, 3),
@@ -151,15 +167,9 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record.update(rows.metrics)
-        record = tracker.step_end(step, record, reward=f"{record['reward']:.3f}",
-                                  acc=f"{record['accuracy']:.2f}")
-        history.append(record)
+        tracker.step_end(step, record, reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
 
-    last = history[-5:]
-    return tracker.finish({
-        "steps": tr.steps,
-        "final_reward_mean_last5": sum(r["reward"] for r in last) / max(1, len(last)),
-    })
+    return tracker.finish({"steps": tr.steps, "final_reward_mean_last5": tracker.last("reward", 5)})
 
 
 @attrs.frozen
@@ -189,18 +199,36 @@ def training_rollout(ctx: Context) -> Any:
 
 def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples,
             group_size: int, step: int) -> Collected:
-    """``group_size`` rollouts of each example → rewards (``task.reward``) → advantages →
-    training rows → the one corruption draw of the batch (unless the rows bring their states)."""
-    wrapper = ctx.wrapper
+    """``examples`` is the step's global batch; this rank rolls out its shard ``group_size`` times
+    each → rewards (``task.reward``) → advantages → training rows → the one corruption draw of the
+    batch (unless the rows bring their states).
+
+    Prompts are padded to the global batch's longest, and each generate call (of
+    ``trainer.rollout_batch_size`` prompts) and the corruption draw use streams keyed by global
+    positions, so the rows do not depend on the number of processes."""
+    wrapper, engine, tr = ctx.wrapper, ctx.engine, ctx.config.trainer
     t0 = time.perf_counter()
-    prompts = encode_prompts(wrapper, examples, ctx.config.trainer.max_prompt_length)
-    prompt_ids, prompt_mask = left_pad(prompts, wrapper.pad_token_id)
+    prompts = encode_prompts(wrapper, examples, tr.max_prompt_length)
+    mine = engine.shard(range(len(examples)))
+    local = [examples[i] for i in mine]
+    prompt_ids, prompt_mask = left_pad([prompts[i] for i in mine], wrapper.pad_token_id,
+                                       max(len(p) for p in prompts))
     prompt_ids = prompt_ids.repeat_interleave(group_size, 0).to(wrapper.device)
     prompt_mask = prompt_mask.repeat_interleave(group_size, 0).to(wrapper.device)
-    group_ids = torch.arange(len(examples)).repeat_interleave(group_size)
-    expanded = [ex for ex in examples for _ in range(group_size)]
-    rollout = rollout_backend.generate(wrapper, prompt_ids, prompt_mask, record=trajectory.records,
-                                       generator=ctx.generator)
+    group_ids = torch.arange(len(local)).repeat_interleave(group_size)
+    expanded = [ex for ex in local for _ in range(group_size)]
+    chunk = (tr.rollout_batch_size or len(local)) * group_size
+    if chunk < len(expanded) and trajectory.records:
+        raise DareError(f"trainer.rollout_batch_size={tr.rollout_batch_size} splits the rollout, and "
+                        f"the records algorithm {ctx.config.algo!r} needs ({', '.join(sorted(trajectory.records))}) "
+                        f"are not joined across calls; set trainer.rollout_batch_size=0")
+    parts = []
+    for sl in chunks(len(expanded), chunk):
+        gen = ctx.stream(STREAM_ROLLOUT, step, mine[0] * group_size + sl.start)
+        with engine.autocast():
+            parts.append(rollout_backend.generate(wrapper, prompt_ids[sl], prompt_mask[sl],
+                                                  record=trajectory.records, generator=gen))
+    rollout = parts[0] if len(parts) == 1 else _join(parts)
     seconds = time.perf_counter() - t0
     texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
     scored = [ctx.task.score(ex, text) for ex, text in zip(expanded, texts)]
@@ -210,30 +238,59 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, group_ids, expanded, step)
     corrupted = rows.corrupted
     if corrupted is None and ctx.components.corruption is not None:
-        corrupted = ctx.components.corruption(wrapper, rows.batch, ctx.generator)
+        corrupted = _corruption(ctx, rows.batch, step)
     return Collected(rollout, rewards, accs, group_ids, rows, corrupted, seconds)
 
 
+def _join(parts: list[RolloutBatch]) -> RolloutBatch:
+    """Rollouts of consecutive prompt chunks (no records) as one batch."""
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    return RolloutBatch(cat("prompt_ids"), cat("prompt_mask"), cat("response_ids"), cat("response_mask"),
+                        num_steps=max(p.num_steps for p in parts), nfe=sum(p.nfe for p in parts))
+
+
+def _corruption(ctx: Context, batch: SequenceBatch, step: int) -> Any:
+    """The corruption of this rank's rows, drawn over the global batch (every rank gathers the
+    rows' ids and draws the same global corruption), so a corruption coupled across rows (e.g.
+    stratified over the batch) and its random draws are those of one process. Rows whose shape
+    differs between ranks are drawn per rank."""
+    engine, corrupt = ctx.engine, ctx.components.corruption
+    if engine.world_size == 1:
+        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, step))
+    shapes = engine.gather([(tuple(batch.input_ids.shape), batch.prompt_len)])
+    if len(set(shapes)) > 1:
+        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, step, engine.rank + 1))
+    parts = engine.gather([(batch.input_ids.cpu(), batch.attention_mask.cpu())])
+    full = SequenceBatch(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                         batch.prompt_len).to(batch.input_ids.device)
+    n = batch.batch_size
+    return corrupt(ctx.wrapper, full, ctx.stream(STREAM_CORRUPTION, step)).select(
+        torch.arange(engine.rank * n, (engine.rank + 1) * n))
+
+
 def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advantages, mask,
-                    scale: float, extras: Optional[dict] = None):
-    """One micro-batch of the update: estimator → loss → ``backward`` of ``scale · loss``, or the
-    algorithm's ``Components.accumulate`` (one Monte-Carlo row at a time) when it has one and there
-    is a corruption. ``old=None`` means the policy has not changed since the rollout: the old
+                    scale: float, extras: Optional[dict] = None, *, engine: Any = None):
+    """One micro-batch of the update: estimator → loss → backward of ``scale · loss`` (through
+    ``engine``'s backward and compute precision; ``None``: torch's), or the algorithm's
+    ``Components.accumulate`` (one Monte-Carlo row at a time) when it has one and there is a
+    corruption. ``old=None`` means the policy has not changed since the rollout: the old
     log-likelihoods are this forward's own, detached. Returns ``(detached loss, metrics)``."""
-    if comps.accumulate is not None and corrupted is not None:
-        return comps.accumulate.accumulate(_row_estimate(comps.estimator, wrapper, batch, corrupted),
-                                           corrupted.num_samples, old, ref, advantages, mask, scale,
-                                           extras=extras)
-    logp = comps.estimator(wrapper, batch, corrupted)
-    loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask,
-                               extras=extras)
-    (loss * scale).backward()
+    backward = engine.backward if engine is not None else torch.Tensor.backward
+    with engine.autocast() if engine is not None else contextlib.nullcontext():
+        if comps.accumulate is not None and corrupted is not None:
+            return comps.accumulate.accumulate(
+                _row_estimate(comps.estimator, wrapper, batch, corrupted), corrupted.num_samples,
+                old, ref, advantages, mask, scale, extras=extras, backward=backward)
+        logp = comps.estimator(wrapper, batch, corrupted)
+        loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask,
+                                   extras=extras)
+    backward(loss * scale)
     return loss.detach(), metrics
 
 
 def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, old, ref_logp,
                        advantages, mb: torch.Tensor, micro_batch_size: int,
-                       agg: dict[str, float]) -> tuple[float, int]:
+                       agg: dict[str, float], *, engine: Any = None) -> tuple[float, int]:
     """Accumulate the gradient of one mini-batch (the rows ``mb``) in micro-batches of
     ``micro_batch_size``, each scaled by its share of the mini-batch, so the sum is the
     mini-batch's mean-loss gradient. Adds every micro-batch's metrics into ``agg``; returns the
@@ -247,7 +304,7 @@ def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, 
         loss, metrics = policy_backward(
             comps, wrapper, rows.batch.select(idx), sub_corr, old_i, ref_i,
             advantages[idx.to(advantages.device)], rows.select_weights(idx), len(idx) / len(mb),
-            rows.select_extras(idx) if rows.extras else None)
+            rows.select_extras(idx) if rows.extras else None, engine=engine)
         loss_sum += float(loss)
         n_micro += 1
         for k, v in metrics.items():

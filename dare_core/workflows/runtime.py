@@ -14,6 +14,7 @@ from dare_core._version import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
+from dare_core.engines.common import resolve_device
 from dare_core.config.structure import structure
 from dare_core.errors import ConfigError, DareError
 from dare_core.ops.paths import configure_training_paths
@@ -23,15 +24,17 @@ from dare_core.rundir import RunDir
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DareError("model.device=cuda but no CUDA device is available; use model.device=cpu")
-    return name
+def derive_seed(seed: int, *key: int) -> int:
+    """A 63-bit seed for the stream ``key`` of run seed ``seed`` (``key=()`` is ``seed``)."""
+    out = seed
+    for k in key:
+        out = (out * 6364136223846793005 + 1442695040888963407 + int(k)) % (2**63)
+    return out
 
 
-def seed_everything(seed: int) -> torch.Generator:
+def seed_everything(seed: int, rank: int = 0) -> torch.Generator:
+    """Seed python, numpy and torch with this rank's stream of the run seed (rank 0: the seed)."""
+    seed = derive_seed(seed, rank) if rank else seed
     random.seed(seed)
     torch.manual_seed(seed)
     try:
@@ -43,13 +46,13 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def load_model(dare: Any, config: RunConfig, *, trainable: bool = True):
+def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: Any = None):
     """Load the family's checkpoint; with ``model.lora`` (or a LoRA checkpoint as
     ``model.path``) wrap it in PEFT adapters (trainable adapters when ``trainable``)."""
     from dare_core.models import lora
 
     family = dare.registries.models.get(config.model.family)
-    device = resolve_device(config.model.device)
+    device = str(device) if device is not None else resolve_device(config.model.device)
     base_path, saved_adapter = lora.resolve_checkpoint(config.model.path)
     wrapper = family.load(
         base_path,
@@ -128,6 +131,13 @@ class Context:
     rundir: Optional[RunDir]
     generator: torch.Generator
     console: Any = None
+    #: the training checkpoint this run continues from (``trainer.resume``), or None
+    resume_from: Optional[str] = None
+
+    def stream(self, *key: int) -> torch.Generator:
+        """A generator keyed by ``key`` (e.g. the step and a global data position) within the run
+        seed: the same draws on every world size, and after a resume."""
+        return torch.Generator().manual_seed(derive_seed(self.config.seed, *key))
 
     def log(self, message: str) -> None:
         if self.engine.is_main:
@@ -139,21 +149,23 @@ class Context:
                 print(message, file=sys.stderr, flush=True)
 
 
-def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> Context:
-    generator = seed_everything(config.seed)
+def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engine: Any = None,
+          resume_from: Optional[str] = None) -> Context:
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
     components = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
-    engine = build_engine(config.engine.name, resolve_device(config.model.device))
+    engine = engine if engine is not None else build_engine(dare, config)
     # the samplers need no model: a bad eval rollout config fails before the model is loaded
     rollout = build_rollout(dare, config)
     eval_rollout = build_eval_rollout(dare, config)
-    wrapper = load_model(dare, config)
-    wrapper.module = engine.wrap(wrapper.module)
+    seed_everything(config.seed)  # a freshly initialised model (or adapter) is the same on every rank
+    wrapper = load_model(dare, config, device=engine.device)
+    generator = seed_everything(config.seed, engine.rank)
     train_paths = configure_training_paths(
-        wrapper, config.model.train_attention, config.model.cross_entropy, resolve_device(config.model.device),
+        wrapper, config.model.train_attention, config.model.cross_entropy, engine.device.type,
         attention_kernel=config.model.attention_kernel)
+    engine.prepare(wrapper, trainable=True)
     if rundir is not None and engine.is_main:
         rundir.write_config(to_dict(config))
         rundir.write_json("plugins.json", {
@@ -162,7 +174,7 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> C
         })
         rundir.write_json("training_paths.json", train_paths.as_dict())
     ctx = Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
-                  engine, rundir, generator)
+                  engine, rundir, generator, resume_from=resume_from)
     ctx.log(train_paths.describe())
     return ctx
 
@@ -172,10 +184,12 @@ def eval_context(dare: Any, config: RunConfig) -> Context:
 
     Config errors of the sampler surface before the model is loaded.
     """
-    gen = seed_everything(config.seed)
     eval_rollout = build_eval_rollout(dare, config)
-    wrapper = load_model(dare, config, trainable=False)
+    engine = build_engine(dare, config)
+    seed_everything(config.seed)
+    wrapper = load_model(dare, config, trainable=False, device=engine.device)
+    gen = seed_everything(config.seed, engine.rank)
+    engine.prepare(wrapper, trainable=False)
     task = dare.registries.tasks.get(config.task.name).build(config.task)
-    engine = build_engine(config.engine.name, resolve_device(config.model.device))
     return Context(dare, config, None, dare.registries.models.get(config.model.family), wrapper,
                    None, eval_rollout, task, None, engine, None, gen)

@@ -1,8 +1,9 @@
 """The supervised loop (SFT and any objective over reference responses).
 
-Per optimizer step: ``batch_size`` (prompt, response) pairs → the algorithm's collate → for each
-micro-batch: corruption → estimator → objective → backward (weighted by the micro-batch's share
-of the step, so the gradient is the batch mean) → clip → step. Held-out accuracy is measured by
+Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
+trains on its rows) → the algorithm's collate → for each micro-batch: corruption → estimator →
+objective → backward (weighted by the micro-batch's share of the step, so the gradient is the
+batch mean; the engine averages it over processes) → clip → step. Held-out accuracy is measured by
 generation before and after, as in the RL loop.
 """
 
@@ -16,8 +17,8 @@ import torch
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
 from dare_core.workflows.runtime import Context
-from dare_core.workflows.batching import chunks, cycle_batches, encode_prompts, left_pad
-from dare_core.workflows.optim import clip_and_step, make_optimizer
+from dare_core.engines.common import lr_at
+from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, chunks, encode_prompts, left_pad
 from dare_core.workflows.tracker import Tracker
 
 
@@ -46,10 +47,10 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     tr = cfg.trainer
     comps = ctx.components
     wrapper = ctx.wrapper
+    engine = ctx.engine
     device = wrapper.device
-    gen = ctx.generator
 
-    examples = ctx.engine.shard(ctx.task.examples("train", seed=cfg.seed))
+    examples = ctx.task.examples("train", seed=cfg.seed)
     missing = sum(1 for ex in examples if ex.response is None)
     if missing:
         raise DareError(
@@ -58,21 +59,22 @@ def run_sft(ctx: Context) -> dict[str, Any]:
         )
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     collate = comps.collate or default_collate
-    batches = cycle_batches(examples, tr.batch_size, gen)
-    params = list(wrapper.module.parameters())
-    optimizer, scheduler = make_optimizer(params, cfg)
+    batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
+    engine.setup_optimizer(wrapper, tr)
     eos = wrapper.eos_token_id
 
-    tracker = Tracker(ctx, eval_examples)
-    tracker.begin()
+    tracker = Tracker(ctx, eval_examples, batches)
+    first = tracker.begin()
     wrapper.module.train()
-    last_losses: list[float] = []
-    for step in range(1, tr.steps + 1):
+    for step in range(first, tr.steps + 1):
         t0 = time.perf_counter()
+        # the whole global batch is collated on every rank (same padding as one process) and
+        # each rank trains on its rows; a micro-batch's corruption is keyed by its global rows
         items = next(batches)
         prompts = encode_prompts(wrapper, items, tr.max_prompt_length)
         responses = [(wrapper.encode(ex.response) + [eos])[: tr.max_response_length] for ex in items]
-        batch = collate(prompts, responses, wrapper).to(device)
+        rows = torch.tensor(engine.shard(range(len(items))))
+        batch = collate(prompts, responses, wrapper).select(rows).to(device)
         total = batch.batch_size
         loss_sum = 0.0
         agg: dict[str, float] = {}
@@ -80,24 +82,22 @@ def run_sft(ctx: Context) -> dict[str, Any]:
         for sl in chunks(total, tr.micro_batch_size):
             idx = torch.arange(sl.start, sl.stop)
             micro = batch.select(idx)
-            corrupted = comps.corruption(wrapper, micro, gen) if comps.corruption is not None else None
-            logp = comps.estimator(wrapper, micro, corrupted)
-            loss, metrics = comps.loss(logp, corrupted, micro)
-            (loss * (len(idx) / total)).backward()
+            gen = ctx.stream(STREAM_CORRUPTION, step, int(rows[sl.start]))
+            with engine.autocast():
+                corrupted = comps.corruption(wrapper, micro, gen) if comps.corruption is not None else None
+                logp = comps.estimator(wrapper, micro, corrupted)
+                loss, metrics = comps.loss(logp, corrupted, micro)
+            engine.backward(loss * (len(idx) / total))
             loss_sum += float(loss.detach()) * len(idx) / total
             n_micro += 1
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + float(v)
-        norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
-        scheduler.step()
+        lr = lr_at(tr, step - 1)
+        norm, ok = engine.step(tr.grad_clip, lr)
         record = {
             "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
-            "lr": scheduler.get_last_lr()[0], "time_step": round(time.perf_counter() - t0, 3),
+            "lr": lr, "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record = tracker.step_end(step, record, loss=f"{record['loss']:.4f}")
-        last_losses = (last_losses + [record["loss"]])[-20:]
-    return tracker.finish({
-        "steps": tr.steps,
-        "final_loss_mean_last20": sum(last_losses) / max(1, len(last_losses)),
-    })
+    return tracker.finish({"steps": tr.steps, "final_loss_mean_last20": tracker.last("loss", 20)})

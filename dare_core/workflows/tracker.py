@@ -1,14 +1,19 @@
 """The bookkeeping every loop shares (:class:`Tracker`): evaluations before / every N / after with
 the paired comparison to the first, metric lines, the observer hooks, the progress bar and
-checkpoints."""
+checkpoints (:mod:`dare_core.workflows.checkpoint`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional, Sequence
 
+import torch
+
+from dare_core.errors import DareError
 from dare_core.interfaces import Example
 from dare_core.pairing import compare, describe, paired_counts
+from dare_core.workflows.checkpoint import TRAINER_STATE, save_final, save_training_checkpoint, set_rng_state
 from dare_core.workflows.evaluation import evaluate
 from dare_core.workflows.runtime import Context
 
@@ -24,15 +29,22 @@ def _fmt(record: dict[str, Any]) -> str:
 
 
 class Tracker:
-    """The bookkeeping every loop shares: evaluation before / every N / after, metric lines,
-    the step-end and eval hooks, the progress bar, periodic and final checkpoints."""
+    """The bookkeeping every loop shares: resume or evaluation before training, evaluation every
+    N steps and after, metric lines (``history``), the step-end and eval hooks, the progress bar,
+    training checkpoints and the final export.
 
-    def __init__(self, ctx: Context, eval_examples: Sequence[Example]):
+    A loop calls ``start = tracker.begin()`` after ``engine.setup_optimizer`` and runs steps
+    ``start .. trainer.steps``, drawing its batches from the :class:`BatchStream` it gave here.
+    """
+
+    def __init__(self, ctx: Context, eval_examples: Sequence[Example], data: Any = None):
         self.ctx = ctx
         self.eval_examples = eval_examples
+        self.data = data
         self.summary: dict[str, Any] = {"eval": {}}
         self.bar = None
         self.before_items: Optional[list[float]] = None
+        self.history: list[dict[str, Any]] = []
 
     def log(self, record: dict[str, Any]) -> None:
         if self.ctx.rundir is not None and self.ctx.engine.is_main:
@@ -49,9 +61,7 @@ class Tracker:
         if label == "before":
             self.before_items = items
         elif self.before_items is not None:  # same items, same sampler: a paired comparison
-            counts = ctx.engine.reduce_mean(dict(zip(("gained", "lost"), paired_counts(self.before_items, items))))
-            res["vs_before"] = compare(*(round(counts[k] * ctx.engine.world_size) for k in ("gained", "lost")),
-                                       res["n"])
+            res["vs_before"] = compare(*paired_counts(self.before_items, items), res["n"])
             line += f" ({describe(res['vs_before'])})"
         ctx.log(line)
         self.log({"step": step, "eval": res})
@@ -59,25 +69,32 @@ class Tracker:
             ctx.dare.pm.hook.dare_on_eval(step=step, label=label, metrics=dict(res))
         return res
 
-    def begin(self) -> None:
-        """Evaluate before training (if configured), then show the progress bar."""
+    def begin(self) -> int:
+        """Restore the checkpoint the run resumes from, or evaluate before training (if
+        configured); show the progress bar. Returns the first step to run."""
         ctx = self.ctx
         cfg = ctx.config
-        if cfg.eval.before:
+        done = 0
+        if ctx.resume_from is not None:
+            done = self._restore(ctx.resume_from)
+        elif cfg.eval.before:
             self.summary["eval"]["before"] = self.evaluate("before", 0)
         if cfg.progress and ctx.engine.is_main:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=cfg.trainer.steps, desc=cfg.algo, unit="step", dynamic_ncols=True)
+                self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step",
+                                dynamic_ncols=True)
             except ImportError:  # pragma: no cover
                 self.bar = None
+        return done + 1
 
     def step_end(self, step: int, record: dict[str, Any], **postfix: str) -> dict[str, Any]:
         ctx = self.ctx
         cfg = ctx.config
         record = ctx.engine.reduce_mean(record)
         self.log(record)
+        self.history.append(record)
         ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
         if self.bar is not None:
             self.bar.update(1)
@@ -86,25 +103,37 @@ class Tracker:
             ctx.log(_fmt(record))
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
             self.evaluate(f"step-{step}", step)
-        if cfg.trainer.save_every and step % cfg.trainer.save_every == 0:
-            self.save(f"checkpoints/step-{step}")
+        if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 and ctx.rundir is not None:
+            self.checkpoint(step)
         return record
 
-    def save(self, name: str) -> Optional[str]:
-        if self.ctx.rundir is None or not self.ctx.engine.is_main:
-            return None
-        from dare_core.config.loader import PRESET_FILE
+    def checkpoint(self, step: int) -> str:
+        """Write the training checkpoint of ``step`` (collective)."""
+        ctx = self.ctx
+        lines = ctx.rundir.metrics_lines() if ctx.engine.is_main else 0
+        trainer_state = {"summary": self.summary, "before_items": self.before_items, "metrics_lines": lines}
+        rank_state = {"data": self.data.state_dict() if self.data is not None else None,
+                      "generator": ctx.generator.get_state()}
+        return save_training_checkpoint(ctx, step, trainer_state, rank_state)
 
-        # a saved model keeps the run presets of the checkpoint it started from
-        preset = os.path.join(str(self.ctx.config.model.path), PRESET_FILE)
-        from dare_core.models import lora
-
-        if lora.is_lora(self.ctx.wrapper):  # the adapter (PEFT layout), merged weights on request
-            merge = self.ctx.config.model.lora.merge_on_save
-            return self.ctx.rundir.save_model(
-                self.ctx.wrapper, name, extra_files=(preset,),
-                writer=lambda w, tmp: lora.save_checkpoint(w, tmp, merge=merge))
-        return self.ctx.rundir.save_model(self.ctx.wrapper, name, extra_files=(preset,))
+    def _restore(self, path: str) -> int:
+        ctx = self.ctx
+        with open(os.path.join(path, TRAINER_STATE)) as fh:
+            state = json.load(fh)
+        if state["world_size"] != ctx.engine.world_size:
+            raise DareError(f"trainer.resume: {path} was written by {state['world_size']} processes, "
+                            f"this run has {ctx.engine.world_size}; resume with the same world size")
+        ctx.engine.load_state(os.path.join(path, "state"))
+        rank = torch.load(os.path.join(path, f"rank-{ctx.engine.rank}.pt"), weights_only=False)
+        if self.data is not None:
+            self.data.load_state_dict(rank["data"])
+        ctx.generator.set_state(rank["generator"])
+        set_rng_state(rank["rng"])
+        self.summary, self.before_items = state["summary"], state["before_items"]
+        if ctx.engine.is_main and ctx.rundir is not None:
+            self.history = [r for r in ctx.rundir.truncate_metrics(state["metrics_lines"]) if "eval" not in r]
+        ctx.log(f"resumed from {path} (step {state['step']})")
+        return int(state["step"])
 
     def finish(self, train_summary: dict[str, Any]) -> dict[str, Any]:
         cfg = self.ctx.config
@@ -113,6 +142,11 @@ class Tracker:
         if cfg.eval.after:
             self.summary["eval"]["after"] = self.evaluate("after", cfg.trainer.steps)
         if cfg.trainer.save_final:
-            self.summary["final_checkpoint"] = self.save("final")
+            self.summary["final_checkpoint"] = save_final(self.ctx)
         self.summary["train"] = train_summary
         return self.summary
+
+    def last(self, key: str, n: int) -> float:
+        """The mean of ``key`` over the last ``n`` logged steps (0 when none)."""
+        values = [r[key] for r in self.history[-n:] if key in r]
+        return sum(values) / len(values) if values else 0.0

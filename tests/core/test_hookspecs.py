@@ -155,7 +155,7 @@ def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ck
         def log(self, msg):
             events.append(("ctx", "log", msg))
 
-    def fake_setup(dare, cfg, *, rundir):
+    def fake_setup(dare, cfg, *, rundir, **_engine_and_resume):
         assert [e[1] for e in events] == ["configure"]  # configured before set-up
         rundir.write_config({"algo": cfg.algo})
         return FakeCtx()

@@ -186,5 +186,7 @@ def test_one_rl_step_on_the_block_toy(tmp_path):
     from dare_core.testing import toy_block
 
     rec = one_rl_step((toy_block, dare_plugin_espo), "espo", "block_toy", tmp_path, gen_length=8)
-    assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    # a sequence ELBO sums float32 token terms (|ELBO| ~ 40 here): the separate old pass agrees
+    # with the update's forward to a few float32 ulps of that sum
+    assert rec["ratio_mean"] == pytest.approx(1.0, abs=5e-5)
     assert rec["elbo_nonfinite"] == 0.0 and rec["elbo_mc_var"] > 0 and rec["grad_norm"] > 0

@@ -175,7 +175,7 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
 
 # --------------------------------------------------------------------------- accumulation
 def proxy_backward(estimate: RowEstimate, num_rows: int, objective: Callable, scale: float,
-                   values: Optional[torch.Tensor] = None):
+                   values: Optional[torch.Tensor] = None, backward: Callable = torch.Tensor.backward):
     r"""Exact gradient of an objective of the row-mean ``Ê = (1/M) Σ_m e_m`` with one row's graph
     alive at a time (the "proxy-gradient" trick).
 
@@ -198,11 +198,12 @@ def proxy_backward(estimate: RowEstimate, num_rows: int, objective: Callable, sc
     for m in range(num_rows):
         row = estimate([m])[0]
         if row.requires_grad:
-            ((g.to(row.dtype) * row).sum() / num_rows).backward()
+            backward((g.to(row.dtype) * row).sum() / num_rows)
     return loss.detach(), metrics
 
 
-def per_row_backward(estimate: RowEstimate, num_rows: int, row_loss: Callable, scale: float):
+def per_row_backward(estimate: RowEstimate, num_rows: int, row_loss: Callable, scale: float,
+                     backward: Callable = torch.Tensor.backward):
     r"""``(1/M) Σ_m row_loss(e_m, m)`` with a backward after each row, so only one row's graph is
     alive at a time and memory does not grow with ``M``. ``row_loss(e_m [B, ...], m) ->
     (loss, metrics)``; metrics are averaged over rows. Returns ``(loss.detach(), metrics)``."""
@@ -212,7 +213,7 @@ def per_row_backward(estimate: RowEstimate, num_rows: int, row_loss: Callable, s
         e = estimate([m])[0]
         loss, metrics = row_loss(e, m)
         if loss.requires_grad:
-            (loss * (scale / num_rows)).backward()
+            backward(loss * (scale / num_rows))
         total = total + loss.detach() / num_rows
         for k, v in metrics.items():
             agg[k] = agg.get(k, 0.0) + float(v) / num_rows
@@ -297,7 +298,8 @@ class RowMeanObjective:
     computes_own_old = True
 
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float, *, extras: Optional[dict] = None):
+                   scale: float, *, extras: Optional[dict] = None,
+                   backward: Callable = torch.Tensor.backward):
         values = None
         if old_logp is None:
             with torch.no_grad():
@@ -307,4 +309,4 @@ class RowMeanObjective:
         def objective(z, rows):
             return self.objective(z, rows, old_logp, ref_logp, advantages, mask)
 
-        return proxy_backward(estimate, num_rows, objective, scale, values=values)
+        return proxy_backward(estimate, num_rows, objective, scale, values=values, backward=backward)

@@ -26,7 +26,7 @@ KL penalty (dLLM rule of :func:`~dare_core.components.losses.kl_penalty`) is red
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -120,7 +120,8 @@ class ReplayClippedLoss:
     computes_own_old = True
 
     def accumulate(self, estimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float, *, extras: Optional[dict] = None):
+                   scale: float, *, extras: Optional[dict] = None,
+                   backward: Callable = torch.Tensor.backward):
         """Forward and backward ``row_chunk`` steps at a time; returns the (detached) loss."""
         weights = mask.to(torch.float32)
         if weights.dim() == 2:
@@ -139,7 +140,7 @@ class ReplayClippedLoss:
             old = logp.detach() if old_logp is None else old_logp[rows[0]: rows[-1] + 1]
             value = self._chunk(logp, old, ref, advantages,
                                 w.to(logp.dtype), mode, steps, total_w, stats)
-            (value * scale).backward()
+            backward(value * scale)
             total = total + value.detach().cpu()
         return total, self._metrics(stats)
 

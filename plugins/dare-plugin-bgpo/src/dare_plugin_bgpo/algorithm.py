@@ -9,7 +9,7 @@ accumulated one row at a time: memory does not grow with ``mc_num``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 import torch
@@ -137,7 +137,7 @@ class BGPOLoss:
     computes_own_old = True
 
     def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale, *,
-                   extras: Optional[dict] = None):
+                   extras: Optional[dict] = None, backward: Callable = torch.Tensor.backward):
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
 
@@ -146,7 +146,7 @@ class BGPOLoss:
             old = e.detach() if old_logp is None else old_logp[m]
             return self.row(e, old, ref_mean, advantages, mask)
 
-        loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale)
+        loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale, backward)
         metrics.update(mc_diagnostics(torch.stack(seen, 0), "elbo"))
         return loss, metrics
 

@@ -32,7 +32,6 @@ other workflows (``eval.before`` / ``eval.after``).
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any, Optional, Sequence
 
@@ -40,20 +39,19 @@ import attrs
 import torch
 
 from dare_core.api import (
+    STREAM_CORRUPTION,
+    STREAM_DATA,
+    BatchStream,
     Context,
     DareError,
+    ReferencePolicy,
     SequenceBatch,
     Tracker,
-    adapters_disabled,
     build_rollout,
     chunks,
-    clip_and_step,
-    cycle_batches,
     default_collate,
     encode_prompts,
-    is_lora,
-    make_optimizer,
-    starts_from_base,
+    lr_at,
 )
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
@@ -89,43 +87,6 @@ def _as_example(pair: PreferencePair) -> Any:
 def pair_rows(pair_idx: torch.Tensor) -> torch.Tensor:
     """Row indices ``[2i, 2i+1, ...]`` of the pairs ``pair_idx`` in an interleaved batch."""
     return torch.stack([2 * pair_idx, 2 * pair_idx + 1], 1).reshape(-1)
-
-
-class Reference:
-    """The reference policy: adapters switched off (fresh LoRA) or a frozen copy."""
-
-    def __init__(self, wrapper: Any):
-        self.policy = wrapper
-        self.shared = is_lora(wrapper) and starts_from_base(wrapper)
-        self.copy = None
-        if not self.shared:
-            self.copy = copy.copy(wrapper)
-            self.copy.module = copy.deepcopy(wrapper.module).eval()
-            for p in self.copy.module.parameters():
-                p.requires_grad_(False)
-
-    def estimate(self, estimator: Any, batch: SequenceBatch, corrupted: Any, micro: int) -> torch.Tensor:
-        if self.shared:
-            with adapters_disabled(self.policy) as w:
-                return estimate_no_grad(estimator, w, batch, corrupted, micro)
-        return estimate_no_grad(estimator, self.copy, batch, corrupted, micro)
-
-
-def estimate_no_grad(estimator: Any, wrapper: Any, batch: SequenceBatch, corrupted: Any,
-                     micro: int) -> torch.Tensor:
-    """``estimator`` over all rows in micro-batches, eval mode, no gradients; rows on dim 1."""
-    outs = []
-    was_training = wrapper.module.training
-    wrapper.module.eval()
-    try:
-        with torch.no_grad():
-            for sl in chunks(batch.batch_size, micro):
-                idx = torch.arange(sl.start, sl.stop)
-                outs.append(estimator(wrapper, batch.select(idx),
-                                      corrupted.select(idx) if corrupted is not None else None))
-    finally:
-        wrapper.module.train(was_training)
-    return torch.cat(outs, dim=1)
 
 
 def _generation_rollout(ctx: Context) -> Any:
@@ -194,7 +155,6 @@ def run_preference(ctx: Context) -> dict[str, Any]:
     comps = ctx.components
     wrapper = ctx.wrapper
     device = wrapper.device
-    gen = ctx.generator
     if tr.micro_batch_size % 2:
         raise DareError(f"trainer.micro_batch_size={tr.micro_batch_size} must be even in the "
                         f"preference workflow (a chosen row and its rejected row stay together)")
@@ -209,18 +169,20 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         return comps.corruption(wrapper, batch, generator) if comps.corruption is not None else None
 
     train_pairs, held_pairs, info = load_or_generate_pairs(ctx)
-    train_pairs = ctx.engine.shard(train_pairs)
-    reference = Reference(wrapper)
+    engine = ctx.engine
+    reference = ReferencePolicy(wrapper, engine)
 
     # validation: one fixed corruption, reference values computed once
     held = None
     if held_pairs:
         h_batch = collate(held_pairs)
         h_corr = corrupt(h_batch, torch.Generator().manual_seed(pc.eval_seed))
-        h_ref = reference.estimate(comps.estimator, h_batch, h_corr, tr.micro_batch_size)
+        h_ref = reference.estimate(engine, comps.estimator, h_batch, h_corr, tr.micro_batch_size)
         held = (h_batch, h_corr, h_ref)
 
-    tracker = Tracker(ctx, ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed))
+    batches = BatchStream(train_pairs, tr.batch_size, ctx.stream(STREAM_DATA))
+    engine.setup_optimizer(wrapper, tr)
+    tracker = Tracker(ctx, ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed), batches)
 
     def validate(label: str, step: int) -> Optional[dict[str, float]]:
         if held is None:
@@ -231,7 +193,7 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         wrapper.module.eval()
         agg: dict[str, float] = {}
         try:
-            with torch.no_grad():
+            with torch.no_grad(), engine.autocast():
                 for sl in chunks(n_pairs, pairs_per_micro):
                     rows = pair_rows(torch.arange(sl.start, sl.stop))
                     logp = comps.estimator(wrapper, h_batch.select(rows),
@@ -249,51 +211,51 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         ctx.log(f"held-out pairs {label}: {shown}")
         return agg
 
-    before = validate("before", 0)
-    if before is not None:
-        tracker.summary["eval"]["pairs_before"] = before
-    tracker.begin()
+    if ctx.resume_from is None:
+        before = validate("before", 0)
+        if before is not None:
+            tracker.summary["eval"]["pairs_before"] = before
+    first = tracker.begin()
 
-    batches = cycle_batches(train_pairs, tr.batch_size, gen)
-    params = list(wrapper.module.parameters())
-    optimizer, scheduler = make_optimizer(params, cfg)
     wrapper.module.train()
-    last: list[float] = []
-    for step in range(1, tr.steps + 1):
+    for step in range(first, tr.steps + 1):
         t0 = time.perf_counter()
-        items = next(batches)
+        # each process trains on its pairs of the global batch, with a corruption stream keyed by
+        # the step and its first pair's global position
+        items = engine.shard(next(batches))
         batch = collate(items)
-        corrupted = corrupt(batch, gen)
-        ref_logp = reference.estimate(comps.estimator, batch, corrupted, tr.micro_batch_size)
-        t_ref = time.perf_counter()
         n_pairs = len(items)
+        corrupted = corrupt(batch, ctx.stream(STREAM_CORRUPTION, step, engine.rank * n_pairs))
+        ref_logp = reference.estimate(engine, comps.estimator, batch, corrupted, tr.micro_batch_size)
+        t_ref = time.perf_counter()
         loss_sum = 0.0
         agg: dict[str, float] = {}
         for sl in chunks(n_pairs, pairs_per_micro):
             share = (sl.stop - sl.start) / n_pairs
             rows = pair_rows(torch.arange(sl.start, sl.stop))
             micro = batch.select(rows)
-            logp = comps.estimator(wrapper, micro, corrupted.select(rows) if corrupted is not None else None)
-            loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro)
-            (loss * share).backward()
+            with engine.autocast():
+                logp = comps.estimator(wrapper, micro, corrupted.select(rows) if corrupted is not None else None)
+                loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro)
+            engine.backward(loss * share)
             loss_sum += float(loss.detach()) * share
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + float(v) * share
-        norm, ok = clip_and_step(params, optimizer, tr.grad_clip)
-        scheduler.step()
+        lr = lr_at(tr, step - 1)
+        norm, ok = engine.step(tr.grad_clip, lr)
         record = {
             "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
-            "lr": scheduler.get_last_lr()[0], "pairs": n_pairs,
+            "lr": lr, "pairs": n_pairs,
             "time_ref": round(t_ref - t0, 3), "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update(agg)
-        record = tracker.step_end(step, record, loss=f"{loss_sum:.4f}")
+        tracker.step_end(step, record, loss=f"{loss_sum:.4f}")
         if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
             validate(f"step-{step}", step)
-        last = (last + [record["loss"]])[-20:]
 
     after = validate("after", tr.steps)
     if after is not None:
         tracker.summary["eval"]["pairs_after"] = after
-    info.update(steps=tr.steps, final_loss_mean_last20=sum(last) / max(1, len(last)))
+    info.update(steps=tr.steps, final_loss_mean_last20=tracker.last("loss", 20))
     return tracker.finish(info)
+

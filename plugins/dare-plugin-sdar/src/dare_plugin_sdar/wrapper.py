@@ -49,8 +49,8 @@ class SDARWrapper(BlockDiffusionWrapper):
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                   enable_thinking=False)
 
-    def save_pretrained(self, path: str) -> None:
-        super().save_pretrained(path)
+    def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
+        super().save_pretrained(path, state_dict)
         gen = {"eos_token_id": list(self.stop_token_ids), "pad_token_id": self.pad_token_id}
         with open(os.path.join(path, "generation_config.json"), "w") as fh:
             json.dump(gen, fh, indent=2)

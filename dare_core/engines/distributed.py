@@ -1,0 +1,99 @@
+"""The base of multi-process engines: one process per device started by a launcher.
+
+:class:`ProcessGroupEngine` joins the process group the launcher describes (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``: ``torchrun``, ``deepspeed``,
+or ``srun`` with those variables exported), picks the rank's device (``cuda:LOCAL_RANK`` with
+nccl, else the CPU with gloo) and implements the data-parallel collectives. Subclasses shard the
+model, the optimizer and the checkpoint state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dare_core.engines.common import resolve_device
+from dare_core.engines.single import SingleProcessEngine
+from dare_core.errors import DareError
+from dare_core.interfaces import EngineSpec
+
+LAUNCH_HINT = ("start one process per device with a launcher, e.g. torchrun --nproc_per_node=N "
+               "-m dare_core train ... (docs/engines.md)")
+
+
+class ProcessGroupEngine(SingleProcessEngine):
+    """Data parallelism with full replicas (``engine.name=ddp``): every rank holds the whole
+    model and optimizer; gradients are averaged over ranks before clipping and stepping, so the
+    replicas stay identical. Sharding engines extend it."""
+
+    name = "ddp"
+
+    def __init__(self, config: Any):
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise DareError(f"engine.name={config.engine.name} runs one process per device and "
+                            f"needs RANK and WORLD_SIZE from its launcher; {LAUNCH_HINT}")
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        kind = resolve_device(config.model.device)
+        device = torch.device(f"cuda:{local}") if kind == "cuda" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    device_id=device if device.type == "cuda" else None)
+        self._owns_group = True
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        super().__init__(config, device)
+
+    def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat /= self.world_size
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        return super().step(max_norm, lr)
+
+    def save_state(self, path: str) -> None:
+        if self.is_main:  # replicas: one copy
+            super().save_state(path)
+
+    def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        keys = sorted(k for k, v in metrics.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step")
+        out = dict(metrics)
+        if keys:
+            t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64,
+                             device=self._comm_device())
+            dist.all_reduce(t)
+            for k, v in zip(keys, (t / self.world_size).tolist()):
+                out[k] = v
+        return out
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, list(items))
+        return [x for part in parts for x in part]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def close(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_ddp(config: Any) -> ProcessGroupEngine:
+    return ProcessGroupEngine(config)
+
+
+DDP = EngineSpec("ddp", build_ddp, "one process per device, full replicas, gradients averaged over ranks", distributed=True)

@@ -1,0 +1,192 @@
+"""Training checkpoints and exact resume.
+
+A training checkpoint ``<run>/checkpoints/step-N/`` holds the HF-layout export of the model
+(loadable with the family's ``from_pretrained`` and ``--model-path``), the engine's model and
+optimizer state under ``state/`` (sharded where the engine shards), one ``rank-R.pt`` per rank
+(its data position and random streams) and ``trainer_state.json`` (step, world size, tracker
+state). It is written into ``checkpoints/.tmp-step-N`` and renamed when every rank has finished,
+so a directory named ``step-N`` is always complete; a ``.tmp-*`` left by a killed run is
+skipped (with a warning) and removed. ``trainer.resume=auto`` continues from the newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from typing import Any, Optional
+
+import torch
+
+from dare_core.errors import DareError
+from dare_core.rundir import atomic_write_dir, atomic_write_text, fsync_dir
+
+TRAINER_STATE = "trainer_state.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+#: config fields a resumed run may change (they do not change what is computed)
+RESUMABLE_CHANGES = ("trainer.resume", "trainer.keep_last", "trainer.save_every", "trainer.log_every",
+                     "trainer.save_final", "trainer.steps", "progress", "output_dir", "run_name")
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def export_model(ctx: Any, directory: str) -> None:
+    """Write the policy in HF layout (LoRA: the PEFT adapter) into ``directory``, consolidated
+    from the engine's shards, in the storage dtype ``model.dtype``. Collective; rank 0 writes."""
+    from dare_core.config.loader import PRESET_FILE
+    from dare_core.models import lora
+    from dare_core.workflows.runtime import DTYPES
+
+    wrapper = ctx.wrapper
+    full = ctx.engine.full_state_dict(wrapper)
+    if not ctx.engine.is_main:
+        return
+    if lora.is_lora(wrapper):
+        lora.save_checkpoint(wrapper, directory, merge=ctx.config.model.lora.merge_on_save, state_dict=full)
+    else:
+        storage = DTYPES[ctx.config.model.dtype]
+        state = full if full is not None else wrapper.module.state_dict()
+        if any(v.is_floating_point() and v.dtype != storage for v in state.values()):
+            state = {k: v.to(storage) if v.is_floating_point() else v for k, v in state.items()}
+        elif full is None:
+            state = None  # the module's own weights, already in the storage dtype
+        wrapper.save_pretrained(directory, state_dict=state)
+    # a saved model keeps the run presets of the checkpoint it started from
+    preset = os.path.join(str(ctx.config.model.path), PRESET_FILE)
+    if os.path.isfile(preset):
+        shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
+
+
+def save_final(ctx: Any, name: str = "final") -> Optional[str]:
+    """The HF-layout export ``<run>/<name>`` (atomic). Collective; the path on rank 0."""
+    if ctx.rundir is None:
+        return None
+    target = ctx.rundir.path(name)
+    if ctx.engine.world_size == 1:
+        atomic_write_dir(target, lambda tmp: export_model(ctx, tmp))
+        return target
+    tmp = _claim_tmp(ctx, os.path.join(os.path.dirname(target), ".tmp-" + os.path.basename(target)))
+    export_model(ctx, tmp)
+    _publish(ctx, tmp, target)
+    return target if ctx.engine.is_main else None
+
+
+def save_training_checkpoint(ctx: Any, step: int, trainer_state: dict[str, Any], rank_state: dict[str, Any]) -> str:
+    """Write ``checkpoints/step-<step>`` (see the module docstring). Collective."""
+    root = ctx.rundir.path("checkpoints")
+    target = os.path.join(root, f"step-{step}")
+    tmp = _claim_tmp(ctx, os.path.join(root, f".tmp-step-{step}"))
+    os.makedirs(os.path.join(tmp, "state"), exist_ok=True)
+    ctx.engine.barrier()
+    ctx.engine.save_state(os.path.join(tmp, "state"))
+    export_model(ctx, tmp)
+    torch.save({**rank_state, "rng": rng_state()}, os.path.join(tmp, f"rank-{ctx.engine.rank}.pt"))
+    if ctx.engine.is_main:
+        state = {"step": step, "world_size": ctx.engine.world_size, "engine": ctx.engine.name,
+                 **trainer_state}
+        atomic_write_text(os.path.join(tmp, TRAINER_STATE), json.dumps(state) + "\n")
+    _publish(ctx, tmp, target)
+    if ctx.engine.is_main and ctx.config.trainer.keep_last:
+        for old in complete_checkpoints(root)[:-ctx.config.trainer.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    ctx.engine.barrier()
+    return target
+
+
+def _claim_tmp(ctx: Any, tmp: str) -> str:
+    if ctx.engine.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    ctx.engine.barrier()
+    return tmp
+
+
+def _publish(ctx: Any, tmp: str, target: str) -> None:
+    """Every rank has written into ``tmp``: rank 0 renames it to ``target``."""
+    ctx.engine.barrier()
+    if ctx.engine.is_main:
+        fsync_dir(tmp)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        fsync_dir(os.path.dirname(target))
+    ctx.engine.barrier()
+
+
+def complete_checkpoints(root: str) -> list[str]:
+    """``step-N`` directories under ``root`` holding a trainer state, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root)
+             if (m := STEP_DIR.match(n)) and os.path.isfile(os.path.join(root, n, TRAINER_STATE))]
+    return [p for _, p in sorted(found)]
+
+
+def find_resume(config: Any, run_root: str, log: Any) -> Optional[str]:
+    """The checkpoint ``trainer.resume`` names (``None``: start fresh). Removes the debris of a
+    checkpoint cut off mid-write, with a one-line warning."""
+    resume = config.trainer.resume
+    if not resume:
+        return None
+    if resume != "auto":
+        if not os.path.isfile(os.path.join(resume, TRAINER_STATE)):
+            raise DareError(f"trainer.resume={resume}: no training checkpoint there (no {TRAINER_STATE}); "
+                            f"give a <run>/checkpoints/step-N directory written with trainer.save_every, "
+                            f"or auto")
+        return resume
+    root = os.path.join(run_root, "checkpoints")
+    if os.path.isdir(root):
+        for name in sorted(os.listdir(root)):
+            if name.startswith(".tmp-"):
+                log(f"warning: skipping checkpoint {name[5:]}, cut off mid-write; removing it")
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) -> None:
+    """Refuse to resume when a config field that changes what is computed differs from the
+    checkpoint's run (the first such field named)."""
+
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+        return out
+
+    a, b = flat(saved), flat(current)
+    allowed = set(RESUMABLE_CHANGES)
+    if a.get("trainer.lr_schedule") != "constant" or a.get("trainer.warmup_ratio"):
+        allowed.discard("trainer.steps")  # the schedule depends on the number of steps
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in allowed
+                     and not k.startswith(("eval.", "tracking.")))
+    if changed:
+        k = changed[0]
+        raise DareError(f"trainer.resume: {k} was {a.get(k)!r} in the run of {path}, now {b.get(k)!r}; "
+                        f"resume with the checkpoint's value (or start a new run: another run_name)")
