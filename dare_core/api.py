@@ -16,8 +16,6 @@ from dare_core.errors import CapabilityError, ConfigError, DareError
 from dare_core.interfaces import *  # noqa: F401,F403 (the seams; see dare_core.interfaces.__all__)
 from dare_core.interfaces import __all__ as _seams
 from dare_core.models.base import HFDiffusionWrapper, gather_logprobs
-from dare_core.models.block import (BlockDiffusionWrapper, bd3lm_layout, block_causal_inputs, block_causal_mask,
-                                    block_index, positions_from_mask)
 from dare_core.ops.attention import FLEX_BLOCK, HALF, DocumentMask, available_kernels, cu_seqlens, document_mask
 from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, chunk_rows, fused_token_logprobs, naive_token_logprobs
 from dare_core.ops.packing import plan_packing

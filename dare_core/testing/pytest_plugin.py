@@ -7,7 +7,6 @@ import torch
 
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
-from dare_core.testing.toy_block import make_toy_block_wrapper
 
 
 @pytest.fixture
@@ -43,12 +42,6 @@ def dare_cli(monkeypatch):
 def toy_wrapper():
     """A fresh family-free tiny masked-diffusion wrapper (character tokenizer)."""
     return make_toy_wrapper()
-
-
-@pytest.fixture
-def toy_block_wrapper():
-    """A fresh family-free tiny block-diffusion wrapper (kind ``block``, block size 4)."""
-    return make_toy_block_wrapper()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfiden
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch
 from dare_core.testing import make_toy_wrapper, toy
-from dare_core.testing import toy_block
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import (
     ProbePlugin,
@@ -25,7 +24,8 @@ from dare_core.testing.rl_probe import (
     spy_run,
     tiny_rl_run,
 )
-from dare_core.testing.toy_block import make_toy_block_wrapper
+from dare_nn.testing import toy_block
+from dare_nn.testing.toy_block import make_toy_block_wrapper
 
 # the "231" fixture: three blocks of four response tokens with these block-local steps
 LOCAL = torch.tensor([[0, 0, 1, 1, 0, 1, 2, 2, 0, 0, 0, 0]])

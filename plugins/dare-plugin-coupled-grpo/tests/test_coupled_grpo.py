@@ -115,7 +115,7 @@ def test_uniform_logits_oracle():
 def test_estimator_matches_direct_computation(kind):
     """Masked wrappers score each row directly; block wrappers score it as the noisy half of
     ``[noisy | clean]`` with the final sequence as the clean half."""
-    from dare_core.testing.toy_block import make_toy_block_wrapper
+    from dare_nn.testing.toy_block import make_toy_block_wrapper
 
     w = make_toy_wrapper() if kind == "masked" else make_toy_block_wrapper()
     batch = _batch(pad=2 if kind == "masked" else 0)

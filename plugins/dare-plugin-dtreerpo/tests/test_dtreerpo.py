@@ -165,7 +165,7 @@ def _block_tree():
     """Two prompts of one full block, 12 response tokens = 3 blocks of 4, 2 iterations per block
     (6 global steps): the tree branches at step 3, in the middle of the second block."""
     from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
-    from dare_core.testing.toy_block import make_toy_block_wrapper
+    from dare_nn.testing.toy_block import make_toy_block_wrapper
 
     w = make_toy_block_wrapper(seed=1)
     assert w.block_size == 4
@@ -225,7 +225,7 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
 
 
 def test_one_rl_step_on_the_block_toy(tmp_path):
-    from dare_core.testing import toy_block
+    from dare_nn.testing import toy_block
     from dare_core.testing.algorithm_checks import one_rl_step
 
     rec = one_rl_step((toy_block, dare_plugin_dtreerpo), "dtreerpo", "block_toy", tmp_path,

@@ -11,10 +11,11 @@ import dare_plugin_ebpo
 from dare_core.config.structure import structure
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
-from dare_core.testing import contracts, toy_block
+from dare_core.testing import contracts
 from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.testing.toy_block import make_toy_block_wrapper
+from dare_nn.testing import toy_block
+from dare_nn.testing.toy_block import make_toy_block_wrapper
 from dare_plugin_ebpo.algorithm import (
     BlockELBOMasking,
     EBPOConfig,

@@ -183,7 +183,7 @@ def test_count_weighted_subsets_give_the_sum_of_block_elbos():
 
 
 def test_one_rl_step_on_the_block_toy(tmp_path):
-    from dare_core.testing import toy_block
+    from dare_nn.testing import toy_block
 
     rec = one_rl_step((toy_block, dare_plugin_espo), "espo", "block_toy", tmp_path, gen_length=8)
     # a sequence ELBO sums float32 token terms (|ELBO| ~ 40 here): the separate old pass agrees

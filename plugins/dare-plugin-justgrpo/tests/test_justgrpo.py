@@ -13,9 +13,10 @@ from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
 from dare_core.testing.registries import build_for
-from dare_core.testing import make_toy_wrapper, toy, toy_block
+from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
+from dare_nn.testing import toy_block
 from dare_plugin_justgrpo.algorithm import JustConfig
 
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import dare_plugin_llada2  # noqa: F401  (registers the Auto classes)
 from dare_nn import layers
-from dare_core.models.block import block_causal_mask, block_index
+from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2ConfigError, LLaDA2MoeConfig
 from dare_plugin_llada2.modeling_llada2_moe import (
     LLaDA2MaskError,

@@ -6,7 +6,7 @@ import torch
 from click.testing import CliRunner
 
 import dare_plugin_llada2
-from dare_core.models.block import bd3lm_layout
+from dare_nn.block import bd3lm_layout
 from dare_plugin_llada2.tokenizer import LLADA2_CHAT_TEMPLATE, build_tokenizer
 from dare_plugin_llada2.wrapper import load
 

@@ -18,7 +18,7 @@ from dare_plugin_samplers import block as block_rollout
 from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler, block_schedule
 from dare_core.errors import CapabilityError
 from dare_core.testing import make_toy_wrapper
-from dare_core.testing.toy_block import make_toy_block_wrapper
+from dare_nn.testing.toy_block import make_toy_block_wrapper
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ import dare_plugin_sft
 from dare_core.components import ComponentLookup, RandomRatioMasking
 from dare_core.config.structure import structure
 from dare_core.interfaces import Corrupted, SequenceBatch
-from dare_core.models.block import bd3lm_mask, block_index
 from dare_core.testing.registries import build_for
-from dare_core.testing import make_toy_block_wrapper, make_toy_wrapper
+from dare_core.testing import make_toy_wrapper
+from dare_nn.block import bd3lm_mask, block_index
+from dare_nn.testing.toy_block import make_toy_block_wrapper
 from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO, choose_masks
 from dare_plugin_sft.objective import SFTConfig, make_collate
 

@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import block_index, Corrupted, mask_tokens, positions_from_mask, SequenceBatch
+from dare_core.api import Corrupted, mask_tokens, SequenceBatch
+from dare_nn.block import block_index, positions_from_mask
 
 
 def replay_states(

@@ -15,9 +15,10 @@ import attrs
 import torch
 
 from dare_core.api import (
-    block_index, Components, Corrupted, DareError, divides, in_range, mask_tokens, non_negative,
-    one_of, option, positions_from_mask, positive, SequenceBatch,
+    Components, Corrupted, DareError, divides, in_range, mask_tokens, non_negative, one_of, option,
+    positive, SequenceBatch,
 )
+from dare_nn.block import block_index, positions_from_mask
 from dare_objectives.elbo import (
     RowMeanObjective,
     cyclic_levels,

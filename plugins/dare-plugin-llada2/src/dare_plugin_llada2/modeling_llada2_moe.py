@@ -41,7 +41,7 @@ Differences from the published code (deliberate):
   Neither is ever what a block-diffusion caller wants, so here a missing mask, a 2-D mask
   without a KV cache, or a mask of the wrong shape/dtype raises :class:`LLaDA2MaskError`. Pass a
   4-D mask ``[B, 1, Q, K]`` — boolean (True = may attend) or additive float — e.g. from
-  :func:`dare_core.models.block.block_causal_mask`; it is used as is, like the published code
+  :func:`dare_nn.block.block_causal_mask`; it is used as is, like the published code
   does with 4-D masks.
 * **KV cache.** ``past_key_values`` is DARE's list of per-layer ``(k, v)`` tensors
   ``[B, KV, P, hd]`` holding keys after q/k norm and RoPE (the position lives in RoPE, not in the
@@ -249,7 +249,7 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
         raise LLaDA2MaskError(
             "LLaDA2 needs an explicit attention mask (the published code would silently attend "
             "bidirectionally or causally); pass a 4-D [B, 1, Q, K] mask, e.g. "
-            "dare_core.models.block.block_causal_mask, or use the DARE model wrapper")
+            "dare_nn.block.block_causal_mask, or use the DARE model wrapper")
     if not isinstance(attention_mask, torch.Tensor):
         raise LLaDA2MaskError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
     m = attention_mask

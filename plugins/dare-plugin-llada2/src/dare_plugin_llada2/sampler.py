@@ -55,9 +55,9 @@ import attrs
 import torch
 
 from dare_core.api import (
-    block_causal_mask, DareError, for_device, in_range, non_negative, one_of, option, positive,
-    RolloutBatch,
+    DareError, for_device, in_range, non_negative, one_of, option, positive, RolloutBatch,
 )
+from dare_nn.block import block_causal_mask
 
 __all__ = ["ThresholdConfig", "EditingConfig", "ThresholdSampler", "EditingSampler", "SUPPORTED_RECORDS",
            "transfer_schedule", "sample_candidates"]

@@ -3,7 +3,7 @@
 LLaDA2 is a block-diffusion model (``kind = "block"``): at inference a query in block ``b`` sees
 the keys of blocks ``<= b`` (blocks of ``block_size`` tokens counted from the first real token),
 and training uses the ``[noisy | clean]`` layout with the BD3LM mask (arXiv:2503.09573,
-arXiv:2512.15745). Both masks come from :mod:`dare_core.models.block`; the raw module never
+arXiv:2512.15745). Both masks come from :mod:`dare_nn.block`; the raw module never
 gets a missing mask. Logits are not shifted.
 """
 
@@ -14,11 +14,9 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import (
-    bd3lm_layout, block_causal_inputs, block_causal_mask, block_index, DareError,
-    HFDiffusionWrapper, positions_from_mask,
-)
+from dare_core.api import DareError, HFDiffusionWrapper
 from dare_nn import layers
+from dare_nn.block import bd3lm_layout, block_causal_inputs, block_causal_mask, block_index, positions_from_mask
 from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_nn.checkpoints import save_new_checkpoint, tiny_params
 

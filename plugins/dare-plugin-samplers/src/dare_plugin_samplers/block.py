@@ -57,9 +57,10 @@ import attrs
 import torch
 
 from dare_core.api import (
-    block_causal_mask, block_index, CapabilityError, DareError, for_device, in_range,
-    non_negative, one_of, option, positive, RolloutBatch,
+    CapabilityError, DareError, for_device, in_range, non_negative, one_of, option, positive,
+    RolloutBatch,
 )
+from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 

@@ -22,7 +22,7 @@ weight in fp32 before casting back (the published fused kernel; HF Qwen3 casts f
 are computed in fp32 and cast to the activation dtype. Logits are **not** shifted.
 
 Attention: there is no implicit mask. ``attention_mask`` is required — the caller supplies the
-block-causal mask (inference) or the BD3LM mask (training, see :mod:`dare_core.models.block`); a
+block-causal mask (inference) or the BD3LM mask (training, see :mod:`dare_nn.block`); a
 missing or malformed mask raises ``ValueError``. Accepted forms: boolean or 0/1 ``[B|1, 1, Q, K]``
 or ``[B|1, Q, K]`` (True/1 = may attend), or a 2-D ``[B, K]`` key-padding mask (every query sees
 every real key). ``K = P + Q`` when a cache of ``P`` positions is given.
@@ -114,7 +114,7 @@ def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int,
         raise layers.AttentionMaskError(
             "SDAR needs an explicit attention_mask: the block-causal mask at inference (query in "
             "block b sees keys in blocks <= b) or the BD3LM mask in training; it never falls back "
-            "to bidirectional or causal attention (see dare_core.models.block)")
+            "to bidirectional or causal attention (see dare_nn.block)")
     if not isinstance(mask, torch.Tensor):
         raise layers.AttentionMaskError(f"attention_mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() == 2:

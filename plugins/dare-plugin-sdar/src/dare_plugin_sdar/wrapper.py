@@ -4,7 +4,7 @@ SDAR (dense ``sdar`` and MoE ``sdar_moe``) is a block-diffusion model: at infere
 ``b`` (``position // block_size``, positions counted from the first real token) attends to keys in
 blocks ``≤ b``; in training the input is ``[noisy | clean]`` with the BD3LM mask and the loss reads
 the noisy half's logits (BD3LM, arXiv:2503.09573; SDAR, arXiv:2510.06303). Logits are not shifted.
-The wrapper builds these masks with :mod:`dare_core.models.block`, so algorithms never see the
+The wrapper builds these masks with :mod:`dare_nn.block`, so algorithms never see the
 difference.
 """
 
@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import BlockDiffusionWrapper, DareError
+from dare_core.api import DareError
+from dare_nn.block import BlockDiffusionWrapper
 from dare_nn.checkpoints import (
     checkpoint_model_type,
     config_or_tokenizer_id,
@@ -41,7 +42,7 @@ _CLASSES = {SDARConfig.model_type: SDARForCausalLM, SDARMoeConfig.model_type: SD
 
 class SDARWrapper(BlockDiffusionWrapper):
     """Block-causal inference, ``[noisy | clean]`` BD3LM training, unshifted logits (the shared
-    :class:`~dare_core.models.block.BlockDiffusionWrapper`); SDAR adds its prompt rendering and
+    :class:`~dare_nn.block.BlockDiffusionWrapper`); SDAR adds its prompt rendering and
     generation config."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.models.base import HFDiffusionWrapper
+from dare_core.api import HFDiffusionWrapper
 
 
 def positions_from_mask(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], device=None) -> torch.Tensor:

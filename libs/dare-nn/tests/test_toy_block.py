@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dare_core.models.block import block_causal_mask, block_index
-from dare_core.testing import toy_block
-from dare_core.testing.toy_block import make_toy_block_wrapper
+from dare_nn.block import block_causal_mask, block_index
+from dare_nn.testing import toy_block
+from dare_nn.testing.toy_block import make_toy_block_wrapper
 
 
 @pytest.fixture
@@ -119,13 +119,9 @@ def test_save_load_and_registration(w, tmp_path, dare_build):
     assert spec.kind == "block" and spec.block_size == 4 and "kv_cache" in spec.capabilities
 
 
-def test_fixture(toy_block_wrapper):
-    assert toy_block_wrapper.kind == "block" and toy_block_wrapper.block_size == 4
-
-
 def test_compact_layout_equals_full_bd3lm(w):
     """Dropping the noise-free leading noisy blocks changes nothing (left padding, several rows)."""
-    from dare_core.models.block import bd3lm_compact_layout, bd3lm_layout
+    from dare_nn.block import bd3lm_compact_layout, bd3lm_layout
 
     clean = _ids(14, seed=5, B=3)
     att = torch.ones(3, 14, dtype=torch.long)

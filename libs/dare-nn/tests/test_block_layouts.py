@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dare_core.models.block import (
+from dare_nn.block import (
     bd3lm_layout,
     bd3lm_mask,
     block_causal_mask,

@@ -2,7 +2,7 @@
 
 ``ToyBlockLM`` is a two-layer pre-norm transformer with rotary positions and no built-in mask:
 like the published block-diffusion models it *requires* an explicit attention mask (block-causal
-at inference, the BD3LM mask of :mod:`dare_core.models.block` in training) and raises on a missing
+at inference, the BD3LM mask of :mod:`dare_nn.block` in training) and raises on a missing
 one. It honours the KV-cache contract of native family modules:
 
 * ``forward(input_ids, attention_mask, position_ids=None, past_key_values=None, use_cache=False)``;
@@ -11,10 +11,10 @@ one. It honours the KV-cache contract of native family modules:
   then the new tokens) or a 2-D ``[B, P + Q]`` key-padding mask;
 * ``use_cache=True`` returns ``.past_key_values`` of length ``P + Q``.
 
-Register :mod:`dare_core.testing.toy_block` as a plugin to get the ``block_toy`` family (kind
-``block``, block size 4) whose default rollout is the core ``block`` backend. The wrapper's
+Register :mod:`dare_nn.testing.toy_block` as a plugin to get the ``block_toy`` family (kind
+``block``, block size 4) whose default rollout is dare-plugin-samplers' ``block`` backend. The wrapper's
 ``logits`` builds the block-causal mask from positions and ``denoise_logits`` the
-``[noisy | clean]`` layout with :func:`~dare_core.models.block.bd3lm_layout`.
+``[noisy | clean]`` layout with :func:`~dare_nn.block.bd3lm_layout`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dare_core.errors import DareError
-from dare_core.interfaces import ModelFamily
-from dare_core.models.block import BlockDiffusionWrapper
-from dare_core.plugins import hookimpl
+from dare_core.api import DareError, hookimpl, ModelFamily
 from dare_core.testing.toy import make_char_tokenizer
+from dare_nn.block import BlockDiffusionWrapper
 
 __all__ = ["ToyBlockLM", "ToyBlockWrapper", "make_toy_block_wrapper", "BLOCK_SIZE"]
 
@@ -145,7 +143,7 @@ class ToyBlockLM(nn.Module):
 
 class ToyBlockWrapper(BlockDiffusionWrapper):
     """Block-diffusion wrapper: block-causal inference, BD3LM ``[noisy | clean]`` training (the
-    shared :class:`~dare_core.models.block.BlockDiffusionWrapper`)."""
+    shared :class:`~dare_nn.block.BlockDiffusionWrapper`)."""
 
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
