@@ -7,19 +7,19 @@ Layout::
         plugins.json       plugins in use: name, distribution, version, hooks
         metrics.jsonl      one JSON object per step / evaluation
         eval_samples/      decoded evaluation samples
-        checkpoints/step-N/  HF-layout checkpoints (atomic: written to a temp dir, then renamed)
+        checkpoints/step-N/  training checkpoints: the HF-layout model, engine state, trainer
+                           state (:mod:`dare_core.workflows.checkpoint`)
         final/             the final model in HF layout
         summary.json       algo, model, task, eval.before / eval.after, timings
 
-Every file is written atomically (temp file + ``os.replace``), so an interrupted run never
-leaves a half-written checkpoint or summary behind.
+Every file and checkpoint directory is written atomically (temp file or directory, then
+``os.replace``), so an interrupted run never leaves a half-written checkpoint or summary behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from typing import Any, Callable, Optional
@@ -80,36 +80,6 @@ def atomic_write_text(path: str, text: str) -> None:
             os.fsync(fh.fileno())
 
     atomic_write_file(path, write)
-
-
-def atomic_write_dir(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_dir)`` and move the result to ``path`` (replacing an older one).
-
-    If ``write`` fails, the temp directory is removed and an existing ``path`` is untouched.
-    """
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; match a plain mkdir
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=parent)
-        os.rmdir(old)
-        os.replace(path, old)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        if old is not None:
-            os.replace(old, path)  # put the previous version back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 class RunDir:
@@ -178,22 +148,3 @@ class RunDir:
                 kept = [line for _, line in zip(range(lines), fh)]
         atomic_write_text(self._metrics, "".join(kept))
         return [json.loads(line) for line in kept]
-
-    def save_model(self, wrapper: Any, name: str, extra_files: tuple[str, ...] = (),
-                   writer: Optional[Callable[[Any, str], None]] = None) -> str:
-        """Save ``wrapper`` in HF layout under ``name`` (atomically), with ``extra_files`` copied
-        in beside it (e.g. the source checkpoint's run presets). ``writer(wrapper, dir)``
-        replaces ``wrapper.save_pretrained(dir)`` (e.g. LoRA adapters in PEFT layout)."""
-        target = self.path(name)
-
-        def write(tmp: str) -> None:
-            if writer is not None:
-                writer(wrapper, tmp)
-            else:
-                wrapper.save_pretrained(tmp)
-            for path in extra_files:
-                if os.path.isfile(path):
-                    shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))
-
-        atomic_write_dir(target, write)
-        return target

@@ -143,46 +143,20 @@ class TrainerConfig:
 class TaskConfig:
     """Which task (dataset + reward rule) a run uses, and where its data comes from."""
 
-    name: str = attrs.field(
-        default="sudoku",
-        metadata={
-            "help": "Task name (a registered task; `dare list tasks` shows them)."
-        },
-    )
-    train_path: Optional[str] = attrs.field(
-        default=None,
-        metadata={
-            "help": "Training data: a verl-schema .parquet or .jsonl file; "
-            "null = the task's built-in source (e.g. generated puzzles)."
-        },
-    )
-    eval_path: Optional[str] = attrs.field(
-        default=None,
-        metadata={
-            "help": "Held-out data: a verl-schema .parquet or .jsonl file; "
-            "null = the task's bundled test set."
-        },
-    )
-    num_eval: int = attrs.field(
-        default=200,
-        validator=positive,
-        metadata={"help": "Number of held-out items evaluated (the first N of the eval set)."},
-    )
-    reward: str = attrs.field(
-        default="score",
-        validator=one_of(("score", "acc")),
-        metadata={
-            "help": "The RL reward: score = the task's own reward (partial credit where the task "
-            "defines it, e.g. the fraction of Sudoku cells filled correctly), acc = exact "
-            "correctness (1 or 0). Partial credit can reinforce near misses: on the bundled "
-            "Sudoku checkpoints a policy-gradient step on the cell reward lowers the exact-solve "
-            "rate (docs/results.md). Evaluations always report both."
-        },
-    )
-    seed: int = attrs.field(
-        default=0,
-        metadata={"help": "Seed of the generated training items (sudoku/countdown)."},
-    )
+    name: str = option("sudoku", "Task name (a registered task; `dare list tasks` shows them).")
+    train_path: Optional[str] = option(
+        None, "Training data: a verl-schema .parquet or .jsonl file; null = the task's built-in "
+              "source (e.g. generated puzzles).")
+    eval_path: Optional[str] = option(
+        None, "Held-out data: a verl-schema .parquet or .jsonl file; null = the task's bundled test set.")
+    num_eval: int = option(200, "Number of held-out items evaluated (the first N of the eval set).", positive)
+    reward: str = option(
+        "score", "The RL reward: score = the task's own reward (partial credit where the task defines "
+                 "it, e.g. the fraction of Sudoku cells filled correctly), acc = exact correctness (1 "
+                 "or 0). Partial credit can reinforce near misses: on the bundled Sudoku checkpoints a "
+                 "policy-gradient step on the cell reward lowers the exact-solve rate "
+                 "(docs/results.md). Evaluations always report both.", one_of(("score", "acc")))
+    seed: int = option(0, "Seed of the generated training items (sudoku/countdown).")
 
 
 @attrs.frozen
@@ -220,34 +194,6 @@ class EngineConfig:
 
 
 @attrs.frozen
-class PreferenceConfig:
-    """Where the preference workflow's (prompt, chosen, rejected) pairs come from."""
-
-    train_path: Optional[str] = option(
-        None, "Training pairs: .parquet/.jsonl with prompt, chosen, rejected (UltraFeedback style); "
-              "null = generate pairs from the model's own rollouts on task.name.")
-    eval_path: Optional[str] = option(
-        None, "Held-out pairs; null = generated from the task's eval prompts (or, with train_path, "
-              "the last num_eval pairs of the training file, held out from training).")
-    num_eval: int = option(64, "Held-out pairs used for the validation DPO loss and margin; 0 = none.",
-                           non_negative)
-    gen_prompts: int = option(256, "Training prompts used to generate pairs (null train_path).", positive)
-    gen_eval_prompts: int = option(128, "Eval prompts used to generate held-out pairs (null eval_path).",
-                                   positive)
-    gen_samples: int = option(8, "Sampled rollouts per prompt when generating pairs (best vs worst).",
-                              in_range(2, 1_000_000))
-    gen_temperature: float = option(1.0, "Sampling temperature of the pair-generating rollouts.", non_negative)
-    require_correct: bool = option(
-        False, "Generated pairs: chosen must be fully correct and rejected not (else best vs worst score).")
-    response_length: int = option(
-        0, "Pad every response to this many tokens (0 = the longest in the batch); longer ones are cut.",
-        non_negative)
-    pad_with_eos: bool = option(
-        False, "Pad responses with EOS that is attended and scored (false = pad id, not attended).")
-    eval_seed: int = option(1234, "Seed of the fixed corruption used for every validation pass.")
-
-
-@attrs.frozen
 class RunConfig:
     algo: str = option("", "Algorithm (a registered algorithm plugin, e.g. given by --algo).")
     seed: int = option(0, "Seed of every random stream of the run.")
@@ -258,7 +204,6 @@ class RunConfig:
     trainer: TrainerConfig = section(TrainerConfig, "Optimisation and batching.")
     task: TaskConfig = section(TaskConfig, "Dataset and reward.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
-    preference: PreferenceConfig = section(PreferenceConfig, "Preference pairs (preference workflow only).")
     engine: EngineConfig = section(EngineConfig, "Execution engine.")
     algorithm: Any = attrs.field(
         factory=dict, metadata={"help": "Algorithm options (the algorithm plugin's config class)."}

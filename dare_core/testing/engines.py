@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 import torch
 
-from dare_core.plugins import hookimpl
 from dare_core.testing.distributed import run_ranks
 
 #: the registries every check builds: the toy family, the digits task and its two algorithms
@@ -62,18 +61,14 @@ def train_run(plugins: Sequence[str], algo: str, overrides: Sequence[str]) -> di
 
 def same_records(a: list[dict[str, Any]], b: list[dict[str, Any]], rel: float = 1e-5) -> list[str]:
     """Differences between two runs' metric records, timing fields aside (empty = the same)."""
-    out = []
     if len(a) != len(b):
         return [f"{len(a)} records vs {len(b)}"]
+    out = []
     for ra, rb in zip(a, b):
-        for k in sorted(set(ra) | set(rb)):
-            if k.startswith(TIMING[0]) or k == TIMING[1]:
-                continue
+        for k in sorted((set(ra) | set(rb)) - {k for k in ra if k.startswith(TIMING)}):
             va, vb = ra.get(k), rb.get(k)
-            if isinstance(va, float) and isinstance(vb, (int, float)):
-                if abs(va - vb) > rel * max(1.0, abs(va), abs(vb)):
-                    out.append(f"step {ra.get('step')}: {k} {va} vs {vb}")
-            elif va != vb and not (isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va == vb):
+            numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
+            if (abs(va - vb) > rel * max(1.0, abs(va), abs(vb))) if numbers else va != vb:
                 out.append(f"step {ra.get('step')}: {k} {va!r} vs {vb!r}")
     return out
 
@@ -99,35 +94,3 @@ def assert_same_as_single(tmp_path: Any, algo: str, engine_overrides: Sequence[s
     assert not problems, "\n".join(problems[:10])
     return one, many
 
-
-class KillAt:
-    """A test plugin that SIGKILLs one rank, as a crash or ``kill -9`` would, where
-    ``DARE_TEST_KILL_AT=<rank>:<step>:<when>`` says: ``when=step`` at the end of that step (its
-    metrics written, its checkpoint not), ``when=save`` in the middle of writing that step's
-    checkpoint (engine state written, the rest not)."""
-
-    def __init__(self) -> None:
-        rank, step, self.when = os.environ.get("DARE_TEST_KILL_AT", "-1:-1:step").split(":")
-        self.step = int(step) if rank == os.environ.get("RANK", "0") else -1
-        if self.when == "save" and self.step > 0:
-            from dare_core.workflows import checkpoint
-
-            export = checkpoint.export_model
-
-            def export_then_die(ctx: Any, directory: str) -> None:
-                if os.path.basename(directory) == f".tmp-step-{self.step}":
-                    self._die()
-                export(ctx, directory)
-
-            checkpoint.export_model = export_then_die
-
-    @staticmethod
-    def _die() -> None:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    @hookimpl
-    def dare_on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
-        if self.when == "step" and step == self.step:
-            self._die()

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from dare_core.errors import DareError
-from dare_core.rundir import atomic_write_dir, atomic_write_text, fsync_dir
+from dare_core.rundir import atomic_write_text, fsync_dir
 
 TRAINER_STATE = "trainer_state.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -32,27 +32,21 @@ RESUMABLE_CHANGES = ("trainer.resume", "trainer.keep_last", "trainer.save_every"
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
+    import numpy as np
 
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # pragma: no cover
-        pass
-    return state
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda,
+            "numpy": np.random.get_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state:
+    np.random.set_state(state["numpy"])
+    if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
 
 
 def export_model(ctx: Any, directory: str) -> None:
@@ -83,59 +77,63 @@ def export_model(ctx: Any, directory: str) -> None:
 
 
 def save_final(ctx: Any, name: str = "final") -> Optional[str]:
-    """The HF-layout export ``<run>/<name>`` (atomic). Collective; the path on rank 0."""
+    """The HF-layout export ``<run>/<name>``. Collective; its path (on every rank)."""
     if ctx.rundir is None:
         return None
     target = ctx.rundir.path(name)
-    if ctx.engine.world_size == 1:
-        atomic_write_dir(target, lambda tmp: export_model(ctx, tmp))
-        return target
-    tmp = _claim_tmp(ctx, os.path.join(os.path.dirname(target), ".tmp-" + os.path.basename(target)))
-    export_model(ctx, tmp)
-    _publish(ctx, tmp, target)
-    return target if ctx.engine.is_main else None
+    _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp))
+    return target
 
 
 def save_training_checkpoint(ctx: Any, step: int, trainer_state: dict[str, Any], rank_state: dict[str, Any]) -> str:
     """Write ``checkpoints/step-<step>`` (see the module docstring). Collective."""
+    engine = ctx.engine
+
+    def write(tmp: str) -> None:
+        if engine.is_main:
+            os.makedirs(os.path.join(tmp, "state"))
+        engine.barrier()
+        engine.save_state(os.path.join(tmp, "state"))
+        export_model(ctx, tmp)
+        torch.save({**rank_state, "rng": rng_state()}, os.path.join(tmp, f"rank-{engine.rank}.pt"))
+        if engine.is_main:
+            state = {"step": step, "world_size": engine.world_size, "engine": engine.name, **trainer_state}
+            atomic_write_text(os.path.join(tmp, TRAINER_STATE), json.dumps(state) + "\n")
+
     root = ctx.rundir.path("checkpoints")
     target = os.path.join(root, f"step-{step}")
-    tmp = _claim_tmp(ctx, os.path.join(root, f".tmp-step-{step}"))
-    os.makedirs(os.path.join(tmp, "state"), exist_ok=True)
-    ctx.engine.barrier()
-    ctx.engine.save_state(os.path.join(tmp, "state"))
-    export_model(ctx, tmp)
-    torch.save({**rank_state, "rng": rng_state()}, os.path.join(tmp, f"rank-{ctx.engine.rank}.pt"))
-    if ctx.engine.is_main:
-        state = {"step": step, "world_size": ctx.engine.world_size, "engine": ctx.engine.name,
-                 **trainer_state}
-        atomic_write_text(os.path.join(tmp, TRAINER_STATE), json.dumps(state) + "\n")
-    _publish(ctx, tmp, target)
-    if ctx.engine.is_main and ctx.config.trainer.keep_last:
+    _write_dir(ctx, target, write)
+    if engine.is_main and ctx.config.trainer.keep_last:
         for old in complete_checkpoints(root)[:-ctx.config.trainer.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    ctx.engine.barrier()
+    engine.barrier()
     return target
 
 
-def _claim_tmp(ctx: Any, tmp: str) -> str:
-    if ctx.engine.is_main:
+def _write_dir(ctx: Any, target: str, write: Any) -> None:
+    """Every rank calls ``write(tmp)`` on ``.tmp-<name>`` beside ``target``; then rank 0 renames
+    it to ``target`` (replacing an older one). A failure removes the temp directory and leaves
+    ``target`` as it was; a killed process leaves it for :func:`find_resume` to report."""
+    engine = ctx.engine
+    tmp = os.path.join(os.path.dirname(target), ".tmp-" + os.path.basename(target))
+    if engine.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-    ctx.engine.barrier()
-    return tmp
-
-
-def _publish(ctx: Any, tmp: str, target: str) -> None:
-    """Every rank has written into ``tmp``: rank 0 renames it to ``target``."""
-    ctx.engine.barrier()
-    if ctx.engine.is_main:
+    engine.barrier()
+    try:
+        write(tmp)
+    except BaseException:
+        if engine.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    engine.barrier()
+    if engine.is_main:
         fsync_dir(tmp)
         if os.path.exists(target):
             shutil.rmtree(target)
         os.replace(tmp, target)
         fsync_dir(os.path.dirname(target))
-    ctx.engine.barrier()
+    engine.barrier()
 
 
 def complete_checkpoints(root: str) -> list[str]:

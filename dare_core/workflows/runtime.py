@@ -8,6 +8,7 @@ import sys
 from typing import Any, Optional
 
 import attrs
+import numpy as np
 import torch
 
 from dare_core._version import __version__
@@ -37,12 +38,7 @@ def seed_everything(seed: int, rank: int = 0) -> torch.Generator:
     seed = derive_seed(seed, rank) if rank else seed
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % (2**32))
-    except ImportError:  # pragma: no cover
-        pass
+    np.random.seed(seed % (2**32))  # numpy comes with transformers
     return torch.Generator().manual_seed(seed)
 
 
@@ -141,12 +137,9 @@ class Context:
 
     def log(self, message: str) -> None:
         if self.engine.is_main:
-            try:
-                from tqdm import tqdm
+            from tqdm import tqdm
 
-                tqdm.write(message, file=sys.stderr)
-            except ImportError:  # pragma: no cover
-                print(message, file=sys.stderr, flush=True)
+            tqdm.write(message, file=sys.stderr)
 
 
 def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engine: Any = None,

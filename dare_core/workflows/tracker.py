@@ -80,13 +80,10 @@ class Tracker:
         elif cfg.eval.before:
             self.summary["eval"]["before"] = self.evaluate("before", 0)
         if cfg.progress and ctx.engine.is_main:
-            try:
-                from tqdm import tqdm
+            from tqdm import tqdm
 
-                self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step",
-                                dynamic_ncols=True)
-            except ImportError:  # pragma: no cover
-                self.bar = None
+            self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step",
+                            dynamic_ncols=True)
         return done + 1
 
     def step_end(self, step: int, record: dict[str, Any], **postfix: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import dare_core.rundir as rundir_mod
-from dare_core.rundir import RunDir, atomic_write_dir, atomic_write_text
+from dare_core.rundir import RunDir, atomic_write_text
 
 
 def _umask() -> int:
@@ -48,61 +48,6 @@ def test_atomic_write_text_failure_keeps_the_old_file(tmp_path, monkeypatch):
         atomic_write_text(str(target), "new")
     monkeypatch.undo()
     assert target.read_text() == "old" and _leftovers(tmp_path) == []
-
-
-def _writer(text):
-    def write(directory):
-        with open(os.path.join(directory, "weights.bin"), "w") as fh:
-            fh.write(text)
-
-    return write
-
-
-def test_atomic_write_dir_creates_and_replaces(tmp_path):
-    target = tmp_path / "ckpt" / "step-1"
-    atomic_write_dir(str(target), _writer("v1"))
-    assert (target / "weights.bin").read_text() == "v1"
-    assert _mode(target) == 0o777 & ~_umask()  # like a plain mkdir, not mkdtemp's 0700
-    (target / "stale.txt").write_text("from v1")
-    atomic_write_dir(str(target), _writer("v2"))
-    assert sorted(os.listdir(target)) == ["weights.bin"]  # replaced as a whole
-    assert (target / "weights.bin").read_text() == "v2"
-    assert _leftovers(target.parent) == []
-
-
-def test_a_failing_writer_leaves_the_previous_directory_intact(tmp_path):
-    target = tmp_path / "final"
-    atomic_write_dir(str(target), _writer("good"))
-
-    def failing(directory):
-        _writer("half")(directory)
-        raise RuntimeError("interrupted")
-
-    with pytest.raises(RuntimeError, match="interrupted"):
-        atomic_write_dir(str(target), failing)
-    assert (target / "weights.bin").read_text() == "good"
-    assert _leftovers(tmp_path) == []
-    with pytest.raises(KeyboardInterrupt):  # also for BaseException
-        atomic_write_dir(str(tmp_path / "new"), lambda d: (_ for _ in ()).throw(KeyboardInterrupt()))
-    assert not (tmp_path / "new").exists() and _leftovers(tmp_path) == []
-
-
-def test_a_failing_final_rename_restores_the_previous_directory(tmp_path, monkeypatch):
-    target = tmp_path / "final"
-    atomic_write_dir(str(target), _writer("good"))
-    real_replace = os.replace
-
-    def replace(src, dst):
-        if os.path.basename(src).startswith(".tmp-"):
-            raise OSError("rename failed")
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(rundir_mod.os, "replace", replace)
-    with pytest.raises(OSError, match="rename failed"):
-        atomic_write_dir(str(target), _writer("new"))
-    monkeypatch.undo()
-    assert (target / "weights.bin").read_text() == "good"
-    assert _leftovers(tmp_path) == []
 
 
 def _finish(run: RunDir) -> None:
@@ -148,18 +93,3 @@ def test_metrics_jsonl_appends(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
 
-
-def test_write_config_json_and_save_model(tmp_path):
-    run = RunDir(str(tmp_path / "run"))
-    run.write_config({"algo": "algo_a", "trainer": {"lr": 1e-4}})
-    assert yaml.safe_load(open(run.path("config.yaml"))) == {"algo": "algo_a", "trainer": {"lr": 1e-4}}
-    run.write_json("plugins.json", [{"name": "p"}])
-    assert json.loads(open(run.path("plugins.json")).read()) == [{"name": "p"}]
-
-    class FakeWrapper:
-        def save_pretrained(self, path):
-            _writer("weights")(path)
-
-    out = run.save_model(FakeWrapper(), "final")
-    assert out == run.path("final") and open(os.path.join(out, "weights.bin")).read() == "weights"
-    assert _leftovers(run.root) == []

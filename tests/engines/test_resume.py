@@ -4,7 +4,9 @@ run — in one process, and when one rank of two dies; a checkpoint cut off mid-
 with a warning; resuming refuses what would make the continuation wrong."""
 
 import json
+import os
 import random
+import sys
 
 import pytest
 
@@ -12,7 +14,8 @@ from dare_core.errors import DareError
 from dare_core.testing.distributed import RankFailed, run_ranks
 from dare_core.testing.engines import TINY, max_weight_diff, same_records, train_run
 
-KILL = ("dare_core.testing.engines:KillAt",)
+sys.path.insert(0, os.path.dirname(__file__))  # the spawned ranks import kill_at by name
+KILL = ("kill_at:KillAt",)
 STEPS = 5
 
 

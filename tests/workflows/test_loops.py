@@ -140,22 +140,31 @@ def test_sft_loop_lowers_loss(dare, tmp_path):
     assert summary["eval"]["after"]["reward"] > summary["eval"]["before"]["reward"]
 
 
-def test_checkpoint_write_is_atomic(dare, tmp_path, monkeypatch):
-    """A failure while saving leaves the previous final checkpoint in place."""
-    from dare_core.rundir import RunDir
+def test_final_export_is_atomic(tmp_path, monkeypatch):
+    """A failure while exporting leaves the previous final checkpoint in place and no temp
+    directory behind."""
+    import types
 
-    run = RunDir(str(tmp_path / "run"))
+    from dare_core.config import RunConfig
+    from dare_core.config.schema import ModelConfig
+    from dare_core.engines import SingleProcessEngine
+    from dare_core.rundir import RunDir
+    from dare_core.workflows.checkpoint import save_final
+
+    config = RunConfig(model=ModelConfig(path=str(tmp_path / "ckpt"), device="cpu"))
     w = toy.make_toy_wrapper()
-    run.save_model(w, "final")
+    ctx = types.SimpleNamespace(rundir=RunDir(str(tmp_path / "run")), engine=SingleProcessEngine(config),
+                                wrapper=w, config=config)
+    save_final(ctx)
     before = (tmp_path / "run" / "final" / "toy.pt").read_bytes()
 
-    def broken(path):
+    def broken(path, state_dict=None):
         open(os.path.join(path, "partial"), "w").write("x")
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(w, "save_pretrained", broken)
     with pytest.raises(RuntimeError):
-        run.save_model(w, "final")
+        save_final(ctx)
     assert (tmp_path / "run" / "final" / "toy.pt").read_bytes() == before
     assert not (tmp_path / "run" / "final" / "partial").exists()
     assert [p for p in os.listdir(tmp_path / "run") if p.startswith(".tmp")] == []

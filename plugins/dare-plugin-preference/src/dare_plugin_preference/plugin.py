@@ -1,8 +1,11 @@
-"""Registers the ``preference`` workflow (the ``dare`` entry point of dare-plugin-preference)."""
+"""Registers the ``preference`` workflow and its ``preference:`` config section (the ``dare``
+entry point of dare-plugin-preference)."""
 
 from __future__ import annotations
 
-from dare_core.api import WorkflowSpec, hookimpl
+from dare_core.api import ConfigSection, WorkflowSpec, hookimpl
+
+from dare_plugin_preference.config import SECTION, PreferenceConfig
 
 
 @hookimpl
@@ -11,3 +14,9 @@ def dare_register_workflows(register):
 
     register(WorkflowSpec("preference", run_preference,
                           "pairwise preference optimisation on (prompt, chosen, rejected) pairs"))
+
+
+@hookimpl
+def dare_register_config_sections(register):
+    register(ConfigSection(SECTION, PreferenceConfig,
+                           "Preference pairs of the preference workflow (dare-plugin-preference)."))

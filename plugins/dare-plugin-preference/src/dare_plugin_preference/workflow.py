@@ -53,6 +53,7 @@ from dare_core.api import (
     encode_prompts,
     lr_at,
 )
+from dare_plugin_preference.config import SECTION, PreferenceConfig
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
 
@@ -89,11 +90,15 @@ def pair_rows(pair_idx: torch.Tensor) -> torch.Tensor:
     return torch.stack([2 * pair_idx, 2 * pair_idx + 1], 1).reshape(-1)
 
 
+def _section(config: Any) -> PreferenceConfig:
+    return config.plugin_section(SECTION, PreferenceConfig)
+
+
 def _generation_rollout(ctx: Context) -> Any:
     rc = ctx.config.rollout
     names = {f.name for f in attrs.fields(type(rc))}
     if "temperature" in names:
-        rc = attrs.evolve(rc, temperature=ctx.config.preference.gen_temperature)
+        rc = attrs.evolve(rc, temperature=_section(ctx.config).gen_temperature)
     return build_rollout(ctx.dare, ctx.config, rc)
 
 
@@ -101,7 +106,7 @@ def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[Pre
     """Training and held-out pairs as ``preference.*`` says; generated pairs are written to
     ``<run>/pairs/{train,eval}.parquet`` (reuse them with ``preference.train_path=...``)."""
     cfg = ctx.config
-    pc = cfg.preference
+    pc = _section(cfg)
     info: dict[str, Any] = {}
     rollout = None
 
@@ -151,7 +156,7 @@ def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[Pre
 def run_preference(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     tr = cfg.trainer
-    pc = cfg.preference
+    pc = _section(cfg)
     comps = ctx.components
     wrapper = ctx.wrapper
     device = wrapper.device
