@@ -56,6 +56,11 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> d
     engine = None
     try:
         engine = build_engine(dare, config)
+        tr = config.trainer
+        for key, value in (("batch_size", tr.batch_size), ("mini_batch_size", tr.mini_batch_size)):
+            if value % engine.world_size:
+                raise DareError(f"trainer.{key}={value} cannot be split over {engine.world_size} processes; "
+                                f"make it a multiple of the world size")
         resume_from = None
         if rundir is None:  # after dare_configure, so a refused run leaves no directory
             rundir, resume_from = _run_dir(config, engine, lambda m: print(m, file=sys.stderr, flush=True))
