@@ -40,10 +40,9 @@ class ProcessGroupEngine(SingleProcessEngine):
         device = torch.device(f"cuda:{local}") if kind == "cuda" else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    device_id=device if device.type == "cuda" else None)
-        self._owns_group = True
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:  # on CUDA gloo too: CPU tensors (offloaded shards) reduce over it
+            dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         super().__init__(config, device)

@@ -13,6 +13,7 @@ import os
 from typing import Any, Optional, Sequence, TypeVar
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from dare_core.engines.common import (
     adamw, autocast_for, cast_for_precision, grad_norm, resolve_device, resolve_precision, set_lr,
@@ -57,6 +58,7 @@ class SingleProcessEngine:
     # -- models -------------------------------------------------------------------------------
     def prepare(self, wrapper: Any, *, trainable: bool) -> None:
         cast_for_precision(wrapper.module, self.precision, trainable)
+        wrapper.placed = self.device
         if trainable:
             self.module = wrapper.module
 
@@ -121,6 +123,16 @@ class SingleProcessEngine:
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
         return None
+
+    def memory(self) -> dict[str, int]:
+        def size(tensors: Any) -> int:
+            local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+            return sum(t.numel() * t.element_size() for t in local if isinstance(t, torch.Tensor))
+
+        params = list(self.module.parameters())
+        state = [v for s in self.optimizer.state.values() for v in s.values()] if self.optimizer else []
+        return {"parameters": size(params), "gradients": size(p.grad for p in params),
+                "optimizer": size(state)}
 
     def close(self) -> None:
         pass

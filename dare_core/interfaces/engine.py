@@ -87,6 +87,10 @@ class Engine(Protocol):
         the others — or ``None`` everywhere when the module already holds its full weights.
         Collective. Used to export HF-layout checkpoints."""
 
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds for the policy: ``parameters``, ``gradients``,
+        ``optimizer`` (its state) — local shards only (``dare bench engines``)."""
+
     def close(self) -> None:
         """Tear down what the engine set up (process group)."""
 

@@ -84,9 +84,12 @@ class HFDiffusionWrapper:
     logit_shift: int = 0
 
     # -- forward ------------------------------------------------------------------------------
+    #: where inputs go, when an engine keeps the weights elsewhere (e.g. offloaded to the CPU)
+    placed: Optional[torch.device] = None
+
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        return self.placed or next(self.module.parameters()).device
 
     @staticmethod
     def _padding_mask(attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -232,9 +235,9 @@ class HFDiffusionWrapper:
             plan = plan_packing(attention_mask)
             if plan.rows * plan.width <= self.packing_max_slots * attention_mask.numel():
                 return self._packed_token_logprobs(noisy_ids, targets, attention_mask, plan)
-        if self.fused_ce:
-            weight, bias, scale = self.output_head()
+        if self.fused_ce:  # the head is read after the forward (a sharding engine gathers it there)
             hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
+            weight, bias, scale = self.output_head()
             return fused_token_logprobs(hidden, weight, targets, bias, scale=scale,
                                         chunk_elements=self.ce_chunk_elements)
         logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)

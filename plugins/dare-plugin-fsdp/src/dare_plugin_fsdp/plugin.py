@@ -1,0 +1,20 @@
+"""The plugin's manifest: the ``fsdp`` engine and the ``fsdp:`` config section."""
+
+from dare_core.api import ConfigSection, EngineSpec, hookimpl
+
+from dare_plugin_fsdp.config import SECTION, FSDPConfig
+from dare_plugin_fsdp.engine import build_fsdp
+
+
+@hookimpl
+def dare_register_engines(register):
+    register(EngineSpec(
+        "fsdp", build_fsdp,
+        "one process per device, parameters/gradients/optimizer state sharded over ranks (FSDP2)",
+        distributed=True))
+
+
+@hookimpl
+def dare_register_config_sections(register):
+    register(ConfigSection(SECTION, FSDPConfig,
+                           "Sharding options of engine.name=fsdp (dare-plugin-fsdp)."))
