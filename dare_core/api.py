@@ -26,7 +26,7 @@ from dare_core.rng import for_device
 from dare_core.rundir import atomic_write_file, atomic_write_text
 from dare_core.workflows.batching import decode_responses, left_pad
 from dare_core.workflows.evaluation import evaluate
-from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config
+from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config, setup
 from dare_core.workflows.sft import default_collate
 
 # --- what workflows in plugins use (dare-plugin-preference): the run context and its tracker,
