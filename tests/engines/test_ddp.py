@@ -12,9 +12,3 @@ def test_two_ranks_equal_one_process(tmp_path, algo):
     assert len([r for r in one["records"] if "loss" in r]) == 3
     assert many["summary"]["world_size"] == 2
 
-
-def test_two_ranks_equal_one_process_with_a_monte_carlo_accumulation_loss(tmp_path):
-    """BGPO: its loss runs one backward per Monte-Carlo row (through the engine's backward), over
-    a corruption stratified across the batch (drawn over the global batch on every rank)."""
-    assert_same_as_single(tmp_path, "bgpo", ["engine.name=ddp"], plugins=("dare_plugin_bgpo",),
-                          extra=["algorithm.mc_num=2", "algorithm.n_l=2"])

@@ -250,7 +250,7 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         norm, ok = engine.step(tr.grad_clip, lr)
         record = {
             "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
-            "lr": lr, "pairs": n_pairs,
+            "lr": lr, "pairs": n_pairs * engine.world_size,
             "time_ref": round(t_ref - t0, 3), "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update(agg)
