@@ -48,15 +48,14 @@ class ProcessGroupEngine(SingleProcessEngine):
         super().__init__(config, device)
 
     def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            flat /= self.world_size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        for p in self.params:  # every rank reduces the same tensors, used or not
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        for g, part in zip(grads, flat.div_(self.world_size).split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
         return super().step(max_norm, lr)
 
     def save_state(self, path: str) -> None:
@@ -64,15 +63,17 @@ class ProcessGroupEngine(SingleProcessEngine):
             super().save_state(path)
 
     def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        keys = sorted(k for k, v in metrics.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step")
+        """Numbers averaged over the ranks that report them (a rank may log a key the others do
+        not, e.g. a non-finite count); other values as rank 0 has them."""
+        mine = {k: float(v) for k, v in metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        keys = sorted(set(self.gather(sorted(mine))))
         out = dict(metrics)
         if keys:
-            t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64,
+            t = torch.tensor([[mine.get(k, 0.0), float(k in mine)] for k in keys], dtype=torch.float64,
                              device=self._comm_device())
             dist.all_reduce(t)
-            for k, v in zip(keys, (t / self.world_size).tolist()):
-                out[k] = v
+            out.update({k: v / max(1.0, n) for k, (v, n) in zip(keys, t.tolist())})
         return out
 
     def gather(self, items: list[Any]) -> list[Any]:
