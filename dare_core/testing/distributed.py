@@ -35,6 +35,9 @@ def free_port() -> int:
 
 def _entry(rank: int, world: int, port: int, env: dict[str, str], results: Any, fn: Callable, args: tuple) -> None:
     os.environ.update(env)
+    import torch  # already imported with fn's module: apply the thread count now
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
