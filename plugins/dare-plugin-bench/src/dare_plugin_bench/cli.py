@@ -1,4 +1,4 @@
-"""The ``dare bench`` command group: ``rollout``, ``rl`` and ``train``."""
+"""The ``dare bench`` command group: ``rollout``, ``rl``, ``train`` and ``engines``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import click
 class _LazyGroup(click.Group):
     """Imports a subcommand (and torch) only when it is used or listed."""
 
-    lazy = {"rollout": "dare_plugin_bench.rollout:rollout_cmd", "rl": "dare_plugin_bench.rl:rl_cmd"}
+    lazy = {"rollout": "dare_plugin_bench.rollout:rollout_cmd", "rl": "dare_plugin_bench.rl:rl_cmd",
+            "engines": "dare_plugin_bench.engines:engines_cmd"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -27,7 +28,8 @@ class _LazyGroup(click.Group):
 def bench() -> None:
     """Benchmarks: a baseline and an accelerated configuration on the same checkpoint and
     inputs, interleaved in one run; a table, then one JSON line (tokens/s, step time, peak
-    memory, ratios, machine info)."""
+    memory, ratios, machine info). ``engines``: weak scaling and memory per rank of the
+    training engines."""
 
 
 @bench.command("train", context_settings={"ignore_unknown_options": True,
