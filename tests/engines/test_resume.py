@@ -9,6 +9,7 @@ import random
 import sys
 
 import pytest
+import torch
 
 from dare_core.errors import DareError
 from dare_core.testing.distributed import RankFailed, run_ranks
@@ -16,6 +17,9 @@ from dare_core.testing.engines import TINY, max_weight_diff, same_records, train
 
 sys.path.insert(0, os.path.dirname(__file__))  # the spawned ranks import kill_at by name
 KILL = ("kill_at:KillAt",)
+# the uninterrupted runs train in this process: the spawned ones use as many threads, so that
+# float reductions, and so the results, are bit-identical
+THREADS = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
 STEPS = 5
 
 
@@ -27,7 +31,7 @@ def _common(tmp_path, name, *extra):
 def _killed(tmp_path, nprocs, rank, step, when, algo="pg_test", extra=()):
     with pytest.raises(RankFailed) as info:
         run_ranks(nprocs, train_run, KILL, algo, _common(tmp_path, "cut") + list(extra),
-                  env={"DARE_TEST_KILL_AT": f"{rank}:{step}:{when}"})
+                  env={**THREADS, "DARE_TEST_KILL_AT": f"{rank}:{step}:{when}"})
     assert -9 in info.value.exitcodes  # SIGKILL, not an exception
 
 
@@ -39,7 +43,7 @@ def test_single_process_resume_equals_the_uninterrupted_run(tmp_path, algo):
     # the killed run wrote the metrics of `step`, whose checkpoint it never finished
     lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["step"] == step
-    resumed = run_ranks(1, train_run, (), algo, _common(tmp_path, "cut", "trainer.resume=auto"))[0]
+    resumed = run_ranks(1, train_run, (), algo, _common(tmp_path, "cut", "trainer.resume=auto"), env=THREADS)[0]
     assert same_records(full["records"], resumed["records"], rel=0.0) == [], step
     assert max_weight_diff(full["weights"], resumed["weights"]) == 0.0
 
@@ -49,7 +53,8 @@ def test_a_checkpoint_cut_off_mid_write_is_skipped(tmp_path, capfd):
     _killed(tmp_path, 1, 0, 3, "save")
     ckpts = tmp_path / "cut" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-3", "step-1", "step-2"]
-    resumed = run_ranks(1, train_run, (), "pg_test", _common(tmp_path, "cut", "trainer.resume=auto"))[0]
+    resumed = run_ranks(1, train_run, (), "pg_test", _common(tmp_path, "cut", "trainer.resume=auto"),
+                        env=THREADS)[0]
     err = capfd.readouterr().err
     assert "warning: skipping checkpoint step-3, cut off mid-write" in err
     assert "resumed from" in err and "step-2" in err
