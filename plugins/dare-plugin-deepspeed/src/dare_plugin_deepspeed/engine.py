@@ -181,6 +181,31 @@ class DeepSpeedEngine(ProcessGroupEngine):
         norm = self.ds.get_global_grad_norm()
         return (float("nan") if norm is None else float(norm)), bool(self.ds.was_step_applied())
 
+    def memory(self) -> dict[str, int]:
+        """This rank's bytes: its parameter partitions (ZeRO-3 ``ds_tensor``, else the module's
+        tensors), the ZeRO optimizer's gradient partitions, and its optimizer state: the fp32
+        master partitions and the moments of the optimizer that steps them."""
+        def size(*objs: Any) -> int:
+            total = 0
+            for obj in objs:
+                if isinstance(obj, torch.Tensor):
+                    total += obj.numel() * obj.element_size()
+                elif isinstance(obj, dict):
+                    total += size(*obj.values())
+                elif isinstance(obj, (list, tuple)):
+                    total += size(*obj)
+            return total
+
+        params = sum(size(getattr(p, "ds_tensor", p.data)) for p in self.module.parameters())
+        zero = self.ds.optimizer if self.ds is not None else None
+        masters = [getattr(zero, n, None) for n in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")]
+        grads = [getattr(zero, n, None) for n in ("averaged_gradients", "grads_in_partition",
+                                                   "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")]
+        inner = getattr(zero, "optimizer", None)
+        state = list(inner.state.values()) if inner is not None else []
+        return {"parameters": params, "gradients": size(*[g for g in grads if g is not None]),
+                "optimizer": size(*[m for m in masters if m is not None], *state)}
+
     # -- state --------------------------------------------------------------------------------
     def save_state(self, path: str) -> None:
         self.ds.save_checkpoint(path, tag=TAG, save_latest=False, exclude_frozen_parameters=True)
