@@ -1,12 +1,11 @@
-"""The ``dare`` command line.
-
-User errors (:class:`~dare_core.errors.DareError`) are printed as one ``error:`` line and exit
-with status 2; no traceback.
+"""The ``dare`` command line. User errors (:class:`~dare_core.errors.DareError`) are printed as
+one ``error:`` line and exit with status 2; no traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Optional
 
@@ -98,7 +97,8 @@ def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[st
     summary = run_train(dare, config)
     ev = summary.get("eval", {})
     parts = [f"{k}={v['accuracy']:.3f}" for k, v in ev.items() if isinstance(v, dict) and "accuracy" in v]
-    click.echo(f"done: {summary['run_dir']}/summary.json" + (f" (accuracy {' '.join(parts)})" if parts else ""))
+    if os.environ.get("RANK", "0") == "0":  # one line for a run of several processes
+        click.echo(f"done: {summary['run_dir']}/summary.json" + (f" (accuracy {' '.join(parts)})" if parts else ""))
 
 
 @cli.command()
