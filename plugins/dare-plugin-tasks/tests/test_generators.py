@@ -13,6 +13,8 @@ from dare_core.errors import DareError
 from dare_core.interfaces.seams import Example, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
 from dare_plugin_tasks.parquet import (
+    AIME2024Task,
+    AIME2025Task,
     GSM8KTask,
     HumanEvalPlusTask,
     HumanEvalTask,
@@ -283,7 +285,8 @@ def test_plugin_registers_tasks():
     pm.hook.dare_register_tasks(register=specs.append)
     by_name = {s.name: s for s in specs}
     classes = {"sudoku": SudokuTask, "countdown": CountdownTask, "gsm8k": GSM8KTask,
-               "math500": Math500Task, "parquet": ParquetTask, "humaneval": HumanEvalTask,
+               "math500": Math500Task, "aime2024": AIME2024Task, "aime2025": AIME2025Task,
+               "parquet": ParquetTask, "humaneval": HumanEvalTask,
                "humaneval_plus": HumanEvalPlusTask, "mbpp": MBPPTask}
     assert set(by_name) == set(classes)
     for name, spec in by_name.items():

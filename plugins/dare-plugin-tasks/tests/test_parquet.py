@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from dare_core.errors import DareError
-from dare_plugin_tasks.parquet import GSM8KTask, Math500Task, ParquetTask, load_examples
+from dare_plugin_tasks.parquet import AIME2024Task, AIME2025Task, GSM8KTask, Math500Task, ParquetTask, load_examples
 from dare_core.config import TaskConfig
 from dare_plugin_tasks._base import DATA_DIR
 
 SHARED = Path("/work/shared/data")
 BUNDLED = {"sudoku_test.parquet": 500, "countdown_test.parquet": 256,
-           "gsm8k_test.parquet": 200, "math500_test.parquet": 200}
+           "gsm8k_test.parquet": 200, "math500_test.parquet": 200, "aime2024_test.parquet": 30,
+           "aime2025_test.parquet": 30}
 
 
 def _one_line_error(fn, *args, match=None):
@@ -172,6 +173,16 @@ def test_missing_configured_path_names_it(tmp_path):
     task = ParquetTask(TaskConfig(name="parquet", eval_path=str(tmp_path / "nope.jsonl")))
     msg = _one_line_error(task.examples, "eval", match="not found")
     assert "nope.jsonl" in msg
+
+
+@pytest.mark.parametrize("task_cls, source", [(AIME2024Task, "aime2024"), (AIME2025Task, "aime2025")])
+def test_aime_eval_is_every_problem_scored_by_its_answer(task_cls, source):
+    task = task_cls()
+    items = task.examples("eval")
+    assert len(items) == 30 and {ex.data_source for ex in items} == {source}
+    for ex in items:
+        assert task.score(ex, f"so the answer is \\boxed{{{ex.ground_truth}}}.").acc == 1.0
+        assert task.score(ex, "\\boxed{1000}").acc == 0.0  # AIME answers are below 1000
 
 
 def test_math500_eval_scores_its_own_answers():

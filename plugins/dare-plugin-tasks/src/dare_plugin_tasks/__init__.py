@@ -1,11 +1,13 @@
-"""The core's default task plugin: sudoku, countdown, gsm8k, math500, humaneval(_plus), mbpp and
-generic parquet."""
+"""The core's default task plugin: sudoku, countdown, gsm8k, math500, aime2024, aime2025,
+humaneval(_plus), mbpp and generic parquet."""
 
 from __future__ import annotations
 
 from dare_core.api import hookimpl, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
 from dare_plugin_tasks.parquet import (
+    AIME2024Task,
+    AIME2025Task,
     GSM8KTask,
     HumanEvalPlusTask,
     HumanEvalTask,
@@ -40,6 +42,18 @@ def dare_register_tasks(register) -> None:
         name="math500",
         build=Math500Task,
         description="MATH-500, boxed-answer math reward; eval = 200 bundled items, "
+        "train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="aime2024",
+        build=AIME2024Task,
+        description="AIME 2024, boxed-answer math reward; eval = the 30 bundled problems, "
+        "train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="aime2025",
+        build=AIME2025Task,
+        description="AIME 2025 (I and II), boxed-answer math reward; eval = the 30 bundled problems, "
         "train needs task.train_path.",
     ))
     register(TaskSpec(

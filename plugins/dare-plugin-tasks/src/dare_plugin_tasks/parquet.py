@@ -184,6 +184,21 @@ class Math500Task(FileBackedTask):
     default_eval_file = "math500_test.parquet"
 
 
+class AIME2024Task(FileBackedTask):
+    """AIME 2024 (all 30 problems, bundled) with the boxed-answer math reward; train =
+    ``task.train_path`` (required, e.g. the MATH train set)."""
+
+    name = "aime2024"
+    default_eval_file = "aime2024_test.parquet"
+
+
+class AIME2025Task(AIME2024Task):
+    """AIME 2025 (all 30 problems of AIME I and II, bundled), graded as :class:`AIME2024Task`."""
+
+    name = "aime2025"
+    default_eval_file = "aime2025_test.parquet"
+
+
 class HumanEvalTask(FileBackedTask):
     """HumanEval (164 items, bundled) graded by running each item's ``check(candidate)`` tests;
     the prompt is the data's own ("Complete the following python code:" + the function stub).
