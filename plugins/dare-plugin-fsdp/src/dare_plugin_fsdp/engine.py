@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -75,19 +75,6 @@ def reshard(module: torch.nn.Module) -> None:
             m.reshard()
 
 
-def gathered_output_head(wrapper: Any, root: FSDPModule) -> Callable[[], Any]:
-    """``wrapper.output_head`` reading the gathered head weight: the root unit is all-gathered
-    first (``FSDPModule.unshard``; a no-op after the root's forward, which keeps it gathered), so
-    the weight is the full parameter whose gradient FSDP reduce-scatters with the root's."""
-    method = type(wrapper).output_head
-
-    def output_head() -> Any:
-        root.unshard()
-        return method(wrapper)
-
-    return output_head
-
-
 class FSDPEngine(ProcessGroupEngine):
     """``engine.name=fsdp``: FSDP2 sharding on top of the process-group engine (see the module
     docstring). Options: the ``fsdp:`` config section (:class:`FSDPConfig`)."""
@@ -118,9 +105,8 @@ class FSDPEngine(ProcessGroupEngine):
     def shard_model(self, wrapper: Any) -> None:
         """``fully_shard`` each decoder layer of ``wrapper`` (``fsdp.reshard_after_forward``),
         then its native module: the root, whose gathered parameters FSDP keeps from its forward
-        to the backward. ``forward_hidden`` is registered as a forward method of the root, and
-        the wrapper's ``output_head`` gathers the root first (the head weight the logits-free
-        cross entropy multiplies with, also when it is read before the forward)."""
+        to the backward. ``forward_hidden`` is registered as a forward method of the root, so the
+        head weight the logits-free cross entropy reads after it is the gathered one."""
         kwargs = self.fully_shard_kwargs()
         for layer in wrapper.decoder_layers():
             fully_shard(layer, reshard_after_forward=self.options.reshard_after_forward, **kwargs)
@@ -129,8 +115,6 @@ class FSDPEngine(ProcessGroupEngine):
         for method in FORWARD_METHODS:
             if callable(getattr(type(root), method, None)):
                 register_fsdp_forward_method(root, method)
-        if callable(getattr(type(wrapper), "output_head", None)):
-            wrapper.output_head = gathered_output_head(wrapper, root)
 
     def prepare(self, wrapper: Any, *, trainable: bool) -> None:
         super().prepare(wrapper, trainable=trainable)  # the precision policy's master dtypes
