@@ -146,8 +146,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
 
         resp_len = rollout.response_mask.float().sum(1).mean().item()
         # the batch's statistics over every rank's rollouts (group ids made global)
-        rewards, accs, group_ids = (torch.tensor(engine.gather(t.tolist())) for t in
-                                    (rewards, accs, group_ids + engine.rank * (int(group_ids.max()) + 1)))
+        merged = zip(rewards.tolist(), accs.tolist(), (group_ids + engine.rank * len(group_ids)).tolist())
+        rewards, accs, group_ids = (torch.tensor(c) for c in zip(*engine.gather(list(merged))))
         record = {
             "step": step,
             "reward": rewards.mean().item(),
