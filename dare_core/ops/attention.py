@@ -1,32 +1,18 @@
-"""Document (variable-length) attention for packed rows: the kernels there are, which run on a
-device, and the mask object that carries the choice to a model. The kernels themselves are part of
-the nn toolkit (``dare_nn.attention.document_attention``). Every kernel computes, for packed rows with per-slot document ids ``doc_ids`` ``[R, L]``,
-softmax attention of each query over the keys of its own document only (bidirectional):
+"""Document (variable-length) attention for packed rows: the kernels, which run on a device, and
+the mask object that carries the choice to a model (the kernels themselves are in the nn toolkit,
+``dare_nn.attention.document_attention``). Each computes, for packed rows with per-slot document
+ids ``doc_ids`` ``[R, L]``, bidirectional softmax attention of each query over its own document:
 
-* ``sdpa_mask`` — ``scaled_dot_product_attention`` with a boolean block-diagonal mask; runs on
-  every device, and is the only one that runs (forward and backward) on CPU;
-* ``flex`` — FlexAttention with a ``BlockMask`` built from the document ids (CUDA only:
-  FlexAttention's backward is not supported on CPU);
-* ``varlen`` — torch's own ``varlen_attn`` over the flattened rows with ``cu_seqlens`` (CUDA);
-* ``flash_attn`` — ``flash_attn_varlen_func`` from the flash-attn package (CUDA, only when the
-  package is importable).
+* ``sdpa_mask`` — SDPA with a boolean block-diagonal mask; every device (the only one on CPU);
+* ``flex`` — FlexAttention with a ``BlockMask`` from the document ids, compiled (CUDA);
+* ``varlen`` — torch's ``varlen_attn`` over ``cu_seqlens`` (CUDA, bf16/fp16);
+* ``flash_attn`` — ``flash_attn_varlen_func`` of flash-attn (CUDA, bf16/fp16, when importable).
 
-``varlen`` and ``flash_attn`` are FlashAttention kernels: half precision (bf16 / fp16) only, head
-dimension padded with zeros to a multiple of 8. FlexAttention runs compiled (``torch.compile``;
-eager FlexAttention materialises the scores), with the packed width padded to a multiple of its
-128-slot block so that few shapes are compiled, and head dimensions below 16 padded to 16 (zero
-padding changes neither the scores nor the output; the scale is the unpadded one).
-
-A model receives a kernel as a :class:`DocumentMask` in place of its attention mask (the shared
-layers of the nn toolkit (``dare-nn``) dispatch on it). What every layer of one forward (and its
-backward) shares — FlexAttention's ``BlockMask``, the ``cu_seqlens`` of the varlen kernels — is
-built once per mask, at the first layer, and kept on it.
-
-:func:`available_kernels` lists the ones that can run on a device and dtype, the default first.
-``sdpa_mask`` is the default everywhere: on an H200 (a 1B-parameter random checkpoint, 8 sequences of
-96–576 tokens) it was the fastest packed kernel in bf16 and fp32 (``docs/benchmarks.md``; that
-benchmark rebuilt the other kernels' per-forward set-up in every layer). On CPU only ``sdpa_mask``
-runs; the CUDA kernels are tested by ``libs/dare-nn/tests/test_cuda_kernels.py`` (skipped without a GPU).
+A model receives a :class:`DocumentMask` in place of its attention mask; per-forward set-up shared
+by every layer (the ``BlockMask``, ``cu_seqlens``) is built once, at the first layer, and kept on
+it. :func:`available_kernels` lists the kernels that run on a device and dtype, the default first:
+``sdpa_mask``, the fastest packed kernel measured on an H200 in bf16 and fp32
+(``docs/benchmarks.md``). The CUDA kernels are tested by ``libs/dare-nn/tests/test_cuda_kernels.py``.
 """
 
 from __future__ import annotations
@@ -74,20 +60,12 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return (same | (eye & (doc_ids < 0)[:, :, None]))[:, None]
 
 
-def _flex_available() -> bool:
+def _torch_has(module: str) -> bool:
+    """Whether torch ships ``module`` (FlexAttention, varlen attention are recent additions)."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
-    except ImportError:  # pragma: no cover
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # pragma: no cover (a parent package missing)
         return False
-    return True
-
-
-def _varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:  # pragma: no cover
-        return False
-    return True
 
 
 def flash_attn_importable() -> bool:
@@ -104,9 +82,9 @@ def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] =
     half = dtype is None or dtype in HALF
     if half and flash_attn_importable():
         found.append("flash_attn")
-    if half and _varlen_available():
+    if half and _torch_has("torch.nn.attention.varlen"):
         found.append("varlen")
-    if _flex_available():
+    if _torch_has("torch.nn.attention.flex_attention"):
         found.append("flex")
     return tuple(found)
 

@@ -12,8 +12,7 @@ forward nor the backward holds more than ``chunk x V`` logits at once (never ``[
 gradients with respect to ``h``, ``W`` and ``b`` are accumulated in float32 and cast back to
 the parameter dtype. Any weighting of the per-token values (``-log p / p_mask``, advantages,
 masks) is applied by the caller and reaches the backward as the incoming gradient, so a
-diffusion cross entropy is ``(-fused_token_logprobs(...) / p_mask * mask).sum()``;
-:func:`fused_diffusion_ce` spells that out.
+diffusion cross entropy is ``(-fused_token_logprobs(...) / p_mask * mask).sum()``.
 """
 
 from __future__ import annotations
@@ -122,31 +121,7 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     return out.reshape(shape)
 
 
-def fused_diffusion_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                       p_mask: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                       bias: Optional[torch.Tensor] = None, *, scale: float = 1.0,
-                       chunk: Optional[int] = None, reduction: str = "sum") -> torch.Tensor:
-    """``Σ_n mask_n · (−log p_n) / p_mask_n`` (``reduction="sum"``) or that over ``Σ mask``
-    (``"mean"``); rows with ``mask`` 0 contribute nothing (their ``p_mask`` is not read)."""
-    logp = fused_token_logprobs(hidden, weight, targets, bias, scale=scale, chunk=chunk)
-    keep = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask.bool()
-    safe_p = torch.where(keep, p_mask.float(), torch.ones((), device=logp.device))
-    per_token = torch.where(keep, -logp / safe_p, torch.zeros((), device=logp.device))
-    total = per_token.sum()
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / keep.sum().clamp_min(1)
-    raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-
-
 def naive_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, *, scale: float = 1.0) -> torch.Tensor:
     """The reference form: full ``[N, V]`` logits, float32 ``log_softmax``, gather."""
-    z = hidden @ weight.t()
-    if bias is not None:
-        z = z + bias
-    z = z.float()
-    if scale != 1.0:
-        z = z * scale
-    return torch.log_softmax(z, dim=-1).gather(-1, targets.long()[..., None]).squeeze(-1)
+    return torch.log_softmax(_logits_block(hidden, weight, bias, scale), dim=-1).gather(-1, targets.long()[..., None]).squeeze(-1)

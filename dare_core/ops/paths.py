@@ -1,7 +1,6 @@
 """Choosing the training attention path and the cross-entropy head for a model wrapper.
 
-Training and rollout run different attention paths; this module picks the training ones from
-what the wrapper can do and the device, independently of the rollout backend:
+Picked from what the wrapper can do and the device, independently of the rollout backend:
 
 * **attention** — ``packed`` (valid tokens of a micro-batch packed into rows with a document
   mask and per-document position ids, no padding computed) when the wrapper supports it, else
@@ -78,15 +77,11 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
                           device: Any = None, attention_kernel: str = "auto") -> TrainingPaths:
     """Resolve ``auto`` / forced choices against the wrapper's capabilities, the device and the
     model's dtype."""
-    if train_attention not in TRAIN_ATTENTION_CHOICES:
-        raise DareError(f"model.train_attention={train_attention!r} is not one of "
-                        f"{', '.join(TRAIN_ATTENTION_CHOICES)}; pick one of them")
-    if cross_entropy not in CROSS_ENTROPY_CHOICES:
-        raise DareError(f"model.cross_entropy={cross_entropy!r} is not one of "
-                        f"{', '.join(CROSS_ENTROPY_CHOICES)}; pick one of them")
-    if attention_kernel not in ATTENTION_KERNEL_CHOICES:
-        raise DareError(f"model.attention_kernel={attention_kernel!r} is not one of "
-                        f"{', '.join(ATTENTION_KERNEL_CHOICES)}; pick one of them")
+    for key, value, choices in (("train_attention", train_attention, TRAIN_ATTENTION_CHOICES),
+                                ("cross_entropy", cross_entropy, CROSS_ENTROPY_CHOICES),
+                                ("attention_kernel", attention_kernel, ATTENTION_KERNEL_CHOICES)):
+        if value not in choices:
+            raise DareError(f"model.{key}={value!r} is not one of {', '.join(choices)}; pick one of them")
     name = getattr(wrapper, "family", type(wrapper).__name__)
     can_pack = bool(wrapper.supports_packing())
     can_fuse = bool(wrapper.supports_fused_ce())
