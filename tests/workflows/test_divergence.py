@@ -156,3 +156,11 @@ def test_evaluation_shows_a_progress_bar_on_a_terminal_only(dare, tmp_path, monk
         result = evaluate(ctx, ctx.task.examples("eval", limit=4), "before")
         assert result["n"] == 4
         assert ("eval before" in stream.getvalue()) == shown, (progress, stream.getvalue())
+
+
+def test_max_nonfinite_steps_is_at_least_one(dare, tmp_path):
+    from dare_core.errors import ConfigError
+
+    assert _config(dare, tmp_path, "sup_test", "c").trainer.max_nonfinite_steps == 3
+    with pytest.raises(ConfigError, match="trainer.max_nonfinite_steps: must be > 0, got 0"):
+        _config(dare, tmp_path, "sup_test", "c", "trainer.max_nonfinite_steps=0")
