@@ -40,6 +40,10 @@ class CapabilityError(DareError):
     """The chosen combination of model, algorithm and backend is not supported."""
 
 
+class DivergenceError(DareError):
+    """Training produced non-finite values (loss, gradient norm or weights) and was stopped."""
+
+
 def run_script(main: Callable[[], int]) -> NoReturn:
     """Exit with ``main()``'s status; a :class:`DareError` becomes one ``error:`` line on stderr
     and status 2, as in the CLI (for the repository's ``scripts/``)."""

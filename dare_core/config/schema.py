@@ -137,6 +137,9 @@ class TrainerConfig:
               "the latest complete one in this run's directory (needs run_name; starts fresh when "
               "there is none), or a checkpoint path (<run>/checkpoints/step-N).")
     keep_last: int = option(0, "Keep only the newest N step checkpoints; 0 = keep all.", non_negative)
+    max_nonfinite_steps: int = option(
+        3, "Stop the run with an error after this many consecutive steps whose loss or gradient "
+           "norm is not finite (each is reported on the console; a non-finite gradient skips the update).", positive)
 
 
 @attrs.frozen

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.errors import DareError
+from dare_core.errors import DareError, DivergenceError
 from dare_core.rundir import atomic_write_text, fsync_dir
 
 TRAINER_STATE = "trainer_state.json"
@@ -28,7 +28,8 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 
 #: config fields a resumed run may change (they do not change what is computed)
 RESUMABLE_CHANGES = ("trainer.resume", "trainer.keep_last", "trainer.save_every", "trainer.log_every",
-                     "trainer.save_final", "trainer.steps", "progress", "output_dir", "run_name")
+                     "trainer.save_final", "trainer.steps", "trainer.max_nonfinite_steps", "progress",
+                     "output_dir", "run_name")
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,20 +52,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def export_model(ctx: Any, directory: str) -> None:
     """Write the policy in HF layout (LoRA: the PEFT adapter) into ``directory``, consolidated
-    from the engine's shards, in the storage dtype ``model.dtype``. Collective; rank 0 writes."""
+    from the engine's shards, in the storage dtype ``model.dtype``; refused (on every rank) when a
+    weight is not finite. Collective; rank 0 writes."""
     from dare_core.config.loader import PRESET_FILE
     from dare_core.models import lora
     from dare_core.workflows.runtime import DTYPES
 
     wrapper = ctx.wrapper
     full = ctx.engine.full_state_dict(wrapper)
+    state = (full if full is not None else wrapper.module.state_dict()) if ctx.engine.is_main else {}
+    bad = ctx.engine.gather([next((k for k, v in state.items() if v.is_floating_point()
+                                   and not bool(torch.isfinite(v).all())), None)])[0]
+    if bad is not None:
+        raise DivergenceError(f"not writing {os.path.basename(directory).removeprefix('.tmp-')}: weight {bad} is not "
+                              f"finite (earlier checkpoints are kept); lower trainer.lr or check the data")
     if not ctx.engine.is_main:
         return
     if lora.is_lora(wrapper):
         lora.save_checkpoint(wrapper, directory, merge=ctx.config.model.lora.merge_on_save, state_dict=full)
     else:
         storage = DTYPES[ctx.config.model.dtype]
-        state = full if full is not None else wrapper.module.state_dict()
         if any(v.is_floating_point() and v.dtype != storage for v in state.values()):
             state = {k: v.to(storage) if v.is_floating_point() else v for k, v in state.items()}
         elif full is None:

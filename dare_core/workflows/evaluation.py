@@ -1,4 +1,5 @@
-"""Held-out evaluation: generate with the evaluation sampler, score with the task, write samples."""
+"""Held-out evaluation: generate with the evaluation sampler, score with the task, write samples;
+a progress bar on stderr (rank 0, ``progress``, only when stderr is a terminal)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from typing import Any, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
 from dare_core.interfaces import Example
 from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
@@ -32,6 +34,8 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str,
     nfe = 0
     start = time.perf_counter()
     device = wrapper.device
+    bar = tqdm(total=len(shard), desc=label if label == "eval" else f"eval {label}", unit="prompt", leave=False,
+               dynamic_ncols=True, disable=None if cfg.progress and ctx.engine.is_main else True)  # None: TTY only
     for sl in chunks(len(shard), cfg.eval.batch_size):
         ids, mask = left_pad(prompts[sl], wrapper.pad_token_id)
         with ctx.engine.autocast():
@@ -45,6 +49,8 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str,
             if len(samples) < cfg.eval.save_samples:
                 samples.append({"prompt": ex.prompt[-1]["content"][-200:], "response": text,
                                 "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
+        bar.update(len(texts))
+    bar.close()
     seconds = time.perf_counter() - start
     # every item's (position, acc, score), in the order of ``examples`` on every rank
     scored = sorted(ctx.engine.gather([(rank + world * i, a, s) for i, (a, s) in enumerate(zip(accs, scores))]))

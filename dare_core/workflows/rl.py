@@ -32,6 +32,12 @@ from dare_core.workflows.runtime import Context, build_rollout
 from dare_core.workflows.tracker import Tracker
 
 
+#: the console line of a step; with one update per batch the ratio is 1, so a ratio loss (one
+#: reporting ``ratio_mean``) is ``-mean(A)`` and its clip fraction and KL(old‖new) are 0: left out
+LINE = ("reward", "accuracy", "loss", "pg_clipfrac", "ppo_kl", "kl_loss", "grad_norm", "response_length",
+        "rollout_tokens_per_s", "time_rollout", "time_update")
+
+
 def estimate_no_grad(engine: Any, estimator: Any, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
     """``estimator`` over all rows in micro-batches of ``micro``, eval mode, no gradients, in the
     engine's compute precision; rows on dim 1."""
@@ -51,11 +57,7 @@ def estimate_no_grad(engine: Any, estimator: Any, wrapper: Any, batch, corrupted
 
 def _row_estimate(estimator: Any, wrapper: Any, batch, corrupted):
     """``estimate(rows)``: the estimator on the given Monte-Carlo rows of ``corrupted`` only."""
-
-    def estimate(rows):
-        return estimator(wrapper, batch, corrupted.select_samples(rows))
-
-    return estimate
+    return lambda rows: estimator(wrapper, batch, corrupted.select_samples(rows))
 
 
 class ReferencePolicy:
@@ -167,7 +169,9 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record.update(rows.metrics)
-        tracker.step_end(step, record, reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
+        ratio_one = tr.ppo_epochs == 1 and mini >= total and "ratio_mean" in record
+        line = [k for k in LINE if not (ratio_one and k in ("loss", "pg_clipfrac", "ppo_kl"))]
+        tracker.step_end(step, record, line, reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
 
     return tracker.finish({"steps": tr.steps, "final_reward_mean_last5": tracker.last("reward", 5)})
 

@@ -1,31 +1,44 @@
 """The bookkeeping every loop shares (:class:`Tracker`): evaluations before / every N / after with
-the paired comparison to the first, metric lines, the observer hooks, the progress bar and
-checkpoints (:mod:`dare_core.workflows.checkpoint`)."""
+the paired comparison to the first, metric lines, the observer hooks, the progress bar, the
+divergence guard and checkpoints (:mod:`dare_core.workflows.checkpoint`).
+
+``metrics.jsonl`` and ``summary.json`` are strict JSON: a non-finite number (NaN, ±inf) is written
+as ``null`` and its key (dotted inside a nested record) is listed in the record's ``nonfinite``.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Optional, Sequence
 
 import torch
 
-from dare_core.errors import DareError
+from dare_core.errors import DareError, DivergenceError
 from dare_core.interfaces import Example
 from dare_core.pairing import compare, describe, paired_counts
 from dare_core.workflows.checkpoint import TRAINER_STATE, save_final, save_training_checkpoint, set_rng_state
 from dare_core.workflows.evaluation import evaluate
 from dare_core.workflows.runtime import Context
 
+#: the console line of a step (a loop may pass its own): the keys the record has, in this order
+LINE = ("loss", "grad_norm", "time_step")
 
-def _fmt(record: dict[str, Any]) -> str:
-    keys = ("reward", "accuracy", "loss", "grad_norm", "pg_clipfrac", "ppo_kl", "time_rollout",
-            "time_update", "time_step")
-    parts = [f"step {record['step']}"]
-    for k in keys:
-        if k in record:
-            parts.append(f"{k}={record[k]:.4g}")
-    return " ".join(parts)
+
+def strict(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``record`` with each non-finite float as ``None``, its key (dotted when nested) listed
+    under ``nonfinite``."""
+    out: dict[str, Any] = {}
+    bad: list[str] = []
+    for k, v in record.items():
+        if isinstance(v, dict):
+            v = strict(v, f"{prefix}{k}.")
+            bad += v.pop("nonfinite", [])
+        elif isinstance(v, float) and not math.isfinite(v):
+            bad, v = bad + [prefix + k], None
+        out[k] = v
+    return {**out, "nonfinite": bad} if bad else out
 
 
 class Tracker:
@@ -45,10 +58,11 @@ class Tracker:
         self.bar = None
         self.before_items: Optional[list[float]] = None
         self.history: list[dict[str, Any]] = []
+        self.nonfinite = 0  # consecutive steps with a non-finite loss or gradient norm
 
     def log(self, record: dict[str, Any]) -> None:
         if self.ctx.rundir is not None and self.ctx.engine.is_main:
-            self.ctx.rundir.log_metrics(record)
+            self.ctx.rundir.log_metrics(strict(record))
 
     def evaluate(self, label: str, step: int) -> dict[str, Any]:
         ctx = self.ctx
@@ -66,7 +80,7 @@ class Tracker:
         ctx.log(line)
         self.log({"step": step, "eval": res})
         if ctx.engine.is_main:
-            ctx.dare.pm.hook.dare_on_eval(step=step, label=label, metrics=dict(res))
+            ctx.dare.pm.hook.dare_on_eval(step=step, label=label, metrics=strict(res))
         return res
 
     def begin(self) -> int:
@@ -86,10 +100,14 @@ class Tracker:
                             dynamic_ncols=True)
         return done + 1
 
-    def step_end(self, step: int, record: dict[str, Any], **postfix: str) -> dict[str, Any]:
+    def step_end(self, step: int, record: dict[str, Any], line: Sequence[str] = LINE,
+                 **postfix: str) -> dict[str, Any]:
+        """Log the step's ``record`` (reduced over ranks), print its ``line`` keys every
+        ``trainer.log_every`` steps, guard against divergence, evaluate and checkpoint when due."""
         ctx = self.ctx
         cfg = ctx.config
-        record = ctx.engine.reduce_mean(record)
+        raw = ctx.engine.reduce_mean(record)
+        record = strict(raw)
         self.log(record)
         self.history.append(record)
         ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
@@ -97,18 +115,38 @@ class Tracker:
             self.bar.update(1)
             self.bar.set_postfix(**postfix)
         if step % cfg.trainer.log_every == 0:
-            ctx.log(_fmt(record))
+            ctx.log(" ".join([f"step {step}"] + [f"{k}={raw[k]:.4g}" for k in line if k in raw]))
+        self._guard(step, raw)
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
             self.evaluate(f"step-{step}", step)
         if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 and ctx.rundir is not None:
             self.checkpoint(step)
         return record
 
+    def _guard(self, step: int, record: dict[str, Any]) -> None:
+        """Report a step whose loss or gradient norm is not finite; stop the run at
+        ``trainer.max_nonfinite_steps`` of them in a row. ``record`` is reduced over ranks (a
+        non-finite value on one rank is one on all), so every rank decides the same."""
+        bad = [k for k in ("loss", "grad_norm") if not math.isfinite(record.get(k, 0.0))]
+        self.nonfinite = self.nonfinite + 1 if bad else 0
+        limit = self.ctx.config.trainer.max_nonfinite_steps
+        if bad:
+            self.ctx.log(f"step {step}: non-finite {', '.join(f'{k}={record[k]}' for k in bad)}; update "
+                         f"{'skipped' if record.get('skipped_steps') else 'applied'} "
+                         f"({self.nonfinite} of {limit} in a row)")
+        if self.nonfinite >= limit:
+            if self.bar is not None:
+                self.bar.close()
+            raise DivergenceError(
+                f"training diverged at step {step}: non-finite {' and '.join(bad)} for {limit} steps in a "
+                f"row; lower trainer.lr, check the data, or raise trainer.max_nonfinite_steps")
+
     def checkpoint(self, step: int) -> str:
         """Write the training checkpoint of ``step`` (collective)."""
         ctx = self.ctx
         lines = ctx.rundir.metrics_lines() if ctx.engine.is_main else 0
-        trainer_state = {"summary": self.summary, "before_items": self.before_items, "metrics_lines": lines}
+        trainer_state = {"summary": self.summary, "before_items": self.before_items, "metrics_lines": lines,
+                         "nonfinite": self.nonfinite}
         rank_state = {"data": self.data.state_dict() if self.data is not None else None,
                       "generator": ctx.generator.get_state()}
         return save_training_checkpoint(ctx, step, trainer_state, rank_state)
@@ -127,6 +165,7 @@ class Tracker:
         ctx.generator.set_state(rank["generator"])
         set_rng_state(rank["rng"])
         self.summary, self.before_items = state["summary"], state["before_items"]
+        self.nonfinite = state.get("nonfinite", 0)
         if ctx.engine.is_main and ctx.rundir is not None:
             self.history = [r for r in ctx.rundir.truncate_metrics(state["metrics_lines"]) if "eval" not in r]
         ctx.log(f"resumed from {path} (step {state['step']})")
@@ -140,10 +179,11 @@ class Tracker:
             self.summary["eval"]["after"] = self.evaluate("after", cfg.trainer.steps)
         if cfg.trainer.save_final:
             self.summary["final_checkpoint"] = save_final(self.ctx)
-        self.summary["train"] = train_summary
+        self.summary["train"] = strict(train_summary)
+        self.summary["eval"] = {k: strict(v) for k, v in self.summary["eval"].items()}
         return self.summary
 
     def last(self, key: str, n: int) -> float:
-        """The mean of ``key`` over the last ``n`` logged steps (0 when none)."""
-        values = [r[key] for r in self.history[-n:] if key in r]
+        """The mean of the finite values of ``key`` over the last ``n`` logged steps (0 when none)."""
+        values = [r[key] for r in self.history[-n:] if r.get(key) is not None]
         return sum(values) / len(values) if values else 0.0

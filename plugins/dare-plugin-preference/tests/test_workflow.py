@@ -11,7 +11,7 @@ import torch
 
 import torch.nn.functional as F
 
-from dare_core.api import AlgorithmSpec, Components, hookimpl, option, resolve
+from dare_core.api import AlgorithmSpec, Components, DareError, hookimpl, option, resolve
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.registries import build_for
 from dare_core.train import train
@@ -181,3 +181,26 @@ def test_validation_is_deterministic_under_the_fixed_corruption(dare, tmp_path):
         ])
         outs.append(train(dare, cfg)["eval"]["pairs_before"])
     assert outs[0] == outs[1]  # the training seed does not change the validation corruption
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run(dare, tmp_path, capsys):
+    """At lr 1e10 the first update destroys the toy model: the next steps' DPO loss is NaN, and
+    two of them in a row stop the run before the after-validation and ``final/``."""
+    _write_jsonl(tmp_path / "p.jsonl", _pairs(12))
+    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
+        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=nan", "progress=false",
+        f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=4", "trainer.batch_size=4",
+        "trainer.micro_batch_size=8", "trainer.steps=6", "trainer.lr=1e10", "trainer.max_nonfinite_steps=2",
+        "eval.before=false", "eval.after=false"])
+    with pytest.raises(DareError, match="training diverged at step 3: non-finite loss and grad_norm for 2 steps"):
+        train(dare, cfg)
+    assert "step 2: non-finite loss=nan, grad_norm=nan; update skipped (1 of 2 in a row)" in capsys.readouterr().err
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not strict JSON")
+
+    root = tmp_path / "nan"
+    records = [json.loads(l, parse_constant=refuse) for l in (root / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]  # the validation before, then the steps
+    assert [r.get("nonfinite") for r in records[2:]] == [["loss", "grad_norm", "dpo_loss", "reward_margin"]] * 2
+    assert not (root / "final").exists() and not (root / "summary.json").exists()
