@@ -1,51 +1,75 @@
-"""Run one training job: resolve → engine → run directory (or the one resumed) → set up → the
-algorithm's workflow → summary."""
+"""Run one training job: resolve → engine → the checks before any work (:mod:`dare_core.preflight`)
+→ the run directory (claimed, or the one resumed) → set up → the algorithm's workflow → summary."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
 from dare_core.errors import DareError
+from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
 from dare_core.workflows.checkpoint import check_compatible, find_resume
 from dare_core.workflows.runtime import setup
 
 
-def _run_dir(config: RunConfig, engine: Any, log: Any) -> tuple[RunDir, Optional[str]]:
-    """The run directory (rank 0 claims it; every rank gets its path) and the checkpoint the run
-    resumes from (``trainer.resume``), after checking the checkpoint's run config."""
-    resume = config.trainer.resume
+def _agree(engine: Any, fn: Callable[[], Any], main_only: bool = False) -> Any:
+    """``fn()`` on every rank (``main_only``: on rank 0, whose result every rank gets); a
+    :class:`DareError` on any rank is raised on every rank."""
+    result, error = None, None
+    if engine.is_main or not main_only:
+        try:
+            result = fn()
+        except DareError as exc:
+            error = exc
+    gathered = engine.gather([(result if main_only else None, None if error is None else str(error))])
+    failed = [message for _, message in gathered if message]
+    if error is not None or failed:
+        raise error or DareError(failed[0])
+    return gathered[0][0] if main_only else result
+
+
+def _claim(config: RunConfig, overwrite: bool, log: Any) -> tuple[str, Optional[str], bool]:
+    """Rank 0: ``(run directory, checkpoint the run resumes from, whether the directory is new)``.
+    A new run claims a new directory (:meth:`RunDir.create`); ``trainer.resume`` continues its
+    run's directory (after checking the checkpoint's run config) without the temp entries of an
+    interrupted save, or starts afresh in it when there is no checkpoint yet."""
+    resume, default_name = config.trainer.resume, f"{config.algo}-{config.model.family}"
+    if resume and overwrite:
+        raise DareError("--overwrite replaces a run and trainer.resume continues one; pass one of them")
+    if not resume:
+        return RunDir.create(config.output_dir, config.run_name, default_name, overwrite=overwrite).root, None, True
     if resume == "auto" and not config.run_name:
         raise DareError("trainer.resume=auto continues the run named by run_name; set run_name=<the run>")
-    root = (os.path.dirname(os.path.dirname(os.path.abspath(resume))) if resume and resume != "auto"
-            else os.path.join(config.output_dir, config.run_name or ""))
-    path = find_resume(config, root, log) if engine.is_main else None
-    path = engine.gather([path])[0]
+    root = (os.path.dirname(os.path.dirname(os.path.abspath(resume))) if resume != "auto"
+            else os.path.join(config.output_dir, config.run_name))
+    path = find_resume(config, root, log)
+    if os.path.isfile(os.path.join(root, "summary.json")):
+        raise DareError(f"trainer.resume: run {root} has finished (summary.json); start a new run "
+                        f"with model.path={os.path.join(root, 'final')} to train further")
+    if path is None and not os.path.isdir(root):
+        return RunDir.create(config.output_dir, config.run_name, default_name).root, None, True
     if path is not None:
         with open(os.path.join(root, "config.yaml")) as fh:
             check_compatible(yaml.safe_load(fh), to_dict(config), path)
-        if os.path.isfile(os.path.join(root, "summary.json")):
-            raise DareError(f"trainer.resume: run {root} has finished (summary.json); start a new run "
-                            f"with model.path={os.path.join(root, 'final')} to train further")
-        return RunDir(root), path
-    created = None
-    if engine.is_main:
-        created = RunDir.create(config.output_dir, config.run_name, f"{config.algo}-{config.model.family}")
-        if resume:  # nothing to resume: a fresh run, without the records of one killed earlier
-            created.truncate_metrics(0)
-        created = created.root
-    return RunDir(engine.gather([created])[0]), None
+    run = RunDir(root)
+    run.remove_temp()
+    if path is None:  # nothing to resume: a fresh run, without the records of one killed earlier
+        run.truncate_metrics(0)
+    return root, path, False
 
 
-def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> dict[str, Any]:
-    """Train with ``config``; returns the summary (also written to ``summary.json``)."""
+def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None,
+          overwrite: bool = False) -> dict[str, Any]:
+    """Train with ``config``; returns the summary (also written to ``summary.json``).
+    ``overwrite``: replace the run directory ``run_name`` names (``dare train --overwrite``)."""
     spec = dare.registries.algorithms.get(config.algo)
     if spec.workflow not in dare.registries.workflows:
         raise DareError(f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow; "
@@ -61,10 +85,18 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None) -> d
             if value % engine.world_size:
                 raise DareError(f"trainer.{key}={value} cannot be split over {engine.world_size} processes; "
                                 f"make it a multiple of the world size")
-        resume_from = None
-        if rundir is None:  # after dare_configure, so a refused run leaves no directory
-            rundir, resume_from = _run_dir(config, engine, lambda m: print(m, file=sys.stderr, flush=True))
-        ctx = setup(dare, config, rundir=rundir, engine=engine, resume_from=resume_from)
+        task = _agree(engine, lambda: preflight(dare, config, train=True))
+        resume_from, fresh = None, False
+        if rundir is None:  # after the checks, so a refused run leaves no directory
+            root, resume_from, fresh = _agree(engine, lambda: _claim(
+                config, overwrite, lambda m: print(m, file=sys.stderr, flush=True)), main_only=True)
+            rundir = RunDir(root)
+        try:
+            ctx = setup(dare, config, rundir=rundir, engine=engine, resume_from=resume_from, task=task)
+        except BaseException:
+            if fresh and engine.is_main:  # a run that fails before its first step leaves no directory
+                shutil.rmtree(rundir.root, ignore_errors=True)
+            raise
         if ctx.engine.is_main:
             dare.pm.hook.dare_on_run_start(config=config, run_dir=rundir.root)
         ctx.log(f"run directory: {rundir.root}")

@@ -221,12 +221,17 @@ def resolve(
     if spec is not None and workflow and spec.workflow != workflow:
         raise DareError(f"algorithm {spec.name!r} runs the {spec.workflow} workflow, not {workflow}")
 
+    if model_sec.get("path") is not None and not str(model_sec["path"]).strip():
+        raise ConfigError(["model.path is empty; omit it to use the bundled checkpoint or give a directory"])
     path = model_sec.get("path") or family.default_checkpoint
     if not path:
         raise DareError(
             f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR"
         )
     raw["model"] = dict(model_sec, path=path)
+    from dare_core.preflight import checkpoint  # whose checkpoint it is, before its preset applies
+
+    checkpoint(dare, family, str(path))
     preset_path = os.path.join(str(path), PRESET_FILE)
     preset: dict[str, Any] = {}
     if os.path.isfile(preset_path):
@@ -288,12 +293,28 @@ def resolve(
         else:
             problem = misfit(f"eval.backend {top.eval.backend!r}",
                               dare.registries.rollouts.get(top.eval.backend), family, backend_hint)
+            if not problem and top.eval.backend not in (family.default_rollout, *family.rollouts):
+                problem = f"eval.backend {top.eval.backend!r} is not a backend model family {family.name!r} lists; {backend_hint}"
             if problem:
                 problems.append(problem)
+    grouped = _grouped_advantage(dare, spec) if top is not None and top.trainer.group_size < 2 else None
+    if grouped:
+        problems.append(f"trainer.group_size={top.trainer.group_size}: algorithm {spec.name!r} compares the "
+                        f"rollouts of each prompt (advantage {grouped!r}); set trainer.group_size to 2 or more")
     if problems:
         raise ConfigError(problems)
     return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name,
                         sections=sections)
+
+
+def _grouped_advantage(dare: Any, spec: Any) -> Optional[str]:
+    """The advantage estimator of an RL algorithm when every one it may use ``needs_groups``
+    (none listed: the loop's group-normalised default), else ``None``."""
+    if spec is None or spec.workflow != "rl":
+        return None
+    names = spec.components.get("advantage") or "group_norm"
+    names = [n for n in ((names,) if isinstance(names, str) else names) if n in dare.registries.advantages]
+    return names[0] if names and all(dare.registries.advantages.get(n).needs_groups for n in names) else None
 
 
 def plugin_sections(dare: Any) -> dict[str, Any]:

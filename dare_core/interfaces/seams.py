@@ -104,7 +104,13 @@ class ModelFamily:
         kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
         load: ``load(path, dtype, device) -> ModelWrapper``.
         capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
-        model_types: HF ``model_type`` values the family loads.
+        model_types: HF ``model_type`` values the family loads. A family that lists them loads
+            Hugging Face-layout checkpoints, which are checked before the model loads
+            (:mod:`dare_core.preflight`); other families' checkpoints only by their ``load``.
+        config_keys: the ``config.json`` keys the architecture needs (its sizes); a checkpoint
+            lacking one is refused instead of built with the config class's defaults.
+        context_key: the ``config.json`` key holding the model's context length; a prompt plus
+            ``rollout.gen_length`` must fit it (unchecked when the checkpoint lacks the key).
         default_checkpoint: path of the bundled tiny checkpoint, or ``None``.
         default_rollout: rollout backend used when the config names none.
         rollouts: rollout backends this family works with (for listings).
@@ -119,6 +125,8 @@ class ModelFamily:
     load: Callable[..., ModelWrapper]
     capabilities: frozenset[str] = frozenset()
     model_types: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()
+    context_key: Optional[str] = "max_position_embeddings"
     default_checkpoint: Optional[str] = None
     default_rollout: str = ""
     rollouts: tuple[str, ...] = ()
@@ -253,7 +261,9 @@ class ComponentSpec:
     """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
 
     ``factory(**kwargs)`` builds the component object; ``kinds`` lists the wrapper kinds it
-    supports (empty = all); ``requires`` lists wrapper capabilities it needs."""
+    supports (empty = all); ``requires`` lists wrapper capabilities it needs; ``needs_groups``:
+    an advantage estimator that compares the rollouts of one prompt (``trainer.group_size`` of 1
+    is refused)."""
 
     name: str
     factory: Callable[..., Any]
@@ -261,6 +271,7 @@ class ComponentSpec:
     kinds: frozenset[str] = frozenset()
     requires: frozenset[str] = frozenset()
     reference: str = ""
+    needs_groups: bool = False
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""The run directory: atomic writes, never overwriting a finished run, metrics.jsonl."""
+"""The run directory: atomic writes, exclusive claims (--overwrite), temp cleanup, metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import dare_core.rundir as rundir_mod
+from dare_core.errors import DareError
 from dare_core.rundir import RunDir, atomic_write_text
 
 
@@ -54,17 +55,41 @@ def _finish(run: RunDir) -> None:
     run.write_json("summary.json", {"done": True})
 
 
-def test_create_never_overwrites_a_finished_named_run(tmp_path):
+def test_a_named_run_directory_is_claimed_once(tmp_path):
     first = RunDir.create(str(tmp_path), "exp", "algo_a-toy")
     assert first.root == str(tmp_path / "exp")
-    again = RunDir.create(str(tmp_path), "exp", "algo_a-toy")
-    assert again.root == first.root  # not finished yet: the same directory
-    _finish(first)
-    second = RunDir.create(str(tmp_path), "exp", "algo_a-toy")
-    assert second.root == str(tmp_path / "exp-1")
-    _finish(second)
-    assert RunDir.create(str(tmp_path), "exp", "x").root == str(tmp_path / "exp-2")
-    assert json.loads((tmp_path / "exp" / "summary.json").read_text()) == {"done": True}
+    first.log_metrics({"step": 1})
+    with pytest.raises(DareError) as info:  # finished or not: never shared, never appended to
+        RunDir.create(str(tmp_path), "exp", "algo_a-toy")
+    assert str(info.value) == (f"run directory {tmp_path / 'exp'} exists; choose another run_name, pass "
+                               f"--overwrite to replace it, or continue it with trainer.resume=auto")
+    assert (tmp_path / "exp" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert sorted(os.listdir(tmp_path)) == ["exp"]
+
+
+def test_overwrite_replaces_a_run_directory_only(tmp_path):
+    run = RunDir.create(str(tmp_path), "exp", "algo_a-toy")
+    run.write_config({"algo": "a"})
+    run.log_metrics({"step": 1})
+    again = RunDir.create(str(tmp_path), "exp", "algo_a-toy", overwrite=True)
+    assert again.root == run.root and os.listdir(run.root) == []
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(DareError, match="notes is no run directory .*; it is left alone: choose another run_name"):
+        RunDir.create(str(tmp_path), "notes", "algo_a-toy", overwrite=True)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_remove_temp_removes_what_interrupted_saves_left(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    for d in ("checkpoints/.tmp-step-3/state", "checkpoints/step-2", ".tmp-final"):
+        os.makedirs(run.path(d))
+    for f in (".tmp-abc.json", "checkpoints/step-2/.tmp-x", "config.yaml", "checkpoints/step-2/model.safetensors"):
+        open(run.path(f), "w").close()
+    run.remove_temp()
+    left = sorted(os.path.relpath(os.path.join(top, n), run.root)
+                  for top, dirs, files in os.walk(run.root) for n in dirs + files)
+    assert left == ["checkpoints", "checkpoints/step-2", "checkpoints/step-2/model.safetensors", "config.yaml"]
 
 
 def test_create_never_overwrites_a_finished_timestamped_run(tmp_path, monkeypatch):
