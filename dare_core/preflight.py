@@ -120,9 +120,10 @@ def _output(config: Any, params: int) -> None:
         state = "not writable" if os.path.isdir(probe) else "a file, not a directory"
         raise DareError(f"{where}: {probe} is {state}; choose another output_dir")
     if (need := disk_need(config, params)) > (free := shutil.disk_usage(probe).free):
-        raise DareError(f"{where}: the run's saves need about {need / 1e9:.2f} GB, {probe} has {free / 1e9:.2f} GB "
-                        f"free; free space, choose another output_dir or save less (trainer.keep_last, "
-                        f"trainer.save_every, trainer.save_final)")
+        size = lambda b: f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"  # noqa: E731
+        raise DareError(f"{where}: the run's saves need about {size(need)}, {probe} has {size(free)} free; free "
+                        f"space, choose another output_dir or save less (trainer.keep_last, trainer.save_every, "
+                        f"trainer.save_final)")
 
 
 def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
