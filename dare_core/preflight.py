@@ -1,12 +1,11 @@
-"""Checks before any work (``dare train``, ``eval``, ``generate``), each failure one DareError
+"""Checks before any work (``dare train``, ``eval``, ``generate``); each failure is one DareError
 naming the problem and the fix; nothing is loaded onto a device or written. A family listing
-``model_types`` (Hugging Face layout): ``config.json`` is an object of such a type (another
-family's type names that family) with the family's ``config_keys``; the weights (a file, or an
-index and its shards) are whole (safetensors: as long as the header says); the tokenizer loads.
-The task is built and its data read (eval; training: a data file whole, a built-in source's first
-``TRAIN_SAMPLE``). The longest prompts fit ``trainer.max_prompt_length`` and, with
-``rollout.gen_length``, the context (``ModelFamily.context_key``). Training: ``output_dir`` is a
-writable directory with room for the saves the run keeps (:func:`disk_need`)."""
+``model_types`` (Hugging Face layout): ``config.json`` is an object of such a type (another family's
+type names that family) with the family's ``config_keys``; the weights (a file, or an index and its
+shards) are whole (safetensors: as long as the header says); the tokenizer loads. The task is built
+and its data read (eval; training: a data file whole, a built-in source's first ``TRAIN_SAMPLE``).
+The longest prompts fit ``trainer.max_prompt_length`` and, with ``rollout.gen_length``, the context
+(``ModelFamily.context_key``). Training: ``output_dir`` is writable with room for the saves (:func:`disk_need`)."""
 
 from __future__ import annotations
 
@@ -25,16 +24,12 @@ from dare_core.models.lora import resolve_checkpoint
 WEIGHTS, FIX, TRAIN_SAMPLE = ("model.safetensors", "pytorch_model.bin"), "re-download or re-export the checkpoint", 64
 
 
-def _fail(message: str) -> DareError:
-    return DareError(f"{message}; {FIX}")
-
-
 def _json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding
-        raise _fail(f"{path} is not readable JSON ({getattr(exc, 'msg', None) or exc})") from None
+        raise DareError(f"{path} is not readable JSON ({getattr(exc, 'msg', None) or exc}); {FIX}") from None
 
 
 def checkpoint(dare: Any, family: Any, path: Optional[str]) -> tuple[Optional[str], Optional[dict]]:
@@ -48,57 +43,43 @@ def checkpoint(dare: Any, family: Any, path: Optional[str]) -> tuple[Optional[st
     if not os.path.isfile(file := os.path.join(base, "config.json")):
         raise DareError(f"{base} has no config.json, so it is no Hugging Face checkpoint; give one as model.path")
     if not isinstance(cfg := _json(file), dict):
-        raise _fail(f"{file} holds a JSON {type(cfg).__name__}, not an object")
+        raise DareError(f"{file} holds a JSON {type(cfg).__name__}, not an object; {FIX}")
     if (kind := cfg.get("model_type")) not in family.model_types:
         owner = next((n for n, f in dare.registries.models.items() if kind in f.model_types), None)
         raise DareError(f"{base} is a checkpoint of model_type {kind!r}, which model family {family.name!r} does not "
                         f"load; " + (f"it is a {owner!r} checkpoint: pass --model {owner}" if owner
                                      else "no installed model family loads it (`dare list models`)"))
     if missing := [k for k in family.config_keys if cfg.get(k) is None]:
-        raise _fail(f"{file} lacks {', '.join(missing)} (the sizes of a {kind!r} model)")
+        raise DareError(f"{file} lacks {', '.join(missing)} (the sizes of a {kind!r} model); {FIX}")
     return base, cfg
 
 
 def _params(base: str) -> int:
-    """The parameter count of the checkpoint's weights once they are found whole (float32
-    assumed for files other than safetensors)."""
-    index = next((os.path.join(base, w + ".index.json") for w in WEIGHTS
-                  if os.path.isfile(os.path.join(base, w + ".index.json"))), None)
+    """The parameter count of the checkpoint's weights, found whole (``.bin``: float32 assumed)."""
     files = [w for w in WEIGHTS if os.path.isfile(os.path.join(base, w))][:1]
-    if index:
+    if index := next((p for w in WEIGHTS if os.path.isfile(p := os.path.join(base, w + ".index.json"))), None):
         wmap = data.get("weight_map") if isinstance(data := _json(index), dict) else None
         files = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
     if not files:
-        raise _fail(f"{base} holds no weights ({' or '.join(WEIGHTS)}, or a sharded index naming its files)")
+        raise DareError(f"{base} holds no weights ({' or '.join(WEIGHTS)}, or a sharded index naming its files); {FIX}")
     params = 0
     for path in (os.path.join(base, f) for f in files):
         if not os.path.isfile(path):
-            raise _fail(f"{path}, named by the weights index, is missing")
+            raise DareError(f"{path}, named by the weights index, is missing; {FIX}")
         size, end = os.path.getsize(path), None
-        if not path.endswith(".safetensors"):
-            params += size // 4
-            continue
         try:
-            with open(path, "rb") as fh:
+            with open(path, "rb") as fh:  # safetensors: an 8-byte header size, a JSON header, the data
                 (n,) = struct.unpack("<Q", fh.read(8))
                 tensors = [t for k, t in json.loads(fh.read(n) if n < size else b"[]").items() if k != "__metadata__"]
             params += sum(math.prod(t["shape"]) for t in tensors)
             end = 8 + n + max(t["data_offsets"][1] for t in tensors)
         except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError):
             pass
-        if end is None or end > size:
-            raise _fail(f"{path} is truncated or not a safetensors file")
+        if path.endswith(".bin"):
+            params += size // 4
+        elif end is None or end > size:
+            raise DareError(f"{path} is truncated or not a safetensors file; {FIX}")
     return params
-
-
-def _tokenizer(base: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(base)
-    except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
-        raise _fail(f"{base}: the tokenizer does not load ({type(exc).__name__}: "
-                    f"{(str(exc).strip().splitlines() or [''])[0]})") from exc
 
 
 def disk_need(config: Any, params: int) -> int:
@@ -120,16 +101,14 @@ def _output(config: Any, params: int) -> None:
         state = "not writable" if os.path.isdir(probe) else "a file, not a directory"
         raise DareError(f"{where}: {probe} is {state}; choose another output_dir")
     if (need := disk_need(config, params)) > (free := shutil.disk_usage(probe).free):
-        size = lambda b: f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"  # noqa: E731
-        raise DareError(f"{where}: the run's saves need about {size(need)}, {probe} has {size(free)} free; free "
+        raise DareError(f"{where}: the run's saves need about {need / 1e6:,.1f} MB, {probe} has {free / 1e6:,.1f} MB free; free "
                         f"space, choose another output_dir or save less (trainer.keep_last, trainer.save_every, "
                         f"trainer.save_final)")
 
 
 def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
-    """The checks of the module docstring for a resolved config (``train``: also the training data
-    and ``output_dir``; ``prompts``: ``dare generate``'s, read instead of a task). Returns the task,
-    built and its data read (``None`` with ``prompts``)."""
+    """The checks of the module docstring (``train``: with the training data and ``output_dir``;
+    ``prompts``: ``dare generate``'s, instead of a task); returns the task, its data read, or None."""
     family = dare.registries.models.get(config.model.family)
     base, cfg = checkpoint(dare, family, config.model.path)
     params = _params(base) if cfg is not None else 0
@@ -145,11 +124,17 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         chats = [ex.prompt for ex in items]
     if cfg is None:
         return task
-    tok = _tokenizer(base)
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(base)
+    except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc
     longest = sorted(chats, key=lambda c: sum(len(m["content"]) for m in c), reverse=True)[:16]
     texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) if tok.chat_template
              else "\n".join(m["content"] for m in c) for c in longest]
-    n = max((len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]), default=0)
+    n = max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
     if prompts is None and n > config.trainer.max_prompt_length:
         raise DareError(f"a prompt has {n} tokens, more than trainer.max_prompt_length="
                         f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length")

@@ -95,31 +95,25 @@ class RunDir:
     @classmethod
     def create(cls, output_dir: str, run_name: Optional[str], default_name: str, *,
                overwrite: bool = False) -> "RunDir":
-        """Claim a new run directory under ``output_dir`` with an exclusive ``mkdir``, so two runs
-        never share one: ``run_name``, refused when it exists (with ``overwrite``, a run directory
-        there — empty or holding ``config.yaml`` — is removed first), else
-        ``<default_name>-<YYYYmmdd-HHMMSS>`` (suffix ``-1``, ``-2``, … when taken)."""
+        """Claim a new run directory with an exclusive ``mkdir`` (two runs never share one):
+        ``output_dir/run_name``, refused when it exists (``overwrite``: a run directory there, empty or
+        with ``config.yaml``, is removed first), else ``<default_name>-<YYYYmmdd-HHMMSS>[-N]``."""
         os.makedirs(output_dir, exist_ok=True)
-        if run_name:
-            root = os.path.join(output_dir, run_name)
-            if overwrite and os.path.lexists(root):
-                if not os.path.isdir(root) or (os.listdir(root) and not os.path.isfile(os.path.join(root, "config.yaml"))):
-                    raise DareError(f"--overwrite: {root} is no run directory (no config.yaml); it is left "
-                                    f"alone: choose another run_name")
-                shutil.rmtree(root)
-            try:
-                os.mkdir(root)
-            except FileExistsError:
-                raise DareError(f"run directory {root} exists; choose another run_name, pass --overwrite to "
-                                f"replace it, or continue it with trainer.resume=auto") from None
-            return cls(root)
-        base = os.path.join(output_dir, f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        base = os.path.join(output_dir, run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if run_name and overwrite and os.path.lexists(base):
+            if not os.path.isdir(base) or (os.listdir(base) and not os.path.isfile(os.path.join(base, "config.yaml"))):
+                raise DareError(f"--overwrite: {base} is no run directory (no config.yaml); it is left alone: "
+                                f"choose another run_name")
+            shutil.rmtree(base)
         root, suffix = base, 0
         while True:
             try:
                 os.mkdir(root)
                 return cls(root)
             except FileExistsError:
+                if run_name:
+                    raise DareError(f"run directory {root} exists; choose another run_name, pass --overwrite to "
+                                    f"replace it, or continue it with trainer.resume=auto") from None
                 suffix += 1
                 root = f"{base}-{suffix}"
 

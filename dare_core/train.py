@@ -21,46 +21,37 @@ from dare_core.workflows.runtime import setup
 
 
 def _agree(engine: Any, fn: Callable[[], Any], main_only: bool = False) -> Any:
-    """``fn()`` on every rank (``main_only``: on rank 0, whose result every rank gets); a
-    :class:`DareError` on any rank is raised on every rank."""
-    result, error = None, None
-    if engine.is_main or not main_only:
-        try:
-            result = fn()
-        except DareError as exc:
-            error = exc
-    gathered = engine.gather([(result if main_only else None, None if error is None else str(error))])
-    failed = [message for _, message in gathered if message]
-    if error is not None or failed:
-        raise error or DareError(failed[0])
-    return gathered[0][0] if main_only else result
+    """``fn()`` on every rank (``main_only``: on rank 0, its result to all); a DareError on any is raised on all."""
+    try:
+        out = (fn() if engine.is_main or not main_only else None, None)
+    except DareError as exc:
+        out = (None, exc)
+    gathered = engine.gather([(out[0] if main_only else None, out[1] and str(out[1]))])
+    if failed := [message for _, message in gathered if message]:
+        raise out[1] or DareError(failed[0])
+    return gathered[0][0] if main_only else out[0]
 
 
 def _claim(config: RunConfig, overwrite: bool, log: Any) -> tuple[str, Optional[str], bool]:
-    """Rank 0: ``(run directory, checkpoint the run resumes from, whether the directory is new)``.
-    A new run claims a new directory (:meth:`RunDir.create`); ``trainer.resume`` continues its
-    run's directory (after checking the checkpoint's run config) without the temp entries of an
-    interrupted save, or starts afresh in it when there is no checkpoint yet."""
-    resume, default_name = config.trainer.resume, f"{config.algo}-{config.model.family}"
+    """Rank 0: ``(run directory, checkpoint to resume from, whether the directory is new)``; a run
+    continued with ``trainer.resume`` loses the temp entries of an interrupted save."""
+    resume, name = config.trainer.resume, config.run_name
     if resume and overwrite:
         raise DareError("--overwrite replaces a run and trainer.resume continues one; pass one of them")
-    if not resume:
-        return RunDir.create(config.output_dir, config.run_name, default_name, overwrite=overwrite).root, None, True
-    if resume == "auto" and not config.run_name:
+    if resume == "auto" and not name:
         raise DareError("trainer.resume=auto continues the run named by run_name; set run_name=<the run>")
-    root = (os.path.dirname(os.path.dirname(os.path.abspath(resume))) if resume != "auto"
-            else os.path.join(config.output_dir, config.run_name))
+    root = (os.path.dirname(os.path.dirname(os.path.abspath(resume))) if resume and resume != "auto"
+            else os.path.join(config.output_dir, name or ""))
     path = find_resume(config, root, log)
-    if os.path.isfile(os.path.join(root, "summary.json")):
+    if resume and os.path.isfile(os.path.join(root, "summary.json")):
         raise DareError(f"trainer.resume: run {root} has finished (summary.json); start a new run "
                         f"with model.path={os.path.join(root, 'final')} to train further")
-    if path is None and not os.path.isdir(root):
-        return RunDir.create(config.output_dir, config.run_name, default_name).root, None, True
+    if path is None and not (resume and os.path.isdir(root)):
+        return RunDir.create(config.output_dir, name, f"{config.algo}-{config.model.family}", overwrite=overwrite).root, None, True
     if path is not None:
         with open(os.path.join(root, "config.yaml")) as fh:
             check_compatible(yaml.safe_load(fh), to_dict(config), path)
-    run = RunDir(root)
-    run.remove_temp()
+    (run := RunDir(root)).remove_temp()
     if path is None:  # nothing to resume: a fresh run, without the records of one killed earlier
         run.truncate_metrics(0)
     return root, path, False
@@ -103,19 +94,11 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None,
         result = workflow(ctx)
     finally:
         dare.pm.hook.dare_unconfigure(config=config)
-    summary = {
-        "algo": config.algo,
-        "model": config.model.family,
-        "checkpoint": config.model.path,
-        "task": config.task.name,
-        "seed": config.seed,
-        "world_size": engine.world_size,
-        "eval": result.get("eval", {}),
-        "train": result.get("train", {}),
-        "final_checkpoint": result.get("final_checkpoint"),
-        "seconds": round(time.time() - start, 1),
-        "run_dir": rundir.root,
-    }
+    summary = {"algo": config.algo, "model": config.model.family, "checkpoint": config.model.path,
+               "task": config.task.name, "seed": config.seed, "world_size": engine.world_size,
+               "eval": result.get("eval", {}), "train": result.get("train", {}),
+               "final_checkpoint": result.get("final_checkpoint"), "seconds": round(time.time() - start, 1),
+               "run_dir": rundir.root}
     if engine.is_main:
         rundir.write_json("summary.json", summary)
     engine.barrier()

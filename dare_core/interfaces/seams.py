@@ -104,13 +104,10 @@ class ModelFamily:
         kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
         load: ``load(path, dtype, device) -> ModelWrapper``.
         capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
-        model_types: HF ``model_type`` values the family loads. A family that lists them loads
-            Hugging Face-layout checkpoints, which are checked before the model loads
-            (:mod:`dare_core.preflight`); other families' checkpoints only by their ``load``.
-        config_keys: the ``config.json`` keys the architecture needs (its sizes); a checkpoint
-            lacking one is refused instead of built with the config class's defaults.
-        context_key: the ``config.json`` key holding the model's context length; a prompt plus
-            ``rollout.gen_length`` must fit it (unchecked when the checkpoint lacks the key).
+        model_types: HF ``model_type`` values the family loads; listing them declares Hugging
+            Face-layout checkpoints, checked before the model loads (:mod:`dare_core.preflight`).
+        config_keys: ``config.json`` keys the architecture needs (its sizes), checked present.
+        context_key: the ``config.json`` key of the context length (prompt + ``gen_length`` must fit).
         default_checkpoint: path of the bundled tiny checkpoint, or ``None``.
         default_rollout: rollout backend used when the config names none.
         rollouts: rollout backends this family works with (for listings).
@@ -261,9 +258,8 @@ class ComponentSpec:
     """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
 
     ``factory(**kwargs)`` builds the component object; ``kinds`` lists the wrapper kinds it
-    supports (empty = all); ``requires`` lists wrapper capabilities it needs; ``needs_groups``:
-    an advantage estimator that compares the rollouts of one prompt (``trainer.group_size`` of 1
-    is refused)."""
+    supports (empty = all); ``requires`` lists wrapper capabilities it needs; ``needs_groups``: an
+    advantage estimator comparing a prompt's rollouts (``trainer.group_size=1`` is refused)."""
 
     name: str
     factory: Callable[..., Any]

@@ -77,10 +77,8 @@ def eval_backend_name(config: RunConfig) -> str:
 
 
 def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
-    """The rollout config used for evaluation: the training one (or, with another
-    ``eval.backend``, that backend's defaults plus the fields it shares with the rollout section)
-    with eval's temperature and steps (``steps = gen_length`` when ``eval.steps`` is null), where
-    the backend has them."""
+    """The evaluation rollout config: the training one (another ``eval.backend``: its defaults and the
+    fields it shares with the rollout section) with eval's temperature and steps (null: gen_length)."""
     name = eval_backend_name(config)
     rc = config.rollout
     if name != config.rollout_backend:

@@ -213,8 +213,8 @@ def test_too_little_free_space_is_refused(refused, tmp_path, hf_ckpt, monkeypatc
     usage = types.SimpleNamespace(total=10**12, used=0, free=need // 2)
     monkeypatch.setattr(preflight_mod.shutil, "disk_usage", lambda path: usage)
     message = refused(*_train(tmp_path, hf_ckpt), "trainer.steps=1000", "trainer.save_every=1")
-    assert message == (f"output_dir={tmp_path / 'runs'}: the run's saves need about 12.80 MB, {tmp_path} has "
-                       f"6.40 MB free; free space, choose another output_dir or save less (trainer.keep_last, "
+    assert message == (f"output_dir={tmp_path / 'runs'}: the run's saves need about 12.8 MB, {tmp_path} has "
+                       f"6.4 MB free; free space, choose another output_dir or save less (trainer.keep_last, "
                        f"trainer.save_every, trainer.save_final)")
     usage.free = need
     cfg = resolve(dare, algo="algo_a", model="hf_toy", overrides=[
