@@ -28,6 +28,8 @@ class DareGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DareError as exc:
+            if os.environ.get("DARE_DEBUG"):  # DARE_DEBUG=1: the traceback too
+                raise
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
 
@@ -83,8 +85,9 @@ OVERRIDES = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--model", required=True, help="Model family (see `dare list models`).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="YAML run config; KEY=VALUE overrides win over it.")
+@click.option("--overwrite", is_flag=True, help="Replace the run directory of an existing run_name.")
 @OVERRIDES
-def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[str, ...]) -> None:
+def train(algo: str, model: str, config_file: Optional[str], overwrite: bool, overrides: tuple[str, ...]) -> None:
     """Train MODEL with ALGO and write a run directory.
 
     Example: dare train --algo ALGO --model FAMILY trainer.steps=10
@@ -94,7 +97,7 @@ def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[st
 
     dare = _dare()
     config = resolve(dare, algo=algo, model=model, config_file=config_file, overrides=overrides)
-    summary = run_train(dare, config)
+    summary = run_train(dare, config, overwrite=overwrite)
     ev = summary.get("eval", {})
     parts = [f"{k}={v['accuracy']:.3f}" for k, v in ev.items() if isinstance(v, dict) and "accuracy" in v]
     if os.environ.get("RANK", "0") == "0":  # one line for a run of several processes
@@ -112,12 +115,14 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
     import torch
 
     from dare_core.config import resolve
+    from dare_core.preflight import preflight
     from dare_core.workflows.runtime import build_rollout, load_model
     from dare_core.workflows.batching import decode_responses, left_pad
 
     dare = _dare()
     overrides = ("rollout.temperature=0",) + tuple(overrides)
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    preflight(dare, config, prompts=prompts)
     wrapper = load_model(dare, config, trainable=False)
     backend = build_rollout(dare, config)
     ids = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": p}])) for p in prompts]

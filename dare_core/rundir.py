@@ -13,18 +13,22 @@ Layout::
         summary.json       algo, model, task, eval.before / eval.after, timings
 
 Every file and checkpoint directory is written atomically (temp file or directory, then
-``os.replace``), so an interrupted run never leaves a half-written checkpoint or summary behind.
+``os.replace``), so an interrupted run never leaves a half-written checkpoint or summary behind;
+the temp entries (``.tmp-*``) it may leave are removed when the run is continued or replaced.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from typing import Any, Callable, Optional
 
 import yaml
+
+from dare_core.errors import DareError
 
 
 def _umask() -> int:
@@ -89,34 +93,37 @@ class RunDir:
         self._metrics = os.path.join(root, "metrics.jsonl")
 
     @classmethod
-    def create(cls, output_dir: str, run_name: Optional[str], default_name: str) -> "RunDir":
-        """The run directory under ``output_dir``.
-
-        A named run (``run_name``) reuses its directory until it is finished (has a
-        ``summary.json``), then gets ``NAME-1``, ``NAME-2``, … A timestamped run
-        (``<default_name>-<YYYYmmdd-HHMMSS>``) always claims a new directory with an exclusive
-        ``mkdir`` (suffix ``-1``, ``-2``, … when taken), so runs started in the same second never
-        share one.
-        """
-        if run_name:
-            root = os.path.join(output_dir, run_name)
-            if os.path.exists(os.path.join(root, "summary.json")):
-                # never overwrite a finished run's results
-                suffix = 1
-                while os.path.exists(f"{root}-{suffix}"):
-                    suffix += 1
-                root = f"{root}-{suffix}"
-            return cls(root)
+    def create(cls, output_dir: str, run_name: Optional[str], default_name: str, *,
+               overwrite: bool = False) -> "RunDir":
+        """Claim a new run directory with an exclusive ``mkdir`` (two runs never share one):
+        ``output_dir/run_name``, refused when it exists (``overwrite``: a run directory there, empty or
+        with ``config.yaml``, is removed first), else ``<default_name>-<YYYYmmdd-HHMMSS>[-N]``."""
         os.makedirs(output_dir, exist_ok=True)
-        base = os.path.join(output_dir, f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        base = os.path.join(output_dir, run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if run_name and overwrite and os.path.lexists(base):
+            if not os.path.isdir(base) or (os.listdir(base) and not os.path.isfile(os.path.join(base, "config.yaml"))):
+                raise DareError(f"--overwrite: {base} is no run directory (no config.yaml); it is left alone: "
+                                f"choose another run_name")
+            shutil.rmtree(base)
         root, suffix = base, 0
         while True:
             try:
                 os.mkdir(root)
                 return cls(root)
             except FileExistsError:
+                if run_name:
+                    raise DareError(f"run directory {root} exists; choose another run_name, pass --overwrite to "
+                                    f"replace it, or continue it with trainer.resume=auto") from None
                 suffix += 1
                 root = f"{base}-{suffix}"
+
+    def remove_temp(self) -> None:
+        """Remove the temp files and directories (``.tmp-*``) a save cut off by a crash left."""
+        for top, dirs, files in os.walk(self.root):
+            for name in [n for n in dirs + files if n.startswith(".tmp-")]:
+                path = os.path.join(top, name)
+                shutil.rmtree(path, ignore_errors=True) if name in dirs else os.unlink(path)
+            dirs[:] = [d for d in dirs if not d.startswith(".tmp-")]
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)

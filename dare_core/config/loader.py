@@ -1,20 +1,12 @@
-"""Resolve a run configuration from defaults, a checkpoint preset, a YAML file and overrides.
-
-Layers, later wins:
-
-1. the attrs defaults of :class:`RunConfig` and of the algorithm's / rollout backend's config
-   classes;
-2. the algorithm's ``recipe`` (defaults it sets for other sections, e.g. ``trainer.lr``);
-3. the checkpoint's ``dare_defaults.yaml`` (its ``common`` section, then the section named after
-   the algorithm's workflow kind), which a bundled tiny checkpoint uses to ship run settings that
-   suit it;
-4. the ``--config`` YAML file;
-5. ``key=value`` overrides (values parsed as YAML; dotted keys address nested sections).
-
-Plugin-owned sections (``dare_register_config_sections``) are top-level keys in every layer,
-structured with the classes their plugins register. Unknown names and unsupported combinations
-fail before any model is loaded; all config problems are reported together in one
-:class:`~dare_core.errors.ConfigError`.
+"""Resolve a run configuration from layers, later winning: (1) the attrs defaults of
+:class:`RunConfig` and of the algorithm's / rollout backend's config classes; (2) the algorithm's
+``recipe`` (defaults for other sections, e.g. ``trainer.lr``); (3) the checkpoint's
+``dare_defaults.yaml`` (its ``common`` section, then the one of the algorithm's workflow kind:
+run settings a bundled tiny checkpoint ships); (4) the ``--config`` YAML file; (5) ``key=value``
+overrides (values parsed as YAML; dotted keys address nested sections). Plugin-owned sections
+(``dare_register_config_sections``) are top-level keys in every layer. Unknown names, unsupported
+combinations and a checkpoint of another family fail before any model is loaded; all config
+problems are reported together in one :class:`~dare_core.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -99,15 +91,9 @@ def _section(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, An
     return value
 
 
-def _recipe(spec: Any) -> dict[str, Any]:
-    """The algorithm's recipe defaults for other sections (e.g. ``trainer.lr``)."""
-    return copy.deepcopy(dict(spec.recipe))
-
-
 def _rollout_needs(spec: Any):
-    """``(records, fields, methods)`` the algorithm's training rollout needs, as its spec declares
-    them: what its trajectory builders read, and the backend config fields and methods its
-    ``rollout_config`` / ``wrap_rollout`` use. Nothing is built."""
+    """``(records, fields, methods)`` the algorithm's training rollout needs as its spec declares them
+    (what its trajectory builders read; what its ``rollout_config`` / ``wrap_rollout`` use)."""
     if spec is None or spec.workflow != "rl":
         return frozenset(), frozenset(), frozenset()
     return spec.records, spec.rollout_fields, spec.rollout_methods
@@ -122,11 +108,9 @@ def backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset = fr
 
 
 def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any]) -> str:
-    """The rollout backend when ``rollout.backend`` is not given: the checkpoint preset's
-    ``rollout.backend`` (a suggestion: used when it is installed, drives the family and serves the
-    algorithm's training rollout), else the family's default, or — when that cannot serve the
-    algorithm's training rollout (records, config fields, methods) — the first of the family's
-    other backends that can."""
+    """The rollout backend when ``rollout.backend`` is not given: the first that is installed, drives
+    the family and serves the algorithm's training rollout (records, config fields, methods) of the
+    checkpoint preset's ``rollout.backend``, the family's default and its other backends (else the default)."""
     suggested = (preset.get("rollout") or {}).get("backend") if isinstance(preset.get("rollout"), dict) else None
     candidates = [family.default_rollout] + [n for n in family.rollouts if n != family.default_rollout]
     if suggested:
@@ -221,12 +205,17 @@ def resolve(
     if spec is not None and workflow and spec.workflow != workflow:
         raise DareError(f"algorithm {spec.name!r} runs the {spec.workflow} workflow, not {workflow}")
 
+    if model_sec.get("path") is not None and not str(model_sec["path"]).strip():
+        raise ConfigError(["model.path is empty; omit it to use the bundled checkpoint or give a directory"])
     path = model_sec.get("path") or family.default_checkpoint
     if not path:
         raise DareError(
             f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR"
         )
     raw["model"] = dict(model_sec, path=path)
+    from dare_core.preflight import checkpoint  # whose checkpoint it is, before its preset applies
+
+    checkpoint(dare, family, str(path))
     preset_path = os.path.join(str(path), PRESET_FILE)
     preset: dict[str, Any] = {}
     if os.path.isfile(preset_path):
@@ -253,7 +242,7 @@ def resolve(
         preset = dict(preset, algorithm={k: v for k, v in preset["algorithm"].items() if k in names})
     else:
         preset.pop("algorithm", None)
-    raw = deep_merge(deep_merge(_recipe(spec) if spec is not None else {}, preset), raw)
+    raw = deep_merge(deep_merge(copy.deepcopy(dict(spec.recipe)) if spec is not None else {}, preset), raw)
 
     rollout_raw = dict(_section(raw, "rollout", problems))
     rollout_raw.pop("backend", None)
@@ -288,8 +277,17 @@ def resolve(
         else:
             problem = misfit(f"eval.backend {top.eval.backend!r}",
                               dare.registries.rollouts.get(top.eval.backend), family, backend_hint)
+            if not problem and top.eval.backend not in (family.default_rollout, *family.rollouts):
+                problem = f"eval.backend {top.eval.backend!r} is not a backend model family {family.name!r} lists; {backend_hint}"
             if problem:
                 problems.append(problem)
+    # an RL algorithm's advantage estimators (none listed: the loop's group_norm) that compare rollouts
+    adv = (spec.components.get("advantage") or "group_norm") if spec is not None and spec.workflow == "rl" else ()
+    grouped = [n for n in ((adv,) if isinstance(adv, str) else adv) if n in dare.registries.advantages]
+    if top is not None and top.trainer.group_size < 2 and grouped and all(
+            dare.registries.advantages.get(n).needs_groups for n in grouped):
+        problems.append(f"trainer.group_size={top.trainer.group_size}: algorithm {spec.name!r} compares the "
+                        f"rollouts of each prompt (advantage {grouped[0]!r}); set trainer.group_size to 2 or more")
     if problems:
         raise ConfigError(problems)
     return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name,
@@ -324,11 +322,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
 
 
 def render_with_help(config: RunConfig, dare: Any = None) -> str:
-    """YAML of a resolved config with each field's help text as a comment.
-
-    Plugin-owned sections come last, as top-level keys; their header comment is the registered
-    description (with ``dare``), else the first line of the section class's docstring.
-    """
+    """YAML of a resolved config with each field's help text as a comment; plugin-owned sections
+    last, headed by their registered description (with ``dare``) or their class docstring's first line."""
     lines: list[str] = []
 
     def emit(obj: Any, indent: int, extra: Optional[dict[str, Any]] = None) -> None:

@@ -53,10 +53,10 @@ def dare_register_policy_losses(register):
 def dare_register_advantage_estimators(register):
     register(ComponentSpec(
         "group_norm", GroupNormAdvantage, "(r - group mean) / (unbiased group std + eps)",
-        reference="arXiv:2402.03300",
+        reference="arXiv:2402.03300", needs_groups=True,
     ))
     register(ComponentSpec("rloo", RLOOAdvantage, "leave-one-out baseline",
-                           reference="arXiv:2402.14740"))
+                           reference="arXiv:2402.14740", needs_groups=True))
 
 
 @hookimpl

@@ -104,7 +104,10 @@ class ModelFamily:
         kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
         load: ``load(path, dtype, device) -> ModelWrapper``.
         capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
-        model_types: HF ``model_type`` values the family loads.
+        model_types: HF ``model_type`` values the family loads; listing them declares Hugging
+            Face-layout checkpoints, checked before the model loads (:mod:`dare_core.preflight`).
+        config_keys: ``config.json`` keys the architecture needs (its sizes), checked present.
+        context_key: the ``config.json`` key of the context length (prompt + ``gen_length`` must fit).
         default_checkpoint: path of the bundled tiny checkpoint, or ``None``.
         default_rollout: rollout backend used when the config names none.
         rollouts: rollout backends this family works with (for listings).
@@ -119,6 +122,8 @@ class ModelFamily:
     load: Callable[..., ModelWrapper]
     capabilities: frozenset[str] = frozenset()
     model_types: tuple[str, ...] = ()
+    config_keys: tuple[str, ...] = ()
+    context_key: Optional[str] = "max_position_embeddings"
     default_checkpoint: Optional[str] = None
     default_rollout: str = ""
     rollouts: tuple[str, ...] = ()
@@ -253,7 +258,8 @@ class ComponentSpec:
     """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
 
     ``factory(**kwargs)`` builds the component object; ``kinds`` lists the wrapper kinds it
-    supports (empty = all); ``requires`` lists wrapper capabilities it needs."""
+    supports (empty = all); ``requires`` lists wrapper capabilities it needs; ``needs_groups``: an
+    advantage estimator comparing a prompt's rollouts (``trainer.group_size=1`` is refused)."""
 
     name: str
     factory: Callable[..., Any]
@@ -261,6 +267,7 @@ class ComponentSpec:
     kinds: frozenset[str] = frozenset()
     requires: frozenset[str] = frozenset()
     reference: str = ""
+    needs_groups: bool = False
 
 
 @attrs.frozen

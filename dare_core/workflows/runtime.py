@@ -19,6 +19,7 @@ from dare_core.engines.common import resolve_device
 from dare_core.config.structure import structure
 from dare_core.errors import ConfigError, DareError
 from dare_core.ops.paths import configure_training_paths
+from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
 
 
@@ -76,10 +77,8 @@ def eval_backend_name(config: RunConfig) -> str:
 
 
 def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
-    """The rollout config used for evaluation: the training one (or, with another
-    ``eval.backend``, that backend's defaults plus the fields it shares with the rollout section)
-    with eval's temperature and steps (``steps = gen_length`` when ``eval.steps`` is null), where
-    the backend has them."""
+    """The evaluation rollout config: the training one (another ``eval.backend``: its defaults and the
+    fields it shares with the rollout section) with eval's temperature and steps (null: gen_length)."""
     name = eval_backend_name(config)
     rc = config.rollout
     if name != config.rollout_backend:
@@ -143,10 +142,11 @@ class Context:
 
 
 def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engine: Any = None,
-          resume_from: Optional[str] = None) -> Context:
+          resume_from: Optional[str] = None, task: Any = None) -> Context:
+    """The run's :class:`Context`; ``task``: the task already built (by the checks before the run)."""
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
-    task = dare.registries.tasks.get(config.task.name).build(config.task)
+    task = task if task is not None else dare.registries.tasks.get(config.task.name).build(config.task)
     components = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
     engine = engine if engine is not None else build_engine(dare, config)
     # the samplers need no model: a bad eval rollout config fails before the model is loaded
@@ -175,14 +175,15 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engi
 def eval_context(dare: Any, config: RunConfig) -> Context:
     """The context of an evaluation without training: model (frozen), eval sampler, task, engine.
 
-    Config errors of the sampler surface before the model is loaded.
+    Config errors of the sampler and the checks of :mod:`dare_core.preflight` come before the
+    model is loaded.
     """
     eval_rollout = build_eval_rollout(dare, config)
+    task = preflight(dare, config)
     engine = build_engine(dare, config)
     seed_everything(config.seed)
     wrapper = load_model(dare, config, trainable=False, device=engine.device)
     gen = seed_everything(config.seed, engine.rank)
     engine.prepare(wrapper, trainable=False)
-    task = dare.registries.tasks.get(config.task.name).build(config.task)
     return Context(dare, config, None, dare.registries.models.get(config.model.family), wrapper,
                    None, eval_rollout, task, None, engine, None, gen)

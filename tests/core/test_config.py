@@ -493,9 +493,10 @@ def test_preset_algorithm_sections_apply_to_that_algorithm_only(dare, ckpt):
     assert plain.trainer.lr == TrainerConfig().lr
 
 
-def test_eval_backend_is_checked_and_shares_the_rollout_fields(dare, ckpt):
+def test_eval_backend_is_checked_and_shares_the_rollout_fields(make_dare, ckpt):
     from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
 
+    dare = make_dare(_NeedsBackendFeatures())
     with pytest.raises(ConfigError) as info:
         _resolve(dare, ckpt, "eval.backend=mnii")
     (problem,) = _problems(info)
@@ -503,8 +504,13 @@ def test_eval_backend_is_checked_and_shares_the_rollout_fields(dare, ckpt):
     with pytest.raises(ConfigError) as info:
         _resolve(dare, ckpt, "eval.backend=block_only")
     assert "block" in _problems(info)[0]
-    cfg = _resolve(dare, ckpt, "eval.backend=mini", "rollout.gen_length=24", "rollout.block_length=8",
-                   "rollout.steps=12", "rollout.temperature=0.7", "eval.steps=6")
+    with pytest.raises(ConfigError) as info:  # drives masked models, but 'toy' does not list it
+        _resolve(dare, ckpt, "eval.backend=mini")
+    assert _problems(info) == ["eval.backend 'mini' is not a backend model family 'toy' lists; "
+                               "use one of: low_confidence"]
+    cfg = _resolve(dare, ckpt, "eval.backend=mini", "rollout.backend=low_confidence", "rollout.gen_length=24",
+                   "rollout.block_length=8", "rollout.steps=12", "rollout.temperature=0.7", "eval.steps=6",
+                   model="toy_mini")
     assert cfg.rollout_backend == "low_confidence" and eval_backend_name(cfg) == "mini"
     ev = eval_rollout_config(cfg, dare)
     assert type(ev).__name__ == "MiniRolloutConfig"

@@ -150,6 +150,10 @@ def test_malformed_rows(tmp_path):
 
 
 def test_unreadable_and_unsupported_files(tmp_path):
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"data_source": "x"}\n\xff\xfe\x00garbage\n')
+    msg = _one_line_error(load_examples, str(binary), match="not a readable UTF-8 .jsonl file")
+    assert str(binary) in msg
     path = tmp_path / "garbage.parquet"
     path.write_bytes(b"this is not parquet\nat all\n")
     msg = _one_line_error(load_examples, str(path), match="not a readable parquet")

@@ -25,6 +25,8 @@ def dare_register_model_wrappers(register):
         create=create,
         capabilities=CAPABILITIES,
         model_types=("llada",),
+        config_keys=("d_model", "n_heads", "n_layers", "vocab_size"),
+        context_key="max_sequence_length",
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="low_confidence",
         rollouts=("low_confidence", "fast"),

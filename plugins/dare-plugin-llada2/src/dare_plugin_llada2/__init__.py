@@ -34,6 +34,7 @@ def dare_register_model_wrappers(register):
         create=create,
         capabilities=CAPABILITIES,
         model_types=("llada2_moe",),
+        config_keys=("hidden_size", "num_attention_heads", "num_hidden_layers", "num_experts", "vocab_size"),
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="llada2_threshold",
         rollouts=("llada2_threshold", "llada2_editing", "block"),

@@ -26,6 +26,7 @@ def dare_register_model_wrappers(register):
         create=create,
         capabilities=CAPABILITIES,
         model_types=("sdar", "sdar_moe"),
+        config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),
         default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
         default_rollout="block",
         rollouts=("block",),

@@ -57,23 +57,26 @@ def _read_parquet(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _fail(path, f"line {lineno} is not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise _fail(path, f"line {lineno} is not a JSON object")
-            missing = [c for c in REQUIRED_COLUMNS if c not in row]
-            if missing:
-                raise _fail(path, f"line {lineno} is missing key(s) {', '.join(missing)}; "
-                                  f"expected verl-schema keys {_EXPECTED}")
-            rows.append(row)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise _fail(path, f"line {lineno} is not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise _fail(path, f"line {lineno} is not a JSON object")
+                missing = [c for c in REQUIRED_COLUMNS if c not in row]
+                if missing:
+                    raise _fail(path, f"line {lineno} is missing key(s) {', '.join(missing)}; "
+                                      f"expected verl-schema keys {_EXPECTED}")
+                rows.append(row)
+    except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not UTF-8 text
+        raise _fail(path, f"not a readable UTF-8 .jsonl file ({_one_line(exc)})") from None
     return rows
 
 

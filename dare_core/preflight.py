@@ -1,0 +1,146 @@
+"""Checks before any work (``dare train``, ``eval``, ``generate``); each failure is one DareError
+naming the problem and the fix; nothing is loaded onto a device or written. A family listing
+``model_types`` (Hugging Face layout): ``config.json`` is an object of such a type (another family's
+type names that family) with the family's ``config_keys``; the weights (a file, or an index and its
+shards) are whole (safetensors: as long as the header says); the tokenizer loads. The task is built
+and its data read (eval; training: a data file whole, a built-in source's first ``TRAIN_SAMPLE``).
+The longest prompts fit ``trainer.max_prompt_length`` and, with ``rollout.gen_length``, the context
+(``ModelFamily.context_key``). Training: ``output_dir`` is writable with room for the saves (:func:`disk_need`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+from typing import Any, Optional, Sequence
+
+import torch
+
+from dare_core.errors import DareError
+from dare_core.models.lora import resolve_checkpoint
+
+WEIGHTS, FIX, TRAIN_SAMPLE = ("model.safetensors", "pytorch_model.bin"), "re-download or re-export the checkpoint", 64
+
+
+def _json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding
+        raise DareError(f"{path} is not readable JSON ({getattr(exc, 'msg', None) or exc}); {FIX}") from None
+
+
+def checkpoint(dare: Any, family: Any, path: Optional[str]) -> tuple[Optional[str], Optional[dict]]:
+    """``(base directory, config.json)`` of the checkpoint at ``path`` (a LoRA adapter: its base),
+    checked; ``(path, None)`` for a family without ``model_types``."""
+    if not family.model_types:
+        return path, None
+    if not path or not os.path.isdir(path):
+        raise DareError(f"model.path={path}: no such directory; give a checkpoint directory")
+    base = resolve_checkpoint(path)[0]
+    if not os.path.isfile(file := os.path.join(base, "config.json")):
+        raise DareError(f"{base} has no config.json, so it is no Hugging Face checkpoint; give one as model.path")
+    if not isinstance(cfg := _json(file), dict):
+        raise DareError(f"{file} holds a JSON {type(cfg).__name__}, not an object; {FIX}")
+    if (kind := cfg.get("model_type")) not in family.model_types:
+        owner = next((n for n, f in dare.registries.models.items() if kind in f.model_types), None)
+        raise DareError(f"{base} is a checkpoint of model_type {kind!r}, which model family {family.name!r} does not "
+                        f"load; " + (f"it is a {owner!r} checkpoint: pass --model {owner}" if owner
+                                     else "no installed model family loads it (`dare list models`)"))
+    if missing := [k for k in family.config_keys if cfg.get(k) is None]:
+        raise DareError(f"{file} lacks {', '.join(missing)} (the sizes of a {kind!r} model); {FIX}")
+    return base, cfg
+
+
+def _params(base: str) -> int:
+    """The parameter count of the checkpoint's weights, found whole (``.bin``: float32 assumed)."""
+    files = [w for w in WEIGHTS if os.path.isfile(os.path.join(base, w))][:1]
+    if index := next((p for w in WEIGHTS if os.path.isfile(p := os.path.join(base, w + ".index.json"))), None):
+        wmap = data.get("weight_map") if isinstance(data := _json(index), dict) else None
+        files = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
+    if not files:
+        raise DareError(f"{base} holds no weights ({' or '.join(WEIGHTS)}, or a sharded index naming its files); {FIX}")
+    params = 0
+    for path in (os.path.join(base, f) for f in files):
+        if not os.path.isfile(path):
+            raise DareError(f"{path}, named by the weights index, is missing; {FIX}")
+        size, end = os.path.getsize(path), None
+        try:
+            with open(path, "rb") as fh:  # safetensors: an 8-byte header size, a JSON header, the data
+                (n,) = struct.unpack("<Q", fh.read(8))
+                tensors = [t for k, t in json.loads(fh.read(n) if n < size else b"[]").items() if k != "__metadata__"]
+            params += sum(math.prod(t["shape"]) for t in tensors)
+            end = 8 + n + max(t["data_offsets"][1] for t in tensors)
+        except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            pass
+        if path.endswith(".bin"):
+            params += size // 4
+        elif end is None or end > size:
+            raise DareError(f"{path} is truncated or not a safetensors file; {FIX}")
+    return params
+
+
+def disk_need(config: Any, params: int) -> int:
+    """Bytes the run's saves take at most: the training checkpoints kept (the model in
+    ``model.dtype``, float32 weights and two AdamW moments; one more while the next is written)
+    and the final model. LoRA without merged saves counts as nothing (adapters are small)."""
+    tr, lora = config.trainer, config.model.lora
+    export = 0 if lora.enabled and not lora.merge_on_save else params * getattr(torch, config.model.dtype).itemsize
+    kept = tr.steps // tr.save_every if tr.save_every else 0
+    kept = min(kept, tr.keep_last + 1) if tr.keep_last else kept
+    return kept * (export + (0 if lora.enabled else 12 * params)) + (export if tr.save_final else 0)
+
+
+def _output(config: Any, params: int) -> None:
+    probe, where = os.path.abspath(config.output_dir), f"output_dir={config.output_dir}"
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        state = "not writable" if os.path.isdir(probe) else "a file, not a directory"
+        raise DareError(f"{where}: {probe} is {state}; choose another output_dir")
+    if (need := disk_need(config, params)) > (free := shutil.disk_usage(probe).free):
+        raise DareError(f"{where}: the run's saves need about {need / 1e6:,.1f} MB, {probe} has {free / 1e6:,.1f} MB free; free "
+                        f"space, choose another output_dir or save less (trainer.keep_last, trainer.save_every, "
+                        f"trainer.save_final)")
+
+
+def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
+    """The checks of the module docstring (``train``: with the training data and ``output_dir``;
+    ``prompts``: ``dare generate``'s, instead of a task); returns the task, its data read, or None."""
+    family = dare.registries.models.get(config.model.family)
+    base, cfg = checkpoint(dare, family, config.model.path)
+    params = _params(base) if cfg is not None else 0
+    if train:
+        _output(config, params)
+    task, chats = None, [[{"role": "user", "content": p}] for p in prompts or ()]
+    if prompts is not None and not all(p.strip() for p in prompts):
+        raise DareError("--prompt is empty; give the text the model should respond to")
+    if prompts is None:
+        task = dare.registries.tasks.get(config.task.name).build(config.task)
+        items = task.examples("eval", limit=config.task.num_eval, seed=config.seed) + (task.examples(
+            "train", limit=None if config.task.train_path else TRAIN_SAMPLE, seed=config.seed) if train else [])
+        chats = [ex.prompt for ex in items]
+    if cfg is None:
+        return task
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(base)
+    except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc
+    longest = sorted(chats, key=lambda c: sum(len(m["content"]) for m in c), reverse=True)[:16]
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) if tok.chat_template
+             else "\n".join(m["content"] for m in c) for c in longest]
+    n = max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
+    if prompts is None and n > config.trainer.max_prompt_length:
+        raise DareError(f"a prompt has {n} tokens, more than trainer.max_prompt_length="
+                        f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length")
+    gen, context = getattr(config.rollout, "gen_length", 0) or 0, cfg.get(family.context_key or "")
+    if isinstance(context, int) and n + gen > context:
+        raise DareError(f"a prompt of {n} tokens plus rollout.gen_length={gen} exceeds the model's context of "
+                        f"{context} tokens ({family.context_key} in config.json); shorten the prompt or lower "
+                        f"rollout.gen_length")
+    return task
