@@ -16,9 +16,18 @@ from dare_core.errors import DareError
 
 
 def _dare():
+    """The process-wide plugin manager; the first call warns once per broken plugin."""
     from dare_core.plugins import get_dare
 
-    return get_dare()
+    dare = get_dare()
+    for info in dare.broken():
+        if info.name not in _WARNED:
+            _WARNED.add(info.name)
+            click.echo(f"warning: {info.broken_message()}", err=True)
+    return dare
+
+
+_WARNED: set[str] = set()
 
 
 class DareGroup(click.Group):
@@ -28,6 +37,8 @@ class DareGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DareError as exc:
+            if os.environ.get("DARE_DEBUG") == "1":
+                raise
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
 
@@ -38,16 +49,27 @@ class DareGroup(click.Group):
         try:
             self._add_plugin_commands(_dare())
         except DareError as exc:
+            if os.environ.get("DARE_DEBUG") == "1":
+                raise
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
 
     def _add_plugin_commands(self, dare: Any) -> None:
         """Call each plugin's ``dare_register_commands`` in turn (registration order) and
-        refuse a command name that a built-in or an earlier plugin already uses."""
+        refuse a command name that a built-in or an earlier plugin already uses; a hook that
+        raises marks its plugin broken and adds nothing."""
         owners = {name: "dare-core" for name in self.commands}
         for impl in dare.pm.hook.dare_register_commands.get_hookimpls():
             before = dict(self.commands)
-            impl.function(cli=self)
+            try:
+                impl.function(cli=self)
+            except Exception as exc:
+                if os.environ.get("DARE_DEBUG") == "1":
+                    raise
+                self.commands = before
+                dare.disable(impl.plugin_name, "dare_register_commands", exc)
+                _dare()  # its warning
+                continue
             for name, cmd in list(self.commands.items()):
                 if name not in before:
                     owners[name] = impl.plugin_name
@@ -155,12 +177,13 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
-    """List loaded plugins: name, distribution, version and implemented hooks."""
+    """List plugins: name, distribution, version and implemented hooks (or why it is broken)."""
     infos = _dare().plugin_infos()
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos], indent=2))
         return
-    rows = [(i.name, i.distribution, i.version, ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
+    rows = [(i.name, i.distribution, i.version, f"BROKEN: {i.broken}" if i.broken else
+             ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
     _table(("plugin", "distribution", "version", "hooks"), rows)
 
 

@@ -7,10 +7,12 @@ those objects directly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
@@ -173,7 +175,7 @@ class LikelihoodEstimator(Protocol):
 
 #: ``estimate(rows) -> [len(rows), B, ...]``: the algorithm's estimator on the given Monte-Carlo
 #: rows of the batch's corruption only, with gradients.
-RowEstimate = Callable[[Sequence[int]], torch.Tensor]
+RowEstimate = Callable[[Sequence[int]], "torch.Tensor"]
 
 
 class PolicyLoss(Protocol):
@@ -199,7 +201,7 @@ class AccumulatingLoss(Protocol):
     ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
     own forward passes (detached); otherwise the loop gives it a separate no-grad pass.
     ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients — through ``backward``
-    (the engine's, which a distributed engine needs to see) — and returns the detached loss and
+    (the engine's, which a distributed engine needs to see; default ``torch.Tensor.backward``) — and returns the detached loss and
     its metrics.
     """
 
@@ -208,7 +210,7 @@ class AccumulatingLoss(Protocol):
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
                    ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
                    scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None,
-                   backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+                   backward: Callable[[torch.Tensor], None] = ...,
                    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
