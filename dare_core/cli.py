@@ -112,10 +112,11 @@ def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[st
     Example: dare train --algo ALGO --model FAMILY trainer.steps=10
     """
     from dare_core.config import resolve
-    from dare_core.train import train as run_train
 
     dare = _dare()
     config = resolve(dare, algo=algo, model=model, config_file=config_file, overrides=overrides)
+    from dare_core.train import train as run_train  # torch: after the config is checked
+
     summary = run_train(dare, config)
     ev = summary.get("eval", {})
     parts = [f"{k}={v['accuracy']:.3f}" for k, v in ev.items() if isinstance(v, dict) and "accuracy" in v]
@@ -131,15 +132,16 @@ def train(algo: str, model: str, config_file: Optional[str], overrides: tuple[st
 def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], overrides: tuple[str, ...]) -> None:
     """Generate a response to each --prompt with the model's rollout backend (greedy unless
     rollout.temperature is set)."""
-    import torch
-
     from dare_core.config import resolve
-    from dare_core.workflows.runtime import build_rollout, load_model
-    from dare_core.workflows.batching import decode_responses, left_pad
 
     dare = _dare()
     overrides = ("rollout.temperature=0",) + tuple(overrides)
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    import torch
+
+    from dare_core.workflows.batching import decode_responses, left_pad
+    from dare_core.workflows.runtime import build_rollout, load_model
+
     wrapper = load_model(dare, config, trainable=False)
     backend = build_rollout(dare, config)
     ids = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": p}])) for p in prompts]
@@ -159,11 +161,12 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
     """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
     from dare_core.config import resolve
-    from dare_core.workflows.runtime import eval_context
-    from dare_core.workflows.evaluation import evaluate
 
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    from dare_core.workflows.evaluation import evaluate
+    from dare_core.workflows.runtime import eval_context
+
     ctx = eval_context(dare, config)
     examples = ctx.task.examples("eval", limit=config.task.num_eval, seed=config.seed)
     result = evaluate(ctx, examples, "eval")
