@@ -26,6 +26,7 @@ import attrs
 import pluggy
 
 from dare_core import hookspecs
+from dare_core._version import __version__
 from dare_core.errors import DareError, DuplicateNameError
 from dare_core.registry import Registries
 
@@ -132,11 +133,8 @@ def _selected_entry_points() -> list[md.EntryPoint]:
 class Dare:
     """The plugin manager plus the registries filled from it."""
 
-    def __init__(self, pm: pluggy.PluginManager, registries: Registries,
-                 infos: list[PluginInfo]):
-        self.pm = pm
-        self.registries = registries
-        self.infos = infos
+    def __init__(self, pm: pluggy.PluginManager, registries: Registries, infos: list[PluginInfo]):
+        self.pm, self.registries, self.infos = pm, registries, infos
 
     def plugin_infos(self) -> list[PluginInfo]:
         return list(self.infos)
@@ -162,13 +160,8 @@ def _make_pm() -> pluggy.PluginManager:
     return pm
 
 
-def build(
-    *,
-    load_entrypoints: bool = True,
-    extra_plugins: Iterable[ModuleType | Any] = (),
-    default_plugins: bool = True,
-    strict: bool = False,
-) -> Dare:
+def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType | Any] = (),
+          default_plugins: bool = True, strict: bool = False) -> Dare:
     """Build a plugin manager and fill fresh registries from it.
 
     :param load_entrypoints: load the installed ``dare`` entry points (subject to the
@@ -183,7 +176,7 @@ def build(
     if default_plugins:
         for modname in DEFAULT_PLUGINS:
             pm.register(importlib.import_module(modname), name=modname)
-            infos.append(_info(pm, modname, "dare-core", _core_version(), modname, True))
+            infos.append(_info(pm, modname, "dare-core", __version__, modname, True))
     for ep in _selected_entry_points() if load_entrypoints else ():
         dist, ver = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("?", "?")
         try:
@@ -228,12 +221,6 @@ def _registrar(registry, owner: str) -> Callable[[Any], None]:
         registry.register(name, spec, owner=owner)
 
     return register
-
-
-def _core_version() -> str:
-    from dare_core._version import __version__
-
-    return __version__
 
 
 def _info(pm: pluggy.PluginManager, name: str, dist: str, version: str, module: str,

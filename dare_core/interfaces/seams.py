@@ -62,27 +62,16 @@ class ModelWrapper(Protocol):
     def supports_fused_ce(self) -> bool:
         """Whether ``token_logprobs`` can use the logits-free fused cross entropy."""
 
-    def logits(
-        self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference forward over ``[B, L]`` ids; returns aligned ``[B, L, V]`` logits."""
 
-    def denoise_logits(
-        self,
-        noisy_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
         clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
 
-    def token_logprobs(
-        self,
-        noisy_ids: torch.Tensor,
-        targets: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -134,9 +123,7 @@ class ForwardCorruption(Protocol):
     """``(batch, generator) -> Corrupted``; drawn once per rollout batch and shared by the old,
     reference and new likelihood evaluations."""
 
-    def __call__(
-        self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator
-    ) -> Corrupted: ...
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted: ...
 
 
 class TrajectoryBuilder(Protocol):
@@ -165,12 +152,7 @@ class LikelihoodEstimator(Protocol):
 
     granularity: Literal["token", "sequence"]
 
-    def __call__(
-        self,
-        wrapper: ModelWrapper,
-        batch: SequenceBatch,
-        corrupted: Optional[Corrupted],
-    ) -> torch.Tensor: ...
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor: ...
 
 
 #: ``estimate(rows) -> [len(rows), B, ...]``: the algorithm's estimator on the given Monte-Carlo
@@ -239,15 +221,8 @@ class AdvantageEstimator(Protocol):
 class RolloutBackend(Protocol):
     """A generation engine for one wrapper kind."""
 
-    def generate(
-        self,
-        wrapper: ModelWrapper,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        record: frozenset[str] = frozenset(),
-        generator: Optional[torch.Generator] = None,
-    ) -> RolloutBatch: ...
+    def generate(self, wrapper: ModelWrapper, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+                 record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch: ...
 
 
 @attrs.frozen
