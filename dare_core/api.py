@@ -10,10 +10,8 @@ import importlib
 
 from dare_core.interfaces import __all__ as _seams
 
-#: module -> the names it exports here. Commands use ``get_dare``, ``eval_context``, ``evaluate``;
-#: workflows in plugins the run ``Context``, ``Tracker``, the batch stream and its random streams,
-#: ``lr_at``, ``ReferencePolicy``; engine plugins the single-process engine, the process-group base
-#: and the shared precision / optimizer pieces (``dare_core.engines.*``).
+#: module -> the names it exports here (workflows and engines in plugins use the run ``Context``,
+#: ``Tracker``, the batch stream, ``SingleProcessEngine``, ``ProcessGroupEngine``, ...)
 _EXPORTS = {
     "dare_core.components": "ComponentLookup corrupted_logprobs",
     "dare_core.components.advantages": "GroupNormAdvantage RLOOAdvantage",

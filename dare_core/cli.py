@@ -30,6 +30,14 @@ def _dare():
 _WARNED: set[str] = set()
 
 
+def _fail(exc: DareError) -> None:
+    """One ``error:`` line and exit status 2; with ``DARE_DEBUG=1`` the traceback instead."""
+    if os.environ.get("DARE_DEBUG") == "1":
+        raise exc
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
 class DareGroup(click.Group):
     """A click group that turns user errors into one line and loads plugin commands."""
 
@@ -37,10 +45,7 @@ class DareGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DareError as exc:
-            if os.environ.get("DARE_DEBUG") == "1":
-                raise
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
+            _fail(exc)
 
     def _load_plugin_commands(self) -> None:
         if getattr(self, "_plugins_loaded", False):
@@ -49,10 +54,7 @@ class DareGroup(click.Group):
         try:
             self._add_plugin_commands(_dare())
         except DareError as exc:
-            if os.environ.get("DARE_DEBUG") == "1":
-                raise
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            _fail(exc)
 
     def _add_plugin_commands(self, dare: Any) -> None:
         """Call each plugin's ``dare_register_commands`` in turn (registration order) and
@@ -181,6 +183,7 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
     """List plugins: name, distribution, version and implemented hooks (or why it is broken)."""
+    cli._load_plugin_commands()  # a command hook that raises breaks its plugin too
     infos = _dare().plugin_infos()
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos], indent=2))

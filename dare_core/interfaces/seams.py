@@ -139,8 +139,7 @@ class TrajectoryBuilder(Protocol):
 
     records: frozenset[str]
 
-    def rows(self, wrapper: "ModelWrapper", rollout: RolloutBatch,
-             context: TrajectoryContext) -> TrainingRows: ...
+    def rows(self, wrapper: ModelWrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows: ...
 
 
 class LikelihoodEstimator(Protocol):
