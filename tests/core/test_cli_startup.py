@@ -70,3 +70,27 @@ def test_a_config_error_is_reported_before_torch_is_imported(override, problem):
     assert lines[-1].startswith("error: invalid configuration") and problem in lines[-1]
     assert "Traceback" not in proc.stderr
     assert not imported & set(HEAVY), f"imported {sorted(imported & set(HEAVY))}"
+
+
+def test_the_core_modules_a_plugin_registers_with_import_no_torch():
+    code = """
+import sys
+import dare_core.cli, dare_core.config, dare_core.hookspecs, dare_core.interfaces, dare_core.listing
+import dare_core.plugins, dare_core.registry
+import dare_core.api as api
+from dare_core.api import AlgorithmSpec, ComponentSpec, DareError, ModelFamily, hookimpl, lazy, option, positive
+assert "HFDiffusionWrapper" in dir(api) and "ClippedPolicyLoss" in api.__all__
+print(sorted(m for m in %r if m in sys.modules))
+""" % (HEAVY + ("numpy", "pandas"),)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_a_lazy_api_name_resolves_to_the_module_attribute():
+    import dare_core.api as api
+    from dare_core.components.losses import ClippedPolicyLoss
+
+    assert api.ClippedPolicyLoss is ClippedPolicyLoss and "ClippedPolicyLoss" in vars(api)  # kept
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        api.NoSuchName  # noqa: B018
