@@ -29,7 +29,7 @@ from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_toke
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.modeling_dream import DreamModel
-from dare_plugin_dream.config import BUNDLED, CAPABILITIES
+from dare_plugin_dream.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
 IM_END_TOKEN = "<|im_end|>"
 

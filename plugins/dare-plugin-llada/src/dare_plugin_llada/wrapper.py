@@ -18,7 +18,7 @@ from dare_nn.checkpoints import tiny_params, tokenizer_token_id
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.modeling_llada import LLaDAModelLM
-from dare_plugin_llada.config import BUNDLED, CAPABILITIES
+from dare_plugin_llada.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
 EOT_TOKEN = "<|eot_id|>"
 

@@ -22,7 +22,7 @@ from dare_nn.checkpoints import save_new_checkpoint, tiny_params
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
-from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE
+from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 
 class LLaDA2Wrapper(HFDiffusionWrapper):

@@ -30,7 +30,7 @@ from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM
-from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE
+from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 IM_END = "<|im_end|>"
 MASK_TOKENS = ("<|MASK|>", "<MASK>")
