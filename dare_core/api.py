@@ -1,48 +1,60 @@
 """The public API of dare-core for plugin authors: what a family, algorithm, rollout backend, task,
 command or observer plugin may import (the seams, generic components, config, errors, model
 wrappers, training paths, the runtime commands drive). Other ``dare_core`` modules are private;
-the testing kit is :mod:`dare_core.testing`."""
+the testing kit is :mod:`dare_core.testing`.
 
-from dare_core.components import ComponentLookup, corrupted_logprobs
-from dare_core.components.advantages import GroupNormAdvantage, RLOOAdvantage
-from dare_core.components.corruptions import RandomRatioMasking, mask_tokens
-from dare_core.components.estimators import MaskedTokenLogProb, ResponseTokenLogProb
-from dare_core.components.losses import ClippedPolicyLoss, agg_loss, kl_penalty, masked_mean
-from dare_core.components.trajectories import FinalSequence
-from dare_core.config import RunConfig, TaskConfig, option, resolve, structure, to_dict
-from dare_core.config.loader import misfit, parse_overrides
-from dare_core.config.validators import divides, in_range, non_negative, one_of, optional, positive, probability
-from dare_core.errors import CapabilityError, ConfigError, DareError
-from dare_core.interfaces import *  # noqa: F401,F403 (the seams; see dare_core.interfaces.__all__)
+Names resolve on first use (PEP 562), so importing this module, or a light name from it
+(``hookimpl``, ``lazy``, the specs, ``option``), imports neither torch nor model code."""
+
+import importlib
+
 from dare_core.interfaces import __all__ as _seams
-from dare_core.models.base import HFDiffusionWrapper, gather_logprobs
-from dare_core.ops.attention import FLEX_BLOCK, HALF, DocumentMask, available_kernels, cu_seqlens, document_mask
-from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, chunk_rows, fused_token_logprobs, naive_token_logprobs
-from dare_core.ops.packing import plan_packing
-from dare_core.ops.paths import configure_training_paths, param_dtype, select_training_paths
-from dare_core.pairing import compare, describe, paired_counts
-from dare_core.plugins import get_dare, hookimpl
-from dare_core.rng import for_device
-from dare_core.rundir import atomic_write_file, atomic_write_text
-from dare_core.workflows.batching import decode_responses, left_pad
-from dare_core.workflows.evaluation import evaluate
-from dare_core.workflows.runtime import eval_backend_name, eval_context, eval_rollout_config, setup
-from dare_core.workflows.sft import default_collate
 
-# --- what workflows in plugins use (dare-plugin-preference): the run context and its tracker,
-# the batch stream and its random streams, rollout and batching helpers, the learning-rate
-# schedule, the reference policy
-from dare_core.engines.common import lr_at
-from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, chunks, encode_prompts
-from dare_core.workflows.rl import ReferencePolicy, estimate_no_grad
-from dare_core.workflows.runtime import Context, build_rollout
-from dare_core.workflows.tracker import Tracker
+#: module -> the names it exports here (workflows and engines in plugins use the run ``Context``,
+#: ``Tracker``, the batch stream, ``SingleProcessEngine``, ``ProcessGroupEngine``, ...)
+_EXPORTS = {
+    "dare_core.components": "ComponentLookup corrupted_logprobs",
+    "dare_core.components.advantages": "GroupNormAdvantage RLOOAdvantage",
+    "dare_core.components.corruptions": "RandomRatioMasking mask_tokens",
+    "dare_core.components.estimators": "MaskedTokenLogProb ResponseTokenLogProb",
+    "dare_core.components.losses": "ClippedPolicyLoss agg_loss kl_penalty masked_mean",
+    "dare_core.components.trajectories": "FinalSequence",
+    "dare_core.config": "RunConfig TaskConfig option resolve structure to_dict",
+    "dare_core.config.loader": "misfit parse_overrides",
+    "dare_core.config.validators": "divides in_range non_negative one_of optional positive probability",
+    "dare_core.errors": "CapabilityError ConfigError DareError DivergenceError",
+    "dare_core.interfaces": " ".join(_seams),
+    "dare_core.models.base": "HFDiffusionWrapper gather_logprobs",
+    "dare_core.ops.attention": "FLEX_BLOCK HALF DocumentMask available_kernels cu_seqlens document_mask",
+    "dare_core.ops.fused_ce": "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs",
+    "dare_core.ops.packing": "plan_packing",
+    "dare_core.ops.paths": "configure_training_paths param_dtype select_training_paths",
+    "dare_core.pairing": "compare describe paired_counts",
+    "dare_core.plugins": "get_dare hookimpl lazy",
+    "dare_core.rng": "for_device",
+    "dare_core.rundir": "atomic_write_file atomic_write_text",
+    "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
+                                    "encode_prompts left_pad",
+    "dare_core.workflows.evaluation": "evaluate",
+    "dare_core.workflows.rl": "ReferencePolicy estimate_no_grad",
+    "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context eval_rollout_config setup",
+    "dare_core.workflows.sft": "default_collate",
+    "dare_core.workflows.tracker": "Tracker",
+    "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
+                                "resolve_precision set_lr trainable_parameters",
+    "dare_core.engines.distributed": "LAUNCH_HINT ProcessGroupEngine",
+    "dare_core.engines.single": "SingleProcessEngine",
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
+__all__ = sorted(_WHERE)
 
-# --- what engine plugins build on: the single-process engine, the process-group base and the
-# shared precision / optimizer pieces
-from dare_core.engines.common import (CompensatedAdamW, adamw, autocast_for, cast_for_precision, grad_norm,
-                                      resolve_precision, set_lr, trainable_parameters)
-from dare_core.engines.distributed import LAUNCH_HINT, ProcessGroupEngine
-from dare_core.engines.single import SingleProcessEngine
 
-__all__ = sorted(set(_seams) | {name for name in dir() if not name.startswith("_")} - {"annotations"})
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'dare_core.api' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(_WHERE[name]), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -16,9 +16,26 @@ from dare_core.errors import DareError
 
 
 def _dare():
+    """The process-wide plugin manager; the first call warns once per broken plugin."""
     from dare_core.plugins import get_dare
 
-    return get_dare()
+    dare = get_dare()
+    for info in dare.broken():
+        if info.name not in _WARNED:
+            _WARNED.add(info.name)
+            click.echo(f"warning: {info.broken_message()}", err=True)
+    return dare
+
+
+_WARNED: set[str] = set()
+
+
+def _fail(exc: DareError) -> None:
+    """One ``error:`` line and exit status 2; with ``DARE_DEBUG=1`` the traceback instead."""
+    if os.environ.get("DARE_DEBUG") == "1":
+        raise exc
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
 
 
 class DareGroup(click.Group):
@@ -28,10 +45,10 @@ class DareGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DareError as exc:
-            if os.environ.get("DARE_DEBUG"):  # DARE_DEBUG=1: the traceback too
-                raise
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
+            _fail(exc)
+        except click.UsageError as exc:  # click's usage block, as one line
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            _fail(DareError(f"{exc.format_message().rstrip('.')} (see `{where} --help`)"))
 
     def _load_plugin_commands(self) -> None:
         if getattr(self, "_plugins_loaded", False):
@@ -40,16 +57,24 @@ class DareGroup(click.Group):
         try:
             self._add_plugin_commands(_dare())
         except DareError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            _fail(exc)
 
     def _add_plugin_commands(self, dare: Any) -> None:
         """Call each plugin's ``dare_register_commands`` in turn (registration order) and
-        refuse a command name that a built-in or an earlier plugin already uses."""
+        refuse a command name that a built-in or an earlier plugin already uses; a hook that
+        raises marks its plugin broken and adds nothing."""
         owners = {name: "dare-core" for name in self.commands}
         for impl in dare.pm.hook.dare_register_commands.get_hookimpls():
             before = dict(self.commands)
-            impl.function(cli=self)
+            try:
+                impl.function(cli=self)
+            except Exception as exc:
+                if os.environ.get("DARE_DEBUG") == "1":
+                    raise
+                self.commands = before
+                dare.disable(impl.plugin_name, "dare_register_commands", exc)
+                _dare()  # its warning
+                continue
             for name, cmd in list(self.commands.items()):
                 if name not in before:
                     owners[name] = impl.plugin_name
@@ -93,10 +118,11 @@ def train(algo: str, model: str, config_file: Optional[str], overwrite: bool, ov
     Example: dare train --algo ALGO --model FAMILY trainer.steps=10
     """
     from dare_core.config import resolve
-    from dare_core.train import train as run_train
 
     dare = _dare()
     config = resolve(dare, algo=algo, model=model, config_file=config_file, overrides=overrides)
+    from dare_core.train import train as run_train  # torch: after the config is checked
+
     summary = run_train(dare, config, overwrite=overwrite)
     ev = summary.get("eval", {})
     parts = [f"{k}={v['accuracy']:.3f}" for k, v in ev.items() if isinstance(v, dict) and "accuracy" in v]
@@ -112,16 +138,17 @@ def train(algo: str, model: str, config_file: Optional[str], overwrite: bool, ov
 def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], overrides: tuple[str, ...]) -> None:
     """Generate a response to each --prompt with the model's rollout backend (greedy unless
     rollout.temperature is set)."""
-    import torch
-
     from dare_core.config import resolve
-    from dare_core.preflight import preflight
-    from dare_core.workflows.runtime import build_rollout, load_model
-    from dare_core.workflows.batching import decode_responses, left_pad
 
     dare = _dare()
     overrides = ("rollout.temperature=0",) + tuple(overrides)
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    import torch  # after the config is checked
+
+    from dare_core.preflight import preflight
+    from dare_core.workflows.batching import decode_responses, left_pad
+    from dare_core.workflows.runtime import build_rollout, load_model
+
     preflight(dare, config, prompts=prompts)
     wrapper = load_model(dare, config, trainable=False)
     backend = build_rollout(dare, config)
@@ -142,11 +169,12 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
     """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
     from dare_core.config import resolve
-    from dare_core.workflows.runtime import eval_context
-    from dare_core.workflows.evaluation import evaluate
 
     dare = _dare()
     config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
+    from dare_core.workflows.evaluation import evaluate
+    from dare_core.workflows.runtime import eval_context
+
     ctx = eval_context(dare, config)
     examples = ctx.task.examples("eval", limit=config.task.num_eval, seed=config.seed)
     result = evaluate(ctx, examples, "eval")
@@ -160,12 +188,14 @@ def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: t
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
-    """List loaded plugins: name, distribution, version and implemented hooks."""
+    """List plugins: name, distribution, version and implemented hooks (or why it is broken)."""
+    cli._load_plugin_commands()  # a command hook that raises breaks its plugin too
     infos = _dare().plugin_infos()
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos], indent=2))
         return
-    rows = [(i.name, i.distribution, i.version, ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
+    rows = [(i.name, i.distribution, i.version, f"BROKEN: {i.broken}" if i.broken else
+             ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
     _table(("plugin", "distribution", "version", "hooks"), rows)
 
 

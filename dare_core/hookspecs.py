@@ -1,13 +1,15 @@
 """Hook specifications of DARE.
 
-Every hook is documented like pytest's: what it is for, its parameters, what it returns, when it
-is called and how the results of several plugins combine. Plugins implement them with
-``@dare_core.hookimpl``; the package named in a plugin's ``dare`` entry point is the module that
-holds those functions.
+Every hook is documented like pytest's: what it is for, its parameters, when it is called and how
+the results of several plugins combine (every page of it: ``docs/hooks.md``). Plugins implement
+them with ``@dare_core.hookimpl`` in the module their ``dare`` entry point names.
 
-pluggy is used for registration and lifecycle only. The registration hooks run once per process
-(from :func:`dare_core.plugins.build`, which :func:`dare_core.plugins.get_dare` calls once); the training loop afterwards calls the
-registered component objects directly, never ``pm.hook`` per micro-batch.
+pluggy is used for registration and lifecycle only. The registration hooks (``dare_register_*``
+but commands) are called once per process by :func:`dare_core.plugins.build`, each plugin's in
+registration order; return values are ignored. ``register(spec)`` records the calling plugin as
+the owner and refuses a name another plugin already registered; a plugin whose hook raises is
+skipped as broken, with what it registered. The training loop calls the registered component
+objects directly, never ``pm.hook`` per micro-batch.
 """
 
 from __future__ import annotations
@@ -26,139 +28,104 @@ Register = Callable[[Any], None]
 def dare_register_model_wrappers(register: Register) -> None:
     """Register model families.
 
-    :param register: call ``register(ModelFamily(...))`` once per family. The core records the
-        calling plugin as the owner and refuses a name another plugin already registered.
-
-    Called once per process when the plugin manager is built. All implementations are called;
-    return values are ignored.
+    :param register: call ``register(ModelFamily(...))`` once per family; called once per process.
     """
 
 
 @hookspec
 def dare_register_corruptions(register: Register) -> None:
-    """Register forward corruption processes (``ComponentSpec`` whose factory builds a
-    :class:`~dare_core.interfaces.ForwardCorruption`).
+    """Register forward corruptions (factories of :class:`~dare_core.interfaces.ForwardCorruption`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per process.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(ComponentSpec(...))`` once per corruption; called once per process.
     """
 
 
 @hookspec
 def dare_register_trajectory_builders(register: Register) -> None:
-    """Register trajectory builders (``ComponentSpec`` whose factory builds a
-    :class:`~dare_core.interfaces.TrajectoryBuilder`): what a rollout must record and how it
-    becomes training input.
+    """Register trajectory builders (factories of :class:`~dare_core.interfaces.TrajectoryBuilder`):
+    what a rollout must record and how it becomes training input.
 
-    :param register: call ``register(ComponentSpec(...))`` once per builder.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(ComponentSpec(...))`` once per builder; called once per process.
     """
 
 
 @hookspec
 def dare_register_likelihood_estimators(register: Register) -> None:
-    """Register likelihood estimators (``ComponentSpec`` whose factory builds a
-    :class:`~dare_core.interfaces.LikelihoodEstimator`): per-token or per-sequence
-    log-likelihood surrogates with an explicit normaliser.
+    """Register likelihood estimators (factories of :class:`~dare_core.interfaces.LikelihoodEstimator`):
+    per-token or per-sequence log-likelihood surrogates with an explicit normaliser.
 
-    :param register: call ``register(ComponentSpec(...))`` once per estimator.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process.
     """
 
 
 @hookspec
 def dare_register_policy_losses(register: Register) -> None:
-    """Register losses returning ``(loss, metrics)`` (``ComponentSpec`` whose factory builds a
+    """Register losses returning ``(loss, metrics)`` (factories of
     :class:`~dare_core.interfaces.PolicyLoss`), documented with equation, reference and shapes.
 
-    :param register: call ``register(ComponentSpec(...))`` once per loss.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(ComponentSpec(...))`` once per loss; called once per process.
     """
 
 
 @hookspec
 def dare_register_advantage_estimators(register: Register) -> None:
-    """Register advantage estimators (``ComponentSpec`` whose factory builds a
-    :class:`~dare_core.interfaces.AdvantageEstimator`), ``(rewards, group_ids) -> advantages``.
+    """Register advantage estimators (factories of :class:`~dare_core.interfaces.AdvantageEstimator`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per estimator.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process.
     """
 
 
 @hookspec
 def dare_register_rollout_backends(register: Register) -> None:
-    """Register rollout backends (:class:`~dare_core.interfaces.RolloutSpec`): generation
-    engines with their config class, the wrapper kinds they drive and what they can record.
+    """Register rollout backends: config class, the wrapper kinds they drive, what they record.
 
-    :param register: call ``register(RolloutSpec(...))`` once per backend.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(RolloutSpec(...))`` once per backend; called once per process.
     """
 
 
 @hookspec
 def dare_register_algorithms(register: Register) -> None:
-    """Register algorithms (:class:`~dare_core.interfaces.AlgorithmSpec`): id, config class,
-    workflow kind, the components it composes, required capabilities and paper reference.
+    """Register algorithms: config class, workflow, the components they compose, requirements.
 
-    :param register: call ``register(AlgorithmSpec(...))`` once per algorithm.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(AlgorithmSpec(...))`` once per algorithm; called once per process.
     """
 
 
 @hookspec
 def dare_register_tasks(register: Register) -> None:
-    """Register tasks (:class:`~dare_core.interfaces.TaskSpec`): datasets with reward rules.
+    """Register tasks: datasets with reward rules.
 
-    :param register: call ``register(TaskSpec(...))`` once per task.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(TaskSpec(...))`` once per task; called once per process.
     """
 
 
 @hookspec
 def dare_register_config_sections(register: Register) -> None:
-    """Register top-level sections of the run config that a plugin owns
-    (:class:`~dare_core.interfaces.ConfigSection`), e.g. an observer's ``tracking:`` section.
+    """Register top-level sections of the run config that a plugin owns, e.g. ``tracking:``. The
+    key is then accepted in config files and overrides (``<name>.<field>=value``), structured with
+    the core's sections (every problem in one error), written to ``config.yaml`` and read with
+    ``config.plugin_section(name)``; a key of the core's run config is refused.
 
-    :param register: call ``register(ConfigSection(...))`` once per section.
-
-    Called once per process; all implementations are called; return values are ignored. The
-    section's key is then accepted in config files and overrides (``<name>.<field>=value``),
-    structured with its config class together with the core's sections (every problem reported
-    in one error), written to the run's ``config.yaml`` and read with
-    ``config.plugin_section(name)``. A name that is a key of the core's run config is refused
-    when a config is resolved.
+    :param register: call ``register(ConfigSection(...))`` once per section; called once per process.
     """
 
 
 @hookspec
 def dare_register_engines(register: Register) -> None:
-    """Register execution engines (:class:`~dare_core.interfaces.EngineSpec`): how a run's steps
-    execute — processes, placement and sharding, precision, optimizer, gradient reductions and
-    checkpoint state. ``engine.name`` selects one; the core registers ``single``.
+    """Register execution engines: how a run's steps execute (processes, sharding, precision,
+    optimizer, reductions, checkpoint state). ``engine.name`` selects one; the core registers
+    ``single`` and ``ddp``.
 
-    :param register: call ``register(EngineSpec(...))`` once per engine.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(EngineSpec(...))`` once per engine; called once per process.
     """
 
 
 @hookspec
 def dare_register_workflows(register: Register) -> None:
-    """Register training workflows (:class:`~dare_core.interfaces.WorkflowSpec`): the loop an
-    algorithm's ``workflow`` names (the core registers ``rl`` and ``sft``).
+    """Register training workflows, the loops an algorithm's ``workflow`` names (the core
+    registers ``rl`` and ``sft``).
 
-    :param register: call ``register(WorkflowSpec(...))`` once per workflow.
-
-    Called once per process; all implementations are called; return values are ignored.
+    :param register: call ``register(WorkflowSpec(...))`` once per workflow; called once per process.
     """
 
 
@@ -169,7 +136,8 @@ def dare_register_commands(cli: Any) -> None:
     :param cli: the root ``click.Group``; call ``cli.add_command(cmd)`` or use ``@cli.command()``.
 
     Called once when the CLI starts, after the built-in commands exist. All implementations are
-    called; return values are ignored. A name clash with an existing command is an error.
+    called; return values are ignored. A name clash with an existing command is an error; a hook
+    that raises marks its plugin broken.
     """
 
 

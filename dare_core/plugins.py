@@ -1,17 +1,21 @@
-"""Plugin manager: entry-point discovery, load control, registration and listing.
+"""Plugin manager: entry-point discovery, load control, isolation, registration and listing.
 
 Plugins are distributions declaring ``[project.entry-points.dare] <id> = "<module>"``. Loading is
-controlled by two environment variables (comma-separated plugin ids):
+controlled by two environment variables (comma-separated plugin ids; an id that is not installed
+is an error):
 
 * ``DARE_PLUGINS`` — load only these entry-point plugins (``none`` loads none). Unset: all.
 * ``DARE_DISABLE_PLUGINS`` — never load these (applied after ``DARE_PLUGINS``).
 
-The core's own default plugin (the generic components) is always registered; they are
-named ``dare_core.*`` in listings.
+A plugin that fails to import or whose registration hook raises is *broken*: it is recorded with
+a one-line reason, unregistered and what it registered is dropped; the others load
+(``build(strict=True)`` raises instead). The core's own default plugin (the generic components)
+is always registered; they are named ``dare_core.*`` in listings.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata as md
 import os
@@ -22,7 +26,8 @@ import attrs
 import pluggy
 
 from dare_core import hookspecs
-from dare_core.errors import DareError
+from dare_core._version import __version__
+from dare_core.errors import DareError, DuplicateNameError
 from dare_core.registry import Registries
 
 hookimpl = pluggy.HookimplMarker("dare")
@@ -48,6 +53,38 @@ REGISTRATION_HOOKS = {
 }
 
 
+class lazy:
+    """A callable standing for ``"package.module:attr"`` (``attr`` may be dotted) that imports its
+    target on first call, so a plugin registers a spec (``build=lazy("pkg.algorithm:build")``)
+    without importing its implementation. A missing target is a one-line :class:`DareError`."""
+
+    __slots__ = ("target", "_obj")
+
+    def __init__(self, target: str):
+        if target.count(":") != 1 or not all(target.split(":")):
+            raise ValueError(f"lazy target must be 'package.module:attr', got {target!r}")
+        self.target, self._obj = target, None
+
+    def resolve(self) -> Any:
+        if self._obj is None:
+            module, attr = self.target.split(":")
+            try:
+                obj = importlib.import_module(module)
+                for part in attr.split("."):
+                    obj = getattr(obj, part)
+            except (ImportError, AttributeError) as exc:
+                raise DareError(f"cannot load {self.target!r}: {_one_line(exc)}; reinstall the plugin "
+                                "that registers it") from exc
+            self._obj = obj
+        return self._obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"lazy({self.target!r})"
+
+
 @attrs.frozen
 class PluginInfo:
     name: str
@@ -56,47 +93,65 @@ class PluginInfo:
     module: str
     hooks: tuple[str, ...]
     builtin: bool
+    #: why the plugin was skipped (one line); empty when it loaded
+    broken: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
+    def broken_message(self) -> str:
+        return (f"plugin {self.name!r} ({self.distribution}) is broken: {self.broken}; reinstall it "
+                f"or disable it with DARE_DISABLE_PLUGINS={self.name}")
 
-def _env_list(name: str) -> Optional[set[str]]:
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: " + " ".join(str(exc).split())
+
+
+def _env_list(name: str, installed: list[str]) -> Optional[set[str]]:
     raw = os.environ.get(name)
     if raw is None:
         return None
-    return {p.strip() for p in raw.split(",") if p.strip()}
+    ids = {p.strip() for p in raw.split(",") if p.strip()}
+    for unknown in sorted(ids - set(installed) - {"none"}):
+        close = difflib.get_close_matches(unknown, installed, n=1, cutoff=0.5)
+        raise DareError(f"{name} names {unknown!r}, which is not an installed plugin; installed: "
+                        + (", ".join(installed) or "none") + (f"; did you mean {close[0]!r}?" if close else ""))
+    return ids
 
 
 def _selected_entry_points() -> list[md.EntryPoint]:
-    allow = _env_list("DARE_PLUGINS")
-    deny = _env_list("DARE_DISABLE_PLUGINS") or set()
-    eps = sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
-    out = []
-    seen: set[str] = set()
-    for ep in eps:
-        if ep.name in seen:
-            continue
-        seen.add(ep.name)
-        if allow is not None and ("none" in allow or ep.name not in allow):
-            continue
-        if ep.name in deny:
-            continue
-        out.append(ep)
-    return out
+    eps = {}
+    for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        eps.setdefault(ep.name, ep)
+    allow = _env_list("DARE_PLUGINS", list(eps))
+    deny = _env_list("DARE_DISABLE_PLUGINS", list(eps)) or set()
+    return [ep for name, ep in eps.items()
+            if (allow is None or ("none" not in allow and name in allow)) and name not in deny]
 
 
 class Dare:
     """The plugin manager plus the registries filled from it."""
 
-    def __init__(self, pm: pluggy.PluginManager, registries: Registries,
-                 infos: list[PluginInfo]):
-        self.pm = pm
-        self.registries = registries
-        self.infos = infos
+    def __init__(self, pm: pluggy.PluginManager, registries: Registries, infos: list[PluginInfo]):
+        self.pm, self.registries, self.infos = pm, registries, infos
 
     def plugin_infos(self) -> list[PluginInfo]:
         return list(self.infos)
+
+    def broken(self) -> list[PluginInfo]:
+        """The plugins skipped because they failed to import or to register."""
+        return [i for i in self.infos if i.broken]
+
+    def disable(self, name: str, hook: str, exc: Exception) -> None:
+        """Record plugin ``name`` as broken (its ``hook`` raised ``exc``): unregister it and drop
+        what it registered."""
+        reason = f"{hook} raised {_one_line(exc)}"
+        self.infos = [attrs.evolve(i, broken=reason, hooks=()) if i.name == name else i for i in self.infos]
+        self.registries.drop(name)
+        self.registries.broken[name] = next(i.distribution for i in self.infos if i.name == name)
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
 
 
 def _make_pm() -> pluggy.PluginManager:
@@ -105,56 +160,57 @@ def _make_pm() -> pluggy.PluginManager:
     return pm
 
 
-def build(
-    *,
-    load_entrypoints: bool = True,
-    extra_plugins: Iterable[ModuleType | Any] = (),
-    default_plugins: bool = True,
-) -> Dare:
+def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType | Any] = (),
+          default_plugins: bool = True, strict: bool = False) -> Dare:
     """Build a plugin manager and fill fresh registries from it.
 
     :param load_entrypoints: load the installed ``dare`` entry points (subject to the
         ``DARE_PLUGINS``/``DARE_DISABLE_PLUGINS`` variables).
     :param extra_plugins: more plugin objects/modules to register (tests use this).
     :param default_plugins: register the core's generic components.
+    :param strict: a plugin failing to import or to register raises (one-line :class:`DareError`
+        for an import, the hook's own exception otherwise) instead of being recorded as broken.
     """
-    pm = _make_pm()
-    infos: list[PluginInfo] = []
+    dare = Dare(_make_pm(), Registries(), [])
+    pm, infos = dare.pm, dare.infos
     if default_plugins:
         for modname in DEFAULT_PLUGINS:
-            mod = importlib.import_module(modname)
-            pm.register(mod, name=modname)
-            infos.append(_info(pm, modname, "dare-core", _core_version(), modname, True))
-    if load_entrypoints:
-        for ep in _selected_entry_points():
-            try:
-                mod = ep.load()
-            except Exception as exc:  # a broken plugin must not hide the others' errors
-                reason = " ".join(str(exc).split())  # one line, even for multi-line messages
-                raise DareError(
-                    f"plugin {ep.name!r} ({ep.value}) failed to import: "
-                    f"{type(exc).__name__}: {reason}; reinstall it or disable it with "
-                    f"DARE_DISABLE_PLUGINS={ep.name}"
-                ) from exc
-            pm.register(mod, name=ep.name)
-            dist = ep.dist.name if ep.dist is not None else "?"
-            ver = ep.dist.version if ep.dist is not None else "?"
-            infos.append(_info(pm, ep.name, dist, ver, ep.value, False))
+            pm.register(importlib.import_module(modname), name=modname)
+            infos.append(_info(pm, modname, "dare-core", __version__, modname, True))
+    for ep in _selected_entry_points() if load_entrypoints else ():
+        dist, ver = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("?", "?")
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as exc:  # a broken plugin must not take the others down
+            info = PluginInfo(ep.name, dist, ver, ep.value, (), False, _one_line(exc))
+            if strict:
+                raise DareError(info.broken_message()) from exc
+            if pm.get_plugin(ep.name) is not None:  # registered in part
+                pm.unregister(name=ep.name)
+            infos.append(info)
+            dare.registries.broken[ep.name] = dist
+            continue
+        infos.append(_info(pm, ep.name, dist, ver, ep.value, False))
     for i, plugin in enumerate(extra_plugins):
         name = getattr(plugin, "__name__", None) or f"extra-{i}"
         pm.register(plugin, name=name)
         infos.append(_info(pm, name, "-", "-", name, False))
     pm.hook.dare_addhooks.call_historic(kwargs={"pluginmanager": pm})
-    registries = Registries()
     for hook_name, attr in REGISTRATION_HOOKS.items():
-        registry = registries[attr]
-        caller = getattr(pm.hook, hook_name)
+        registry = dare.registries[attr]
         # get_hookimpls() lists implementations in registration order (pluggy *calls* them in
         # reverse); register in that order so the first plugin to claim a name owns it and a
         # duplicate error names the later plugin as the one to disable.
-        for impl in caller.get_hookimpls():
-            impl.function(register=_registrar(registry, impl.plugin_name))
-    return Dare(pm, registries, infos)
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            try:
+                impl.function(register=_registrar(registry, impl.plugin_name))
+            except DuplicateNameError:
+                raise
+            except Exception as exc:
+                if strict:
+                    raise
+                dare.disable(impl.plugin_name, hook_name, exc)
+    return dare
 
 
 def _registrar(registry, owner: str) -> Callable[[Any], None]:
@@ -165,12 +221,6 @@ def _registrar(registry, owner: str) -> Callable[[Any], None]:
         registry.register(name, spec, owner=owner)
 
     return register
-
-
-def _core_version() -> str:
-    from dare_core._version import __version__
-
-    return __version__
 
 
 def _info(pm: pluggy.PluginManager, name: str, dist: str, version: str, module: str,
@@ -184,10 +234,11 @@ _DARE: Optional[Dare] = None
 
 
 def get_dare() -> Dare:
-    """The process-wide :class:`Dare`, built on first use from the installed plugins."""
+    """The process-wide :class:`Dare`, built on first use from the installed plugins (a broken
+    plugin is skipped and listed by :meth:`Dare.broken`; with ``DARE_DEBUG=1`` it raises)."""
     global _DARE
     if _DARE is None:
-        _DARE = build()
+        _DARE = build(strict=os.environ.get("DARE_DEBUG") == "1")
     return _DARE
 
 

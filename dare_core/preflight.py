@@ -16,7 +16,6 @@ import shutil
 import struct
 from typing import Any, Optional, Sequence
 
-import torch
 
 from dare_core.errors import DareError
 from dare_core.models.lora import resolve_checkpoint
@@ -86,6 +85,8 @@ def disk_need(config: Any, params: int) -> int:
     """Bytes the run's saves take at most: the training checkpoints kept (the model in
     ``model.dtype``, float32 weights and two AdamW moments; one more while the next is written)
     and the final model. LoRA without merged saves counts as nothing (adapters are small)."""
+    import torch
+
     tr, lora = config.trainer, config.model.lora
     export = 0 if lora.enabled and not lora.merge_on_save else params * getattr(torch, config.model.dtype).itemsize
     kept = tr.steps // tr.save_every if tr.save_every else 0
@@ -126,6 +127,9 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         return task
     from transformers import AutoTokenizer
 
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a damaged file names itself
+        if os.path.isfile(os.path.join(base, name)):
+            _json(os.path.join(base, name))
     try:
         tok = AutoTokenizer.from_pretrained(base)
     except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem

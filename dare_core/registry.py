@@ -23,10 +23,13 @@ def plugin_dist_hint(name: str) -> str:
 class Registry(Generic[T]):
     """Name → object, with the registering plugin recorded for every entry."""
 
-    def __init__(self, kind: str, *, hint_install: bool = True, provider: str = ""):
+    def __init__(self, kind: str, *, hint_install: bool = True, provider: str = "",
+                 broken: dict[str, str] | None = None):
         self.kind = kind
         self.hint_install = hint_install
         self.provider = provider
+        #: broken plugin id -> distribution (shared by the registries of one process)
+        self.broken = {} if broken is None else broken
         self._items: dict[str, T] = {}
         self._owners: dict[str, str] = {}
 
@@ -56,7 +59,9 @@ class Registry(Generic[T]):
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         if close:
             parts.append(f"did you mean {close[0]!r}?")
-        if self.hint_install:
+        if self.broken:
+            parts.append("broken plugins, not loaded: " + ", ".join(f"{n!r} ({d})" for n, d in sorted(self.broken.items())))
+        if self.hint_install and plugin_dist_hint(name) not in self.broken.values():
             parts.append(f"if it is a plugin, install it: pip install {plugin_dist_hint(name)}")
         elif self.provider and name not in names:
             parts.append(f"the first-party {self.kind}s come with pip install {self.provider}")
@@ -64,6 +69,11 @@ class Registry(Generic[T]):
 
     def owner(self, name: str) -> str:
         return self._owners[name]
+
+    def drop(self, owner: str) -> None:
+        """Forget every name ``owner`` registered."""
+        for name in [n for n, o in self._owners.items() if o == owner]:
+            del self._items[name], self._owners[name]
 
     def names(self) -> list[str]:
         return sorted(self._items)
@@ -105,9 +115,14 @@ class Registries:
                  **dict.fromkeys(("corruptions", "estimators", "trajectories", "losses"), "dare-objectives")}
 
     def __init__(self) -> None:
+        self.broken: dict[str, str] = {}
         for attr, kind in self.KINDS.items():
             setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms", "engines", "workflows"),
-                                         provider=self.PROVIDERS.get(attr, "")))
+                                         provider=self.PROVIDERS.get(attr, ""), broken=self.broken))
+
+    def drop(self, owner: str) -> None:
+        for attr in self.KINDS:
+            getattr(self, attr).drop(owner)
 
     def __getitem__(self, attr: str) -> Registry[Any]:
         if attr not in self.KINDS:

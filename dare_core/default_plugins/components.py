@@ -1,42 +1,36 @@
-"""Registers the core's generic components, the single-process engine and the core workflows
-through the same hooks plugins use."""
+"""Registers the core's generic components, the single-process and ddp engines and the core
+workflows through the same hooks plugins use; every callable is :class:`~dare_core.plugins.lazy`,
+so registering imports no torch."""
 
 from __future__ import annotations
 
-from dare_core.components import (
-    ClippedPolicyLoss,
-    FinalSequence,
-    GroupNormAdvantage,
-    MaskedTokenLogProb,
-    RandomRatioMasking,
-    ResponseTokenLogProb,
-    RLOOAdvantage,
-)
 from dare_core.interfaces import ComponentSpec, EngineSpec, WorkflowSpec
-from dare_core.plugins import hookimpl
+from dare_core.plugins import hookimpl, lazy
+
+C = "dare_core.components."
 
 
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "random_ratio", RandomRatioMasking,
+        "random_ratio", lazy(C + "corruptions:RandomRatioMasking"),
         "per-sequence t ~ U(eps, 1); response tokens masked i.i.d. with probability t",
     ))
 
 
 @hookimpl
 def dare_register_trajectory_builders(register):
-    register(ComponentSpec("final_sequence", FinalSequence, "train on the final sequence only"))
+    register(ComponentSpec("final_sequence", lazy(C + "trajectories:FinalSequence"), "train on the final sequence only"))
 
 
 @hookimpl
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
-        "response_token_logprob", ResponseTokenLogProb,
+        "response_token_logprob", lazy(C + "estimators:ResponseTokenLogProb"),
         "log p(y_j | corrupted x) at every response position, one forward per MC row",
     ))
     register(ComponentSpec(
-        "masked_token_logprob", MaskedTokenLogProb,
+        "masked_token_logprob", lazy(C + "estimators:MaskedTokenLogProb"),
         "log p(x_i | corrupted x) at corrupted positions (ELBO building block)",
     ))
 
@@ -44,7 +38,7 @@ def dare_register_likelihood_estimators(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "clipped_pg", ClippedPolicyLoss,
+        "clipped_pg", lazy(C + "losses:ClippedPolicyLoss"),
         "PPO clipped surrogate with dual clip, token-mean", reference="arXiv:1707.06347",
     ))
 
@@ -52,26 +46,22 @@ def dare_register_policy_losses(register):
 @hookimpl
 def dare_register_advantage_estimators(register):
     register(ComponentSpec(
-        "group_norm", GroupNormAdvantage, "(r - group mean) / (unbiased group std + eps)",
+        "group_norm", lazy(C + "advantages:GroupNormAdvantage"), "(r - group mean) / (unbiased group std + eps)",
         reference="arXiv:2402.03300", needs_groups=True,
     ))
-    register(ComponentSpec("rloo", RLOOAdvantage, "leave-one-out baseline",
+    register(ComponentSpec("rloo", lazy(C + "advantages:RLOOAdvantage"), "leave-one-out baseline",
                            reference="arXiv:2402.14740", needs_groups=True))
 
 
 @hookimpl
 def dare_register_engines(register):
-    from dare_core.engines.distributed import DDP
-    from dare_core.engines.single import build_single
-
-    register(EngineSpec("single", build_single, "one process on one device (CPU or one GPU)"))
-    register(DDP)
+    register(EngineSpec("single", lazy("dare_core.engines.single:build_single"),
+                        "one process on one device (CPU or one GPU)"))
+    register(EngineSpec("ddp", lazy("dare_core.engines.distributed:build_ddp"),
+                        "one process per device, full replicas, gradients averaged over ranks", distributed=True))
 
 
 @hookimpl
 def dare_register_workflows(register):
-    from dare_core.workflows.rl import run_rl
-    from dare_core.workflows.sft import run_sft
-
-    register(WorkflowSpec("rl", run_rl, "rollouts → rewards → advantages → policy update"))
-    register(WorkflowSpec("sft", run_sft, "supervised training on reference responses"))
+    register(WorkflowSpec("rl", lazy("dare_core.workflows.rl:run_rl"), "rollouts → rewards → advantages → policy update"))
+    register(WorkflowSpec("sft", lazy("dare_core.workflows.sft:run_sft"), "supervised training on reference responses"))

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from dare_core.engines.common import resolve_device
 from dare_core.engines.single import SingleProcessEngine
 from dare_core.errors import DareError
-from dare_core.interfaces import EngineSpec
 
 LAUNCH_HINT = ("start one process per device with a launcher, e.g. torchrun --nproc_per_node=N "
                "-m dare_core train ... (docs/engines.md)")
@@ -95,5 +94,3 @@ class ProcessGroupEngine(SingleProcessEngine):
 def build_ddp(config: Any) -> ProcessGroupEngine:
     return ProcessGroupEngine(config)
 
-
-DDP = EngineSpec("ddp", build_ddp, "one process per device, full replicas, gradients averaged over ranks", distributed=True)

@@ -4,29 +4,10 @@ from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.engine import Engine, EngineSpec, WorkflowSpec
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.interfaces.seams import (
-    AccumulatingLoss,
-    AdvantageEstimator,
-    AlgorithmSpec,
-    Components,
-    ComponentSpec,
-    ConfigSection,
-    DiffusionKind,
-    Example,
-    ForwardCorruption,
-    LikelihoodEstimator,
-    ModelFamily,
-    ModelWrapper,
-    PolicyLoss,
-    PreferenceLoss,
-    RolloutBackend,
-    RolloutSpec,
-    RowEstimate,
-    Score,
-    SFTObjective,
-    Task,
-    TaskSpec,
-    TrajectoryBuilder,
-    WorkflowKind,
+    AccumulatingLoss, AdvantageEstimator, AlgorithmSpec, Components, ComponentSpec, ConfigSection,
+    DiffusionKind, Example, ForwardCorruption, LikelihoodEstimator, ModelFamily, ModelWrapper,
+    PolicyLoss, PreferenceLoss, RolloutBackend, RolloutSpec, RowEstimate, Score, SFTObjective, Task,
+    TaskSpec, TrajectoryBuilder, WorkflowKind,
 )
 
 __all__ = [

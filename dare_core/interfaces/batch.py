@@ -7,13 +7,17 @@ token. ``attention_mask`` marks valid tokens (1) and padding (0).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import attrs
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _index(value: Any, idx: torch.Tensor, dim: int) -> Any:
+    import torch
+
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -90,6 +94,8 @@ class RolloutBatch:
     extras: dict[str, Any] = attrs.field(factory=dict)
 
     def sequences(self) -> SequenceBatch:
+        import torch
+
         return SequenceBatch(
             torch.cat([self.prompt_ids, self.response_ids], dim=1),
             torch.cat([self.prompt_mask, self.response_mask], dim=1).long(),
@@ -129,6 +135,8 @@ class Corrupted:
     def select_samples(self, rows: Sequence[int]) -> "Corrupted":
         """The Monte-Carlo rows ``rows`` (dim 0). Extras whose first dimension is the number of
         rows are selected too; the others are kept as they are."""
+        import torch
+
         idx = torch.as_tensor(list(rows), dtype=torch.long)
         m = self.num_samples
 

@@ -9,10 +9,12 @@ registers ``single`` (one process), plugins add distributed ones (``dare list en
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol, Sequence, TypeVar
 
 import attrs
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 

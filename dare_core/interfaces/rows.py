@@ -17,16 +17,18 @@ reference and new log-likelihoods and every PPO epoch (common random numbers hol
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from dare_core.interfaces.batch import Corrupted, SequenceBatch
 
 #: ``score(response_ids [N, R], response_mask [N, R], rollout_rows [N]) -> rewards [N]``: the task
 #: reward of arbitrary responses, each scored against the example of rollout row ``rollout_rows[i]``.
-ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ScoreFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 @attrs.frozen

@@ -7,10 +7,12 @@ those objects directly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
@@ -60,27 +62,16 @@ class ModelWrapper(Protocol):
     def supports_fused_ce(self) -> bool:
         """Whether ``token_logprobs`` can use the logits-free fused cross entropy."""
 
-    def logits(
-        self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference forward over ``[B, L]`` ids; returns aligned ``[B, L, V]`` logits."""
 
-    def denoise_logits(
-        self,
-        noisy_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
         clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
 
-    def token_logprobs(
-        self,
-        noisy_ids: torch.Tensor,
-        targets: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -137,9 +128,7 @@ class ForwardCorruption(Protocol):
     """``(batch, generator) -> Corrupted``; drawn once per rollout batch and shared by the old,
     reference and new likelihood evaluations."""
 
-    def __call__(
-        self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator
-    ) -> Corrupted: ...
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted: ...
 
 
 class TrajectoryBuilder(Protocol):
@@ -155,8 +144,7 @@ class TrajectoryBuilder(Protocol):
 
     records: frozenset[str]
 
-    def rows(self, wrapper: "ModelWrapper", rollout: RolloutBatch,
-             context: TrajectoryContext) -> TrainingRows: ...
+    def rows(self, wrapper: ModelWrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows: ...
 
 
 class LikelihoodEstimator(Protocol):
@@ -168,17 +156,12 @@ class LikelihoodEstimator(Protocol):
 
     granularity: Literal["token", "sequence"]
 
-    def __call__(
-        self,
-        wrapper: ModelWrapper,
-        batch: SequenceBatch,
-        corrupted: Optional[Corrupted],
-    ) -> torch.Tensor: ...
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor: ...
 
 
 #: ``estimate(rows) -> [len(rows), B, ...]``: the algorithm's estimator on the given Monte-Carlo
 #: rows of the batch's corruption only, with gradients.
-RowEstimate = Callable[[Sequence[int]], torch.Tensor]
+RowEstimate = Callable[[Sequence[int]], "torch.Tensor"]
 
 
 class PolicyLoss(Protocol):
@@ -204,7 +187,7 @@ class AccumulatingLoss(Protocol):
     ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
     own forward passes (detached); otherwise the loop gives it a separate no-grad pass.
     ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients — through ``backward``
-    (the engine's, which a distributed engine needs to see) — and returns the detached loss and
+    (the engine's, which a distributed engine needs to see; default ``torch.Tensor.backward``) — and returns the detached loss and
     its metrics.
     """
 
@@ -213,7 +196,7 @@ class AccumulatingLoss(Protocol):
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
                    ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
                    scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None,
-                   backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+                   backward: Callable[[torch.Tensor], None] = ...,
                    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
@@ -242,15 +225,8 @@ class AdvantageEstimator(Protocol):
 class RolloutBackend(Protocol):
     """A generation engine for one wrapper kind."""
 
-    def generate(
-        self,
-        wrapper: ModelWrapper,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        record: frozenset[str] = frozenset(),
-        generator: Optional[torch.Generator] = None,
-    ) -> RolloutBatch: ...
+    def generate(self, wrapper: ModelWrapper, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+                 record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch: ...
 
 
 @attrs.frozen

@@ -27,9 +27,10 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from dare_core.errors import DareError
 

@@ -72,5 +72,6 @@ def requirements(plugins: Iterable[Any]) -> list[ModuleType]:
 
 
 def build_for(*plugins: Any, entrypoints: bool = False) -> Dare:
-    """Registries of the core's default plugins, ``plugins`` and what they require."""
-    return build(load_entrypoints=entrypoints, extra_plugins=[*requirements(plugins), *plugins])
+    """Registries of the core's default plugins, ``plugins`` and what they require (a plugin that
+    fails to register raises)."""
+    return build(load_entrypoints=entrypoints, extra_plugins=[*requirements(plugins), *plugins], strict=True)

@@ -1,4 +1,5 @@
-"""Plugin manager: default plugins, extras, owners, listing, entry-point load control."""
+"""Plugin manager: default plugins, extras, owners, listing, entry-point load control, broken
+plugins (isolation) and ``lazy`` targets."""
 
 from __future__ import annotations
 
@@ -203,17 +204,32 @@ def test_load_entrypoints_false_ignores_entry_points(fake_entry_points):
     assert _loaded(build(load_entrypoints=False, default_plugins=False)) == []
 
 
-def test_a_plugin_that_fails_to_import_is_one_line_naming_it(fake_entry_points, monkeypatch):
+def test_a_plugin_that_fails_to_import_is_recorded_broken_and_the_others_load(fake_entry_points, monkeypatch):
+    fake_entry_points("ep_a", "ep_bad")
+    d = build(default_plugins=False)
+    assert _loaded(d) == ["ep_a", "ep_bad"] and d.registries.tasks.names() == ["task_ep_a"]
+    (bad,) = d.broken()
+    assert bad.name == "ep_bad" and bad.hooks == () and bad.as_dict()["broken"] == bad.broken
+    assert bad.broken.startswith("ModuleNotFoundError: ") and "dare_fake_missing_module_xyz" in bad.broken
+    msg = bad.broken_message()
+    assert "\n" not in msg and msg.startswith("plugin 'ep_bad' (?) is broken: ModuleNotFoundError")
+    assert msg.endswith("reinstall it or disable it with DARE_DISABLE_PLUGINS=ep_bad")
+    with pytest.raises(DareError, match="unknown task 'task_ep_bad'.*broken plugins, not loaded: 'ep_bad'"):
+        d.registries.tasks.get("task_ep_bad")
+    monkeypatch.setenv("DARE_DISABLE_PLUGINS", "ep_bad")  # the advice works
+    d = build(default_plugins=False)
+    assert _loaded(d) == ["ep_a"] and d.broken() == []
+
+
+def test_strict_build_raises_one_line_naming_the_plugin(fake_entry_points):
     fake_entry_points("ep_a", "ep_bad")
     with pytest.raises(DareError) as info:
-        build(default_plugins=False)
+        build(default_plugins=False, strict=True)
     msg = str(info.value)
     assert "\n" not in msg
     assert "plugin 'ep_bad'" in msg and "dare_fake_missing_module_xyz" in msg
     assert "ModuleNotFoundError" in msg
     assert "DARE_DISABLE_PLUGINS=ep_bad" in msg
-    monkeypatch.setenv("DARE_DISABLE_PLUGINS", "ep_bad")  # the advice works
-    assert _loaded(build(default_plugins=False)) == ["ep_a"]
 
 
 def test_a_multi_line_import_error_is_still_one_line(fake_entry_points, monkeypatch):
@@ -224,9 +240,93 @@ def test_a_multi_line_import_error_is_still_one_line(fake_entry_points, monkeypa
     monkeypatch.setattr(dare_plugins.md, "entry_points",
                         lambda *, group=None: [Broken("ep_broken", "dare_fake_broken")])
     with pytest.raises(DareError) as info:
-        build(default_plugins=False)
+        build(default_plugins=False, strict=True)
     assert "\n" not in str(info.value)
     assert "first line second line of advice" in str(info.value)
+    assert build(default_plugins=False).broken()[0].broken == "ImportError: first line second line of advice"
+
+
+def _half_broken_plugin(calls):
+    """Registers a task, a loss, then raises in its algorithm hook; observes ``dare_configure``."""
+    def tasks(register):
+        register(types.SimpleNamespace(name="half_task", description=""))
+
+    def losses(register):
+        register(ComponentSpec("half_loss", object, ""))
+
+    def algorithms(register):
+        raise RuntimeError("bad\nspec")
+
+    def configure(config):
+        calls.append(config)
+
+    mod = types.ModuleType("half_broken")
+    for hook, fn in [("dare_register_tasks", tasks), ("dare_register_policy_losses", losses),
+                     ("dare_register_algorithms", algorithms), ("dare_configure", configure)]:
+        setattr(mod, hook, dare_plugins.hookimpl(fn))
+    return mod
+
+
+def test_a_registration_hook_that_raises_breaks_only_its_plugin(fake_entry_points):
+    fake_entry_points("ep_a")
+    calls = []
+    d = build(extra_plugins=[_half_broken_plugin(calls)])
+    (bad,) = d.broken()
+    assert bad.name == "half_broken"
+    assert bad.broken == "dare_register_algorithms raised RuntimeError: bad spec"
+    assert "half_task" not in d.registries.tasks and "half_loss" not in d.registries.losses  # dropped
+    assert d.registries.tasks.owner("task_ep_a") == "ep_a" and "clipped_pg" in d.registries.losses
+    assert d.pm.get_plugin("half_broken") is None  # no lifecycle hooks either
+    d.pm.hook.dare_configure.call_historic(kwargs={"config": "cfg"})
+    assert calls == []
+    with pytest.raises(RuntimeError, match="bad"):
+        build(extra_plugins=[_half_broken_plugin(calls)], strict=True)
+
+
+@pytest.mark.parametrize("var,value,unknown,close", [
+    ("DARE_PLUGINS", "ep_a,ep_bb", "ep_bb", "ep_b"),
+    ("DARE_DISABLE_PLUGINS", "zzz", "zzz", None),
+])
+def test_an_unknown_plugin_id_in_the_load_variables_is_one_line(fake_entry_points, monkeypatch, var, value,
+                                                                unknown, close):
+    fake_entry_points("ep_a", "ep_b")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(DareError) as info:
+        build(default_plugins=False)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{var} names {unknown!r}, which is not an installed plugin")
+    assert "installed: ep_a, ep_b" in msg
+    assert (f"did you mean {close!r}?" in msg) if close else "did you mean" not in msg
+
+
+# ----------------------------------------------------------------------------- lazy
+def test_lazy_imports_its_target_on_first_call_only(monkeypatch):
+    target = dare_plugins.lazy("json:JSONDecoder.decode")
+    assert repr(target) == "lazy('json:JSONDecoder.decode')"
+    mod = types.ModuleType("dare_fake_lazy_target")
+    mod.made = []
+    mod.make = lambda *a, **k: mod.made.append((a, k)) or len(mod.made)
+    f = dare_plugins.lazy("dare_fake_lazy_target:make")
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert f(1, x=2) == 1 and f() == 2 and mod.made == [((1,), {"x": 2}), ((), {})]
+    monkeypatch.delitem(sys.modules, mod.__name__)
+    assert f() == 3  # resolved once, kept
+
+
+@pytest.mark.parametrize("target,problem", [
+    ("dare_fake_no_such_module:build", "ModuleNotFoundError: No module named 'dare_fake_no_such_module'"),
+    ("json:no_such_attr", "AttributeError: module 'json' has no attribute 'no_such_attr'"),
+])
+def test_a_missing_lazy_target_is_one_line(target, problem):
+    with pytest.raises(DareError) as info:
+        dare_plugins.lazy(target)()
+    assert str(info.value) == f"cannot load {target!r}: {problem}; reinstall the plugin that registers it"
+
+
+@pytest.mark.parametrize("target", ["json", "json:", ":x", "a:b:c"])
+def test_a_malformed_lazy_target_is_refused_at_registration(target):
+    with pytest.raises(ValueError, match="package.module:attr"):
+        dare_plugins.lazy(target)
 
 
 def test_entry_point_and_extra_plugins_combine(fake_entry_points):

@@ -117,7 +117,7 @@ DAMAGE = {
                               "model.safetensors is truncated or not a safetensors file"),
     "missing shard": (_shards, "model-00002-of-00002.safetensors, named by the weights index, is missing"),
     "corrupt tokenizer.json": (lambda c: (c / "tokenizer.json").write_text("{not json"),
-                               "the tokenizer does not load (JSONDecodeError: Expecting property name"),
+                               "tokenizer.json is not readable JSON (Expecting property name"),
 }
 
 

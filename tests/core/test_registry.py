@@ -145,5 +145,7 @@ def test_a_spec_without_name_is_refused(make_plugin):
         register(object())
 
     with pytest.raises(TypeError, match="nameless_plugin"):
-        build(load_entrypoints=False,
+        build(load_entrypoints=False, strict=True,
               extra_plugins=[make_plugin("nameless_plugin", dare_register_tasks=reg)])
+    d = build(load_entrypoints=False, extra_plugins=[make_plugin("nameless_plugin", dare_register_tasks=reg)])
+    assert "registered a task without a name" in d.broken()[0].broken

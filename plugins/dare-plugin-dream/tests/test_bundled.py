@@ -32,6 +32,10 @@ def dare():
 def test_layout_and_published_names():
     from transformers import AutoModel
 
+    from dare_plugin_dream.hf import register_auto_classes
+
+    register_auto_classes()
+
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "dare_defaults.yaml"], "Dream", "DreamModel")
     assert cfg["tie_word_embeddings"] is False

@@ -27,6 +27,10 @@ def dare():
 def test_layout_and_published_names():
     from transformers import AutoModel
 
+    from dare_plugin_llada.hf import register_auto_classes
+
+    register_auto_classes()
+
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "dare_defaults.yaml"], "llada", "LLaDAModelLM")
     bundled.assert_weight_names(BUNDLED, 9 * cfg["n_layers"] + 3, [

@@ -23,6 +23,10 @@ def dare():
 def test_layout_and_published_names():
     from transformers import AutoModelForCausalLM
 
+    from dare_plugin_llada2.hf import register_auto_classes
+
+    register_auto_classes()
+
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "tokenizer.json", "dare_defaults.yaml"],
                                     "llada2_moe", "LLaDA2MoeModelLM")
     assert cfg["num_experts"] == 4 and cfg["n_group"] == 2 and cfg["first_k_dense_replace"] == 1

@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import dare_plugin_llada2  # noqa: F401  (registers the Auto classes)
 from dare_nn import layers
 from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2ConfigError, LLaDA2MoeConfig
@@ -25,6 +24,9 @@ from dare_plugin_llada2.modeling_llada2_moe import (
     apply_partial_rotary,
     rotary_cos_sin,
 )
+from dare_plugin_llada2.hf import register_auto_classes
+
+register_auto_classes()  # AutoConfig / AutoModel* resolve the native classes
 
 H, KV, HD = 4, 2, 8  # heads, kv heads, head_dim
 

@@ -88,7 +88,7 @@ def dare():
 def test_the_plugin_registers_the_preference_workflow(dare):
     from dare_plugin_preference.workflow import run_preference
 
-    assert dare.registries.workflows.get("preference").run is run_preference
+    assert dare.registries.workflows.get("preference").run.resolve() is run_preference
     assert dare.registries.workflows.owner("preference") == "dare_plugin_preference.plugin"
 
 

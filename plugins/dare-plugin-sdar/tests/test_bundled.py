@@ -23,6 +23,10 @@ def dare():
 def test_layout_and_published_names():
     from transformers import AutoModel, AutoModelForCausalLM
 
+    from dare_plugin_sdar.hf import register_auto_classes
+
+    register_auto_classes()
+
     cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
                                               "generation_config.json", "dare_defaults.yaml"],
                                     "sdar", "SDARForCausalLM")

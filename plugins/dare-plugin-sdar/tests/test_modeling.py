@@ -15,10 +15,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-import dare_plugin_sdar  # noqa: F401  (registers the Auto classes)
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM, SDARModel, SDARRMSNorm
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM, SDARMoeModel, SDARMoeSparseMoeBlock, route
+from dare_plugin_sdar.hf import register_auto_classes
+
+register_auto_classes()  # AutoConfig / AutoModel* resolve the native classes
 
 DENSE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,

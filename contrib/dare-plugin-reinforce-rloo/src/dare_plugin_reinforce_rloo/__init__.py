@@ -1,22 +1,20 @@
 """dare-plugin-reinforce-rloo: REINFORCE with the RLOO leave-one-out baseline (arXiv:2402.14740)
 on a per-sequence Monte-Carlo masked-token likelihood.
 
-Manifest: only ``@hookimpl`` functions; the implementation is in
-:mod:`dare_plugin_reinforce_rloo.algorithm`.
+Manifest: only ``@hookimpl`` functions. Names, options and recipe come from
+:mod:`dare_plugin_reinforce_rloo.config`; the implementation
+(:mod:`dare_plugin_reinforce_rloo.algorithm`, torch) is registered with ``lazy(...)``.
 """
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_reinforce_rloo.algorithm import (
+from dare_plugin_reinforce_rloo.config import (
     ALGORITHM,
     ESTIMATOR,
     LOSS,
     PAPER,
     RECIPE,
-    MaskedMeanSequenceLogProb,
     ReinforceRLOOConfig,
-    SequenceReinforceLoss,
-    build,
     check_run,
 )
 
@@ -26,7 +24,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
-        ESTIMATOR, MaskedMeanSequenceLogProb,
+        ESTIMATOR, lazy("dare_plugin_reinforce_rloo.algorithm:MaskedMeanSequenceLogProb"),
         "per sequence: mean log p over the masked response tokens of all MC rows",
     ))
 
@@ -34,7 +32,8 @@ def dare_register_likelihood_estimators(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        LOSS, SequenceReinforceLoss, "per-sequence REINFORCE -(A_b * l_b), mean over sequences",
+        LOSS, lazy("dare_plugin_reinforce_rloo.algorithm:SequenceReinforceLoss"),
+        "per-sequence REINFORCE -(A_b * l_b), mean over sequences",
         reference=PAPER,
     ))
 
@@ -45,7 +44,7 @@ def dare_register_algorithms(register):
         name=ALGORITHM,
         workflow="rl",
         config_cls=ReinforceRLOOConfig,
-        build=build,
+        build=lazy("dare_plugin_reinforce_rloo.algorithm:build"),
         components={"corruption": "random_ratio", "trajectory": "final_sequence",
                     "estimator": ESTIMATOR, "loss": LOSS, "advantage": "rloo"},
         paper=PAPER,

@@ -1,8 +1,10 @@
 """dare-plugin-myalgo: REINFORCE with a group-mean baseline (a template for algorithm plugins).
 
 This module is the plugin's *manifest*: it holds only ``@hookimpl`` functions, one per kind of
-thing the plugin registers, so a reader sees at a glance what the plugin adds. The
-implementation lives in :mod:`dare_plugin_myalgo.algorithm`.
+thing the plugin registers, so a reader sees at a glance what the plugin adds. It stays light:
+what registration reads (names, the config class, the recipe) comes from
+:mod:`dare_plugin_myalgo.config`, and the implementation (:mod:`dare_plugin_myalgo.algorithm`,
+which imports torch) is named with ``lazy("module:attr")``, imported when a run first calls it.
 
 Registered here:
 
@@ -12,19 +14,9 @@ Registered here:
   estimator, ``group_norm`` advantage and ``final_sequence`` trajectory builder.
 """
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_myalgo.algorithm import (
-    ALGORITHM,
-    CORRUPTION,
-    LOSS,
-    PAPER,
-    RECIPE,
-    MaskWholeResponse,
-    MyAlgoConfig,
-    ReinforceLoss,
-    build,
-)
+from dare_plugin_myalgo.config import ALGORITHM, CORRUPTION, LOSS, PAPER, RECIPE, MyAlgoConfig
 
 __version__ = "0.1.0"
 
@@ -32,7 +24,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        CORRUPTION, MaskWholeResponse,
+        CORRUPTION, lazy("dare_plugin_myalgo.algorithm:MaskWholeResponse"),
         "every valid response token masked, prompt kept (deterministic, one row)",
         kinds=frozenset({"masked"}), reference=PAPER,
     ))
@@ -41,7 +33,8 @@ def dare_register_corruptions(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        LOSS, ReinforceLoss, "REINFORCE -(A * logp), no ratio, no clipping; token-mean",
+        LOSS, lazy("dare_plugin_myalgo.algorithm:ReinforceLoss"),
+        "REINFORCE -(A * logp), no ratio, no clipping; token-mean",
         reference=PAPER,
     ))
 
@@ -52,7 +45,7 @@ def dare_register_algorithms(register):
         name=ALGORITHM,
         workflow="rl",
         config_cls=MyAlgoConfig,
-        build=build,
+        build=lazy("dare_plugin_myalgo.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"corruption": CORRUPTION, "trajectory": "final_sequence",
                     "estimator": "response_token_logprob", "loss": LOSS,

@@ -40,40 +40,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-import attrs
 import torch
 
-from dare_core.api import (
-    agg_loss, Components, Corrupted, mask_tokens, masked_mean, one_of, option, positive,
-    SequenceBatch,
-)
-
-# Every name this plugin registers, in one place (rename them together with the package).
-ALGORITHM = "myalgo"
-CORRUPTION = "myalgo_mask_response"
-LOSS = "myalgo_pg"
-PAPER = "Williams 1992 (REINFORCE); arXiv:2504.12216 (one-step estimate)"
-
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-@attrs.frozen
-class MyAlgoConfig:
-    """Options of the ``algorithm:`` section when ``--algo myalgo`` is chosen.
-
-    Every field carries help text (shown by ``dare config show``) and a validator that states
-    its invariant; the config loader reports every violated one at once.
-    """
-
-    norm_adv_by_std: bool = option(
-        False, "Divide the group-centred rewards by the group std (GRPO style); "
-               "false = plain group-mean baseline, as REINFORCE.")
-    adv_eps: float = option(
-        1e-6, "Added to the group std before dividing (only used when norm_adv_by_std is true).",
-        positive)
-    loss_agg_mode: str = option(
-        "token-mean", "How token losses become a scalar: " + ", ".join(AGG_MODES) + ".",
-        one_of(AGG_MODES))
+from dare_core.api import agg_loss, Components, Corrupted, mask_tokens, masked_mean, SequenceBatch
+from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyAlgoConfig
 
 
 class MaskWholeResponse:
@@ -137,10 +107,3 @@ def build(cfg: MyAlgoConfig, lookup) -> Components:
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std, eps=cfg.adv_eps),
         needs_ref=False,  # no KL term: the RL loop skips the reference model
     )
-
-
-# Defaults for other run-config sections, applied below a checkpoint's dare_defaults.yaml, the
-# --config file and key=value overrides. On-policy REINFORCE: one optimizer step per rollout batch.
-RECIPE = {
-    "trainer": {"group_size": 8, "ppo_epochs": 1, "mini_batch_size": 0},
-}

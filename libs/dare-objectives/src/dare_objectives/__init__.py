@@ -1,21 +1,20 @@
 """Objectives shared by several algorithms: stratified count masking (arXiv:2505.19223), the
 sequence ELBO estimator, step replay of a recorded denoising trajectory and its clipped loss.
 Algorithms compose them by name through ``ComponentLookup``; their building blocks are imported
-from the sibling modules."""
+from the sibling modules. Registering imports none of them (``lazy``)."""
 
 from __future__ import annotations
 
-from dare_core.api import ComponentSpec, hookimpl
+from dare_core.api import ComponentSpec, hookimpl, lazy
 
-from dare_objectives.elbo import SequenceELBO, StratifiedCountMasking
-from dare_objectives.replay_loss import make_replay_clipped_loss
-from dare_objectives.trajectory_replay import StepReplay
+#: what the ``step_replay`` trajectory builder needs the rollout to record (``StepReplay.records``)
+STEP_REPLAY_RECORDS = frozenset({"reveal_step"})
 
 
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "stratified_count_masking", StratifiedCountMasking,
+        "stratified_count_masking", lazy("dare_objectives.elbo:StratifiedCountMasking"),
         "exact mask counts stratified over 1..L per group of rows (stratified timesteps); p_mask = count / L",
         reference="arXiv:2505.19223",
     ))
@@ -24,7 +23,7 @@ def dare_register_corruptions(register):
 @hookimpl
 def dare_register_trajectory_builders(register):
     register(ComponentSpec(
-        "step_replay", StepReplay,
+        "step_replay", lazy("dare_objectives.trajectory_replay:StepReplay"),
         "replay every recorded denoising step (reveal_step): states before the step, its tokens "
         "as targets; block models replay block-local steps of all blocks at once",
     ))
@@ -33,7 +32,7 @@ def dare_register_trajectory_builders(register):
 @hookimpl
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
-        "sequence_elbo", SequenceELBO,
+        "sequence_elbo", lazy("dare_objectives.elbo:SequenceELBO"),
         "per-row ELBO of the response, sum of log p / p_mask over corrupted tokens, [M, B]",
     ))
 
@@ -41,7 +40,7 @@ def dare_register_likelihood_estimators(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "replay_clipped_pg", make_replay_clipped_loss,
+        "replay_clipped_pg", lazy("dare_objectives.replay_loss:make_replay_clipped_loss"),
         "clipped surrogate over replayed steps (step-mean / per-sample / token-mean), one "
         "forward+backward per chunk of steps",
     ))

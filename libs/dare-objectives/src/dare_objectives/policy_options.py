@@ -1,4 +1,5 @@
-"""Options and objective shared by algorithms built on the clipped token-level policy gradient.
+"""Options and objective shared by algorithms built on the clipped token-level policy gradient
+(importable without torch: algorithm configs inherit these options).
 
 An algorithm config inherits :class:`ClippedObjectiveOptions` to get the clip / aggregation /
 advantage / KL fields with the usual recipe defaults, and builds its loss with
@@ -7,12 +8,14 @@ advantage / KL fields with the usual recipe defaults, and builds its loss with
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import attrs
-import torch
 
-from dare_core.api import agg_loss, in_range, kl_penalty, non_negative, one_of, option
+from dare_core.api import in_range, non_negative, one_of, option
+
+if TYPE_CHECKING:
+    import torch
 
 KL_TYPES = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
 
@@ -70,6 +73,10 @@ class PenalizedClippedLoss:
                  extras: Optional[dict] = None):
         loss, metrics = self.clipped(logp, old_logp, None, advantages, mask)
         if self.kl_coef > 0:
+            import torch
+
+            from dare_core.api import agg_loss, kl_penalty
+
             if ref_logp is None:
                 raise ValueError("kl_coef > 0 needs reference log-probabilities")
             if logp.dim() == 2:

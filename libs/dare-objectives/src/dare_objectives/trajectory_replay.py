@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from dare_core.api import Corrupted, mask_tokens, SequenceBatch
+from dare_objectives import STEP_REPLAY_RECORDS
 from dare_nn.block import block_index, positions_from_mask
 
 
@@ -149,7 +150,7 @@ class StepReplay:
         (``reveal_step[j] = j``); otherwise raise.
     """
 
-    records = frozenset({"reveal_step"})
+    records = STEP_REPLAY_RECORDS
     REDUCTIONS = ("auto", "step_mean", "per_sample", "token_mean")
 
     def __init__(self, reduction: str = "auto", left_to_right: bool = False):

@@ -1,8 +1,8 @@
 """dare-plugin-bgpo: Boundary-Guided Policy Optimization (arXiv:2510.11683)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_bgpo.algorithm import RECIPE, BGPOConfig, BGPOLoss, build
+from dare_plugin_bgpo.config import RECIPE, BGPOConfig
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "bgpo", BGPOLoss,
+        "bgpo", lazy("dare_plugin_bgpo.algorithm:BGPOLoss"),
         "per-row PPO with a linear ratio 1 + Δ for A > 0, gradients accumulated one MC row at a time",
         reference="arXiv:2510.11683",
     ))
@@ -22,7 +22,7 @@ def dare_register_algorithms(register):
         name="bgpo",
         workflow="rl",
         config_cls=BGPOConfig,
-        build=build,
+        build=lazy("dare_plugin_bgpo.algorithm:build"),
         components={"corruption": "stratified_count_masking", "estimator": "sequence_elbo",
                     "loss": "bgpo", "advantage": "group_norm", "trajectory": "final_sequence"},
         paper="arXiv:2510.11683",

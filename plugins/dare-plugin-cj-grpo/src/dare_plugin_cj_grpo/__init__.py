@@ -2,8 +2,8 @@
 
 from dare_core.api import AlgorithmSpec, hookimpl
 
-from dare_objectives.trajectory_replay import StepReplay
-from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build
+from dare_objectives import STEP_REPLAY_RECORDS
+from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build  # torch-free: options and composition
 
 __version__ = "0.1.0"
 
@@ -20,6 +20,6 @@ def dare_register_algorithms(register):
         paper="arXiv:2509.23924",
         description="GRPO on every recorded denoising transition (exact trajectory replay; "
                     "block models: paper-exact block-parallel local steps)",
-        records=StepReplay.records,
+        records=STEP_REPLAY_RECORDS,
         recipe=RECIPE,
     ))

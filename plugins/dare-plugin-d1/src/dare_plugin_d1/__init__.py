@@ -1,8 +1,8 @@
 """dare-plugin-d1: d1 / diffu-GRPO (arXiv:2504.12216)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_d1.algorithm import RECIPE, D1Config, D1Masking, build
+from dare_plugin_d1.config import RECIPE, D1Config
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "d1_masking", D1Masking,
+        "d1_masking", lazy("dare_plugin_d1.algorithm:D1Masking"),
         "valid prompt tokens masked with probability p, the whole response masked",
         kinds=frozenset({"masked"}), reference="arXiv:2504.12216",
     ))
@@ -22,7 +22,7 @@ def dare_register_algorithms(register):
         name="d1",
         workflow="rl",
         config_cls=D1Config,
-        build=build,
+        build=lazy("dare_plugin_d1.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"corruption": "d1_masking", "trajectory": "final_sequence",
                     "estimator": "response_token_logprob",

@@ -1,20 +1,18 @@
 """dare-plugin-dream: the Dream family (masked diffusion, bidirectional, AR-aligned logits).
 
-Importing this package registers ``Dream`` with transformers' AutoConfig / AutoModel, so
-``AutoModel.from_pretrained(path)`` loads Dream checkpoints without ``trust_remote_code``.
+:func:`dare_plugin_dream.hf.register_auto_classes` (called by the family's ``load`` and ``create``)
+registers ``Dream`` with transformers' AutoConfig / AutoModel, so ``AutoModel.from_pretrained(path)``
+loads Dream checkpoints without ``trust_remote_code``. Registering the family imports neither torch
+nor transformers.
 """
 
 import os
 
-from dare_core.api import hookimpl, ModelFamily, RolloutSpec
+from dare_core.api import hookimpl, lazy, ModelFamily, RolloutSpec
 
-from dare_plugin_dream.hf import register_auto_classes
-from dare_plugin_dream.sampler import SUPPORTED_RECORDS, DreamSampler, DreamSamplerConfig
-from dare_plugin_dream.wrapper import BUNDLED, CAPABILITIES, create, load
+from dare_plugin_dream.config import BUNDLED, CAPABILITIES, SUPPORTED_RECORDS, DreamSamplerConfig
 
 __version__ = "0.1.0"
-
-register_auto_classes()
 
 
 @hookimpl
@@ -22,8 +20,8 @@ def dare_register_model_wrappers(register):
     register(ModelFamily(
         name="dream",
         kind="masked",
-        load=load,
-        create=create,
+        load=lazy("dare_plugin_dream.wrapper:load"),
+        create=lazy("dare_plugin_dream.wrapper:create"),
         capabilities=CAPABILITIES,
         model_types=("Dream",),
         config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),
@@ -40,7 +38,7 @@ def dare_register_rollout_backends(register):
     register(RolloutSpec(
         name="dream_generate",
         config_cls=DreamSamplerConfig,
-        build=DreamSampler,
+        build=lazy("dare_plugin_dream.sampler:DreamSampler"),
         kinds=frozenset({"masked"}),
         records=SUPPORTED_RECORDS,
         description="Dream's diffusion_generate: whole-window denoising on a linspace(1, eps) schedule "

@@ -18,7 +18,6 @@ logit of ``P - 1``, the last prompt token.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import torch
@@ -30,9 +29,8 @@ from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_toke
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.modeling_dream import DreamModel
+from dare_plugin_dream.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
-CAPABILITIES = frozenset({"bidirectional", "kv_cache", "packed_varlen"})
-BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 IM_END_TOKEN = "<|im_end|>"
 
 

@@ -1,9 +1,9 @@
 """dare-plugin-dtreerpo: d-TreeRPO, tree-structured RL over the denoising process
 (arXiv:2512.09675)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_dtreerpo.algorithm import RECIPE, RESUMABLE, DTreeConfig, TreeLoss, TreeTransitions, build
+from dare_plugin_dtreerpo.config import RECIPE, RESUMABLE, DTreeConfig
 
 __version__ = "0.1.0"
 
@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_trajectory_builders(register):
     register(ComponentSpec(
-        "tree_transitions", TreeTransitions,
+        "tree_transitions", lazy("dare_plugin_dtreerpo.algorithm:TreeTransitions"),
         "one training row per tree edge (parent state -> child state) with the sibling-relative "
         "advantage of the child's value (mean leaf reward below it)",
         reference="arXiv:2512.09675",
@@ -21,7 +21,7 @@ def dare_register_trajectory_builders(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "tree_loss", TreeLoss,
+        "tree_loss", lazy("dare_plugin_dtreerpo.algorithm:TreeLoss"),
         "per-transition clipped objective (no dual clip) + k3 KL to the reference + "
         "time-scheduled self-distillation towards positively rated siblings",
         reference="arXiv:2512.09675",
@@ -34,7 +34,7 @@ def dare_register_algorithms(register):
         name="dtreerpo",
         workflow="rl",
         config_cls=DTreeConfig,
-        build=build,
+        build=lazy("dare_plugin_dtreerpo.algorithm:build"),
         kinds=frozenset({"masked", "block"}),
         components={"trajectory": "tree_transitions", "estimator": "response_token_logprob",
                     "loss": "tree_loss"},

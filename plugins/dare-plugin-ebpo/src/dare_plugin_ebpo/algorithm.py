@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import torch
 
-from dare_core.api import (
-    Components, Corrupted, DareError, divides, in_range, mask_tokens, non_negative, one_of, option,
-    positive, SequenceBatch,
-)
+from dare_core.api import Components, Corrupted, DareError, mask_tokens, SequenceBatch
 from dare_nn.block import block_index, positions_from_mask
 from dare_objectives.elbo import (
     RowMeanObjective,
@@ -27,26 +23,7 @@ from dare_objectives.elbo import (
     response_valid,
     sequence_kl,
 )
-from dare_objectives.policy_options import GROUP_RL_RECIPE
-
-
-@attrs.frozen
-class EBPOConfig:
-    """EBPO options with the recipe defaults (mc_num = n_l = 16)."""
-
-    mc_num: int = option(16, "Monte-Carlo corruption rows per sequence.", positive)
-    n_l: int = option(16, "Rows per stratification group: the group's (row, block) cells share one "
-                          "uniform u with levels (u + c/N_cells) mod 1; must divide mc_num.",
-                      divides("mc_num"))
-    block_length: int = option(0, "Block size of the composite ELBO; 0 = the model's block size "
-                                  "(must equal the rollout's block length).", non_negative)
-    clip_ratio_low: float = option(0.2, "Sequence-ratio clip ε below 1.", in_range(0.0, 1.0, high_open=True))
-    clip_ratio_high: float = option(0.2, "Sequence-ratio clip ε above 1.", non_negative)
-    kl_coef: float = option(0.0, "Weight of the sequence KL to the initial policy (0 = off, as the recipes).",
-                            non_negative)
-    kl_type: str = option("k3", "Sequence KL form on composite ELBOs: k1, abs, k2, k3.",
-                          one_of(("k1", "abs", "k2", "k3")))
-    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
+from dare_plugin_ebpo.config import EBPOConfig
 
 
 def block_mask_counts(levels: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -194,8 +171,3 @@ def build(cfg: EBPOConfig, lookup) -> Components:
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
     )
-
-
-# Recipe (block-diffusion 8B, 8 GPUs): the shared group-RL trainer settings (16 prompts x 8 rollouts,
-# lr 5e-7, one optimizer step per rollout batch); the rollout temperature is the family's (1.0 / 0.6).
-RECIPE = {"trainer": dict(GROUP_RL_RECIPE["trainer"])}

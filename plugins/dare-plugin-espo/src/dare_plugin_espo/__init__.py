@@ -1,8 +1,8 @@
 """dare-plugin-espo: sequence-level ELBO policy optimization (arXiv:2512.03759)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_espo.algorithm import RECIPE, ComplementMasking, ESPOConfig, ESPOLoss, build
+from dare_plugin_espo.config import RECIPE, ESPOConfig
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "complement_masking", ComplementMasking,
+        "complement_masking", lazy("dare_plugin_espo.algorithm:ComplementMasking"),
         "mask counts stratified across the batch, each mask set paired with its complement",
         reference="arXiv:2512.03759",
     ))
@@ -19,7 +19,7 @@ def dare_register_corruptions(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "espo", ESPOLoss, "sequence-level PPO on the length-normalised ELBO, KL on raw ELBOs / R",
+        "espo", lazy("dare_plugin_espo.algorithm:ESPOLoss"), "sequence-level PPO on the length-normalised ELBO, KL on raw ELBOs / R",
         reference="arXiv:2512.03759",
     ))
 
@@ -30,7 +30,7 @@ def dare_register_algorithms(register):
         name="espo",
         workflow="rl",
         config_cls=ESPOConfig,
-        build=build,
+        build=lazy("dare_plugin_espo.algorithm:build"),
         kinds=frozenset({"masked", "block"}),
         components={"corruption": "complement_masking", "estimator": "sequence_elbo", "loss": "espo",
                     "advantage": "rloo", "trajectory": "final_sequence"},

@@ -9,13 +9,9 @@ leave-one-out (RLOO).
 from __future__ import annotations
 
 
-import attrs
 import torch
 
-from dare_core.api import (
-    Components, Corrupted, in_range, mask_tokens, non_negative, one_of, option, positive,
-    SequenceBatch,
-)
+from dare_core.api import Components, Corrupted, mask_tokens, SequenceBatch
 from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
@@ -26,20 +22,7 @@ from dare_objectives.elbo import (
     response_valid,
     sequence_kl,
 )
-
-
-@attrs.frozen
-class ESPOConfig:
-    """ESPO options with the recipe defaults (sudoku recipe: ε 0.2, KL k2 β = 1e-2)."""
-
-    mc_num: int = option(2, "Monte-Carlo mask sets per sequence (each with its complement).", positive)
-    clip_ratio: float = option(0.2, "Sequence-ratio clip ε (symmetric; the countdown recipe uses 0).",
-                               in_range(0.0, 1.0, high_open=True))
-    kl_coef: float = option(1e-2, "Weight β of the sequence KL to the initial policy (recipes: 1e-3 math, "
-                                  "1e-2 code and sudoku, 3e-3 countdown; 0 = off, no reference model).",
-                            non_negative)
-    kl_type: str = option("k2", "KL form on raw ELBOs, divided by R: k1 (with the gradient-correction "
-                                "term), k2 (Δ²/2), k3 (e^-Δ + Δ - 1).", one_of(("k1", "k2", "k3")))
+from dare_plugin_espo.config import ESPOConfig
 
 
 class ComplementMasking:
@@ -146,12 +129,3 @@ def build(cfg: ESPOConfig, lookup) -> Components:
         advantage=lookup.advantage("rloo"),
         needs_ref=cfg.kl_coef > 0,
     )
-
-
-# Recipe (LLaDA-8B-Instruct): RLOO, lr 5e-7, rollout temperature 1.0, 6 rollouts per prompt
-# (sudoku/countdown; 16 for math), num_iterations 8 -> 8 optimizer steps per rollout batch.
-RECIPE = {
-    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 6,
-                "ppo_epochs": 8, "mini_batch_size": 0, "grad_clip": 1.0},
-    "rollout": {"temperature": 1.0},
-}

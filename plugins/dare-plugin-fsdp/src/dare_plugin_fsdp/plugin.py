@@ -1,15 +1,15 @@
-"""The plugin's manifest: the ``fsdp`` engine and the ``fsdp:`` config section."""
+"""The plugin's manifest: the ``fsdp`` engine (its module imported when it is built) and the
+``fsdp:`` config section."""
 
-from dare_core.api import ConfigSection, EngineSpec, hookimpl
+from dare_core.api import ConfigSection, EngineSpec, hookimpl, lazy
 
 from dare_plugin_fsdp.config import SECTION, FSDPConfig
-from dare_plugin_fsdp.engine import build_fsdp
 
 
 @hookimpl
 def dare_register_engines(register):
     register(EngineSpec(
-        "fsdp", build_fsdp,
+        "fsdp", lazy("dare_plugin_fsdp.engine:build_fsdp"),
         "one process per device, parameters/gradients/optimizer state sharded over ranks (FSDP2)",
         distributed=True))
 

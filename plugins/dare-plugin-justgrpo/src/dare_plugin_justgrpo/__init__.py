@@ -1,10 +1,10 @@
 """dare-plugin-justgrpo: JustGRPO, left-to-right decoding with exact log-probabilities
 (arXiv:2601.15165)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_objectives.trajectory_replay import StepReplay
-from dare_plugin_justgrpo.algorithm import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig, TemperedTokenLogProb, build
+from dare_objectives import STEP_REPLAY_RECORDS
+from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig
 
 __version__ = "0.1.0"
 
@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
-        "tempered_token_logprob", TemperedTokenLogProb,
+        "tempered_token_logprob", lazy("dare_plugin_justgrpo.algorithm:TemperedTokenLogProb"),
         "log softmax(logits / T)[y_j] at every response position of every state row",
         reference="arXiv:2601.15165",
     ))
@@ -24,11 +24,11 @@ def dare_register_algorithms(register):
         name="justgrpo",
         workflow="rl",
         config_cls=JustConfig,
-        build=build,
+        build=lazy("dare_plugin_justgrpo.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"trajectory": "step_replay", "estimator": "tempered_token_logprob",
                     "loss": "replay_clipped_pg", "advantage": "group_norm"},
-        records=StepReplay.records,
+        records=STEP_REPLAY_RECORDS,
         rollout_fields=frozenset(LEFT_TO_RIGHT_FIELDS),
         paper="arXiv:2601.15165",
         description="generate left to right one token per step; token GRPO with exact "

@@ -20,36 +20,14 @@ log-probabilities — no ELBO, no mean-field surrogate:
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Optional
 
 import attrs
 import torch
 
-from dare_objectives.policy_options import (
-    GROUP_RL_RECIPE,
-    ClipOptions,
-    advantage_from_options,
-    clip_kwargs,
-)
-from dare_core.api import (
-    Components, Corrupted, DareError, gather_logprobs, option, optional, positive, SequenceBatch,
-)
-
-
-@attrs.frozen
-class JustConfig(ClipOptions):
-    """JustGRPO options with the recipe defaults."""
-
-    temperature: Optional[float] = option(
-        0.6, "Sampling temperature of the training rollout and of the learner's log-probabilities "
-        "(must be > 0); null = rollout.temperature.", optional(positive))
-    row_chunk: int = option(1, "Response positions per forward/backward (the reference's "
-                               "position chunk size).", positive)
-    exclude_mask_token: bool = option(
-        True, "Renormalise the learner's softmax without the mask token, which the core samplers "
-        "never propose, so ℓ is exactly the sampling log-probability (false = the reference's "
-        "full softmax).")
+from dare_objectives.policy_options import advantage_from_options, clip_kwargs
+from dare_core.api import Components, Corrupted, DareError, gather_logprobs, SequenceBatch
+from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, JustConfig
 
 
 class TemperedTokenLogProb:
@@ -80,10 +58,6 @@ class TemperedTokenLogProb:
                                            float("-inf"))
             rows.append(gather_logprobs(logits, batch.input_ids[:, P:]))
         return torch.stack(rows, 0)
-
-
-#: rollout config fields :func:`left_to_right_rollout` sets (the loader picks a backend with them)
-LEFT_TO_RIGHT_FIELDS = ("gen_length", "block_length", "steps", "temperature")
 
 
 def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
@@ -122,8 +96,3 @@ def build(cfg: JustConfig, lookup) -> Components:
         needs_ref=cfg.kl_coef > 0,
         rollout_config=left_to_right_rollout(cfg, estimator),
     )
-
-
-# Recipe (8B masked-diffusion model): the shared group-RL recipe; the sampling temperature (0.6) is the
-# algorithm's own option because the learner uses it too.
-RECIPE = copy.deepcopy(GROUP_RL_RECIPE)

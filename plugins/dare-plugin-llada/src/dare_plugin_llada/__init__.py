@@ -1,19 +1,18 @@
 """dare-plugin-llada: the LLaDA family (masked diffusion, bidirectional, unshifted logits).
 
-Importing this package registers ``llada`` with transformers' Auto classes, so
-``AutoModel.from_pretrained(path)`` loads LLaDA checkpoints without ``trust_remote_code``.
+:func:`dare_plugin_llada.hf.register_auto_classes` (called by the family's ``load`` and ``create``)
+registers ``llada`` with transformers' Auto classes, so ``AutoModel.from_pretrained(path)`` loads
+LLaDA checkpoints without ``trust_remote_code``. Registering the family imports neither torch nor
+transformers.
 """
 
 import os
 
-from dare_core.api import hookimpl, ModelFamily
+from dare_core.api import hookimpl, lazy, ModelFamily
 
-from dare_plugin_llada.hf import register_auto_classes
-from dare_plugin_llada.wrapper import BUNDLED, CAPABILITIES, create, load
+from dare_plugin_llada.config import BUNDLED, CAPABILITIES
 
 __version__ = "0.1.0"
-
-register_auto_classes()
 
 
 @hookimpl
@@ -21,8 +20,8 @@ def dare_register_model_wrappers(register):
     register(ModelFamily(
         name="llada",
         kind="masked",
-        load=load,
-        create=create,
+        load=lazy("dare_plugin_llada.wrapper:load"),
+        create=lazy("dare_plugin_llada.wrapper:create"),
         capabilities=CAPABILITIES,
         model_types=("llada",),
         config_keys=("d_model", "n_heads", "n_layers", "vocab_size"),

@@ -7,7 +7,6 @@ LLaDA is a bidirectional masked-diffusion model whose logits are not shifted, so
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import torch
@@ -19,11 +18,8 @@ from dare_nn.checkpoints import tiny_params, tokenizer_token_id
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.modeling_llada import LLaDAModelLM
+from dare_plugin_llada.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
-#: ``kv_cache``: the native module honours DARE's KV-cache contract (``past_key_values`` /
-#: ``use_cache``), so cached rollouts can drive it through ``HFDiffusionWrapper.forward_cached``.
-CAPABILITIES = frozenset({"bidirectional", "packed_varlen", "kv_cache"})
-BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 EOT_TOKEN = "<|eot_id|>"
 
 

@@ -9,7 +9,6 @@ gets a missing mask. Logits are not shifted.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import torch
@@ -23,12 +22,7 @@ from dare_nn.checkpoints import save_new_checkpoint, tiny_params
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
-
-CAPABILITIES = frozenset({"block_diffusion", "kv_cache"})
-BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
-#: Block size of the published evaluations and SFT trainer (plugin README); a checkpoint may
-#: override it with a ``block_size`` entry in its config.json.
-DEFAULT_BLOCK_SIZE = 32
+from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 
 class LLaDA2Wrapper(HFDiffusionWrapper):

@@ -1,8 +1,8 @@
 """dare-plugin-mdpo: MDPO, Masked Diffusion Policy Optimization (arXiv:2508.13148)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_mdpo.algorithm import RECIPE, MDPOConfig, MDPOLoss, StepStateRows, build
+from dare_plugin_mdpo.config import RECIPE, RECORDS, MDPOConfig
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_trajectory_builders(register):
     register(ComponentSpec(
-        "intermediate_states", StepStateRows,
+        "intermediate_states", lazy("dare_plugin_mdpo.algorithm:StepStateRows"),
         "reward every step's predicted clean response, step-wise advantages, one training row "
         "per (rollout, selected step): state -> predicted tokens",
         reference="arXiv:2508.13148",
@@ -20,7 +20,7 @@ def dare_register_trajectory_builders(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "mdpo_loss", MDPOLoss,
+        "mdpo_loss", lazy("dare_plugin_mdpo.algorithm:MDPOLoss"),
         "clipped ratio x R/#masked, confidence-weighted over masked positions (no dual clip)",
         reference="arXiv:2508.13148",
     ))
@@ -32,13 +32,13 @@ def dare_register_algorithms(register):
         name="mdpo",
         workflow="rl",
         config_cls=MDPOConfig,
-        build=build,
+        build=lazy("dare_plugin_mdpo.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"trajectory": "intermediate_states", "estimator": "response_token_logprob",
                     "loss": "mdpo_loss", "advantage": "group_norm"},
         paper="arXiv:2508.13148",
         description="rewards intermediate predictions of every denoising step; trains the "
                     "denoiser on the visited states with step-wise advantages",
-        records=StepStateRows.records,
+        records=RECORDS,
         recipe=RECIPE,
     ))

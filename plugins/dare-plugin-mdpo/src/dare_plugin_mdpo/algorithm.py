@@ -18,35 +18,12 @@ Composition:
 
 from __future__ import annotations
 
-import copy
 from typing import Optional
 
-import attrs
 import torch
 
-from dare_objectives.policy_options import GROUP_RL_RECIPE
-from dare_core.api import (
-    Components, Corrupted, DareError, in_range, non_negative, option, positive, SequenceBatch,
-    TrainingRows, TrajectoryContext,
-)
-
-
-@attrs.frozen
-class MDPOConfig:
-    """MDPO options with the recipe defaults (8B math recipe)."""
-
-    sample_train_steps: int = option(
-        16, "Denoising steps trained per rollout batch: the steps with the largest Σ_b |A_bk| "
-        "(the same steps for every row).", positive)
-    epsilon: float = option(0.2, "Clip ε of the ratio (symmetric, no dual clip).",
-                            in_range(0.0, 1.0, low_open=True, high_open=True))
-    norm_adv_by_std: bool = option(True, "Divide the group-centred step scores by the group std.")
-    kl_coef: float = option(0.0, "β of the (ℓ_ref − ℓ)²/2 penalty (recipe: off; 0.02 listed but unused).",
-                            non_negative)
-    count_after_eos: bool = option(
-        False, "Also train masked positions after the final response's first EOS (the reference "
-        "counts them in the completion mask although they are padding of the final response); "
-        "false = only positions of the final response.")
+from dare_core.api import Components, Corrupted, DareError, SequenceBatch, TrainingRows, TrajectoryContext
+from dare_plugin_mdpo.config import RECORDS, MDPOConfig
 
 
 def step_scores(rewards: torch.Tensor) -> torch.Tensor:
@@ -87,7 +64,7 @@ class StepStateRows:
     in the state (within the final response unless ``count_after_eos``) and ``extras["confidence"]``.
     """
 
-    records = frozenset({"step_states"})
+    records = RECORDS
 
     def __init__(self, advantage, sample_train_steps: int = 16, count_after_eos: bool = False):
         self.advantage = advantage
@@ -196,7 +173,3 @@ def build(cfg: MDPOConfig, lookup) -> Components:
         advantage=advantage,
         needs_ref=cfg.kl_coef > 0,
     )
-
-
-# Recipe (8B masked-diffusion model): the shared group-RL recipe (T = 0.6, no cache, block 32, steps R/2).
-RECIPE = copy.deepcopy(GROUP_RL_RECIPE)

@@ -3,16 +3,14 @@ entry point of dare-plugin-preference)."""
 
 from __future__ import annotations
 
-from dare_core.api import ConfigSection, WorkflowSpec, hookimpl
+from dare_core.api import ConfigSection, WorkflowSpec, hookimpl, lazy
 
 from dare_plugin_preference.config import SECTION, PreferenceConfig
 
 
 @hookimpl
 def dare_register_workflows(register):
-    from dare_plugin_preference.workflow import run_preference
-
-    register(WorkflowSpec("preference", run_preference,
+    register(WorkflowSpec("preference", lazy("dare_plugin_preference.workflow:run_preference"),
                           "pairwise preference optimisation on (prompt, chosen, rejected) pairs"))
 
 

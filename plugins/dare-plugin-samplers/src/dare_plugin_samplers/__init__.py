@@ -3,17 +3,17 @@ block-diffusion sampler (see this plugin's README)."""
 
 from __future__ import annotations
 
-from dare_core.api import hookimpl, RolloutSpec
+from dare_core.api import hookimpl, lazy, RolloutSpec
 
-from dare_plugin_samplers.block import SUPPORTED_RECORDS as BLOCK_RECORDS
-from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
-from dare_plugin_samplers.fast import SUPPORTED_RECORDS as FAST_RECORDS
-from dare_plugin_samplers.fast import FastConfig, FastSampler
-from dare_plugin_samplers.low_confidence import SUPPORTED_RECORDS as LC_RECORDS
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
-
-#: the optional methods of LowConfidenceSampler and BlockSampler: resuming partial responses
-RESUMABLE = frozenset({"continue_from", "total_steps"})
+from dare_plugin_samplers.config import (
+    BLOCK_RECORDS,
+    FAST_RECORDS,
+    LOW_CONFIDENCE_RECORDS,
+    RESUMABLE,
+    BlockRolloutConfig,
+    FastConfig,
+    LowConfidenceConfig,
+)
 
 
 @hookimpl
@@ -22,9 +22,9 @@ def dare_register_rollout_backends(register) -> None:
         RolloutSpec(
             name="low_confidence",
             config_cls=LowConfidenceConfig,
-            build=LowConfidenceSampler,
+            build=lazy("dare_plugin_samplers.low_confidence:LowConfidenceSampler"),
             kinds=frozenset({"masked"}),
-            records=LC_RECORDS,
+            records=LOW_CONFIDENCE_RECORDS,
             methods=RESUMABLE,
             description=(
                 "semi-autoregressive low-confidence remasking for bidirectional masked "
@@ -36,7 +36,7 @@ def dare_register_rollout_backends(register) -> None:
         RolloutSpec(
             name="fast",
             config_cls=FastConfig,
-            build=FastSampler,
+            build=lazy("dare_plugin_samplers.fast:FastSampler"),
             kinds=frozenset({"masked"}),
             records=FAST_RECORDS,
             requires=frozenset({"kv_cache"}),
@@ -49,7 +49,7 @@ def dare_register_rollout_backends(register) -> None:
     register(RolloutSpec(
         name="block",
         config_cls=BlockRolloutConfig,
-        build=BlockSampler,
+        build=lazy("dare_plugin_samplers.block:BlockSampler"),
         kinds=frozenset({"block"}),
         records=BLOCK_RECORDS,
         methods=RESUMABLE,

@@ -53,63 +53,17 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import attrs
 import torch
 
-from dare_core.api import (
-    CapabilityError, DareError, for_device, in_range, non_negative, one_of, option, positive,
-    RolloutBatch,
-)
+from dare_core.api import CapabilityError, DareError, for_device, RolloutBatch
 from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
+from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 
-#: Records :meth:`BlockSampler.generate` understands.
-SUPPORTED_RECORDS = frozenset({"reveal_step"})
-REMASKING = ("sequential", "low_confidence_static", "low_confidence_dynamic", "entropy_bounded")
-
-
-@attrs.frozen
-class BlockRolloutConfig:
-    """Config of the ``block`` rollout backend (the ``rollout:`` section)."""
-
-    gen_length: int = option(256, "Response length R: tokens generated after each prompt.", positive)
-    block_length: int = option(
-        0, "Block size of the denoising loop; 0 = the model's own block size (wrapper.block_size), "
-        "the one it was trained with.", non_negative)
-    steps: int = option(
-        4, "Denoising iterations per block (the reveal schedule spreads block_length tokens over "
-        "them; more steps than block_length reveal one token per step).", positive)
-    temperature: float = option(
-        1.0, "Sampling temperature of the candidates (softmax(logits / T)); 0 = greedy argmax.",
-        non_negative)
-    top_k: int = option(0, "Sample only among the k most likely tokens; 0 = off.", non_negative)
-    top_p: float = option(
-        1.0, "Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p "
-        "(at least one); 1 = off.", in_range(0.0, 1.0, low_open=True))
-    remasking: str = option(
-        "low_confidence_dynamic", "Which masked positions are revealed each iteration: "
-        "'sequential' (leftmost), 'low_confidence_static' (most confident, scheduled count), "
-        "'low_confidence_dynamic' (all above confidence_threshold if at least the scheduled count, "
-        "else the most confident), 'entropy_bounded' (lowest-entropy prefix within eb_threshold).",
-        one_of(REMASKING))
-    confidence_threshold: float = option(
-        0.85, "Confidence above which low_confidence_dynamic reveals a token.",
-        in_range(0.0, 1.0))
-    eb_threshold: float = option(
-        0.35, "Entropy budget of entropy_bounded: reveal the lowest-entropy positions while their "
-        "entropy sum minus the largest one stays within it.", non_negative)
-    use_cache: bool = option(
-        True, "Keep finished blocks in the KV cache (prefill + one commit forward per block); "
-        "false recomputes the whole prefix every iteration (same greedy tokens, slower).")
-    stop_at_stop_token: bool = option(
-        True, "Stop decoding a row after the block in which one of the model's stop tokens "
-        "appears; its remaining positions are filled with EOS.")
-    truncate_at_eos: bool = option(
-        True, "Response mask rule: true = positions up to and including the first stop token "
-        "count; false = every generated position counts.")
+SUPPORTED_RECORDS = BLOCK_RECORDS
 
 
 def block_schedule(block: int, steps: int) -> list[int]:

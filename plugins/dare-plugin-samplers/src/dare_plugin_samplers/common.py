@@ -5,17 +5,20 @@ same knobs — response length, blocks, temperature, which candidates are commit
 handling, the response mask rule, micro-batching — with the same names, defaults, help texts and
 error messages; they are defined once here. Each factory returns an attrs field with help text
 (:func:`dare_core.config.option`); a backend whose wording differs passes its own ``help``.
+Importable without torch (the backends' configs, :mod:`dare_plugin_samplers.config`, use it when
+the plugin registers); the sampling steps import torch when they run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-import torch
+from dare_core.api import non_negative, one_of, option, positive
 
-from dare_core.api import for_device, non_negative, one_of, option, positive
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "REMASKING",
@@ -151,6 +154,8 @@ def check_prompt_shapes(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, err
 def eval_mode(module: torch.nn.Module) -> Iterator[None]:
     """Run the body with every submodule in eval mode and gradients off; restore each
     submodule's training flag afterwards."""
+    import torch
+
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
@@ -182,6 +187,8 @@ class CandidateScoring:
 
     def _ban_mask(self, vocab: int, mask_id: int, eos_id: int, device: Any) -> torch.Tensor:
         """``[V]`` bool: the MASK token (never a candidate) and, with ``suppress_eos``, EOS."""
+        import torch
+
         ban = torch.zeros(vocab, dtype=torch.bool, device=device)
         if 0 <= mask_id < vocab:
             ban[mask_id] = True
@@ -195,6 +202,10 @@ class CandidateScoring:
         temp = float(self.config.temperature)
         if temp == 0.0:
             return logits.argmax(dim=-1)
+        import torch
+
+        from dare_core.api import for_device
+
         u = torch.rand(logits.shape, generator=for_device(generator, logits.device), dtype=torch.float64,
                        device=logits.device)
         z = logits.double()
@@ -206,6 +217,10 @@ class CandidateScoring:
         """float64 confidence of each candidate ``x0``: its untempered probability
         (``remasking='low_confidence'``) or a uniform draw (``'random'``); candidates equal to a
         stop id get 0 (``stop_confidence='zero'``) or ``-inf`` (``'never'``)."""
+        import torch
+
+        from dare_core.api import for_device
+
         cfg = self.config
         if cfg.remasking == "low_confidence":
             probs = torch.softmax(logits.float(), dim=-1)
@@ -232,6 +247,8 @@ def run_micro_batches(wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch
 def join_micro_batches(parts: list, gen_length: int, device: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(response_ids, reveal_step, nfe)`` of the chunks' ``(response, reveal, nfe, ...)``
     results concatenated along the batch (empty ``[0, gen_length]`` tensors without chunks)."""
+    import torch
+
     if not parts:
         empty = torch.empty(0, gen_length, dtype=torch.long, device=device)
         return empty, empty.clone(), 0

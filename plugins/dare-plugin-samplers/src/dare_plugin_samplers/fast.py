@@ -60,75 +60,16 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import attrs
 import torch
 
-from dare_core.api import in_range, non_negative, one_of, option, RolloutBatch
+from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
+from dare_plugin_samplers.config import FAST_RECORDS, FastConfig
 from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
 
 __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
 
-#: Records :meth:`FastSampler.generate` understands.
-SUPPORTED_RECORDS = frozenset({"reveal_step"})
-
-_CACHE = ("dual", "delayed", "prefix", "none")
-_DECODING = ("threshold", "quota")
-
-
-@attrs.frozen
-class FastConfig(common.BlockCounts):
-    """Config of the ``fast`` rollout backend (the ``rollout:`` section)."""
-
-    gen_length: int = common.gen_length_option()
-    block_length: int = common.block_length_option("The KV cache is refreshed once per block.")
-    steps: int = common.steps_option(
-        256, "decoding 'quota': total denoising steps, split equally over the blocks (a multiple "
-        "of gen_length // block_length; steps = gen_length commits one token per step). Ignored "
-        "by decoding 'threshold'.")
-    cache: str = option(
-        "dual", "KV reuse inside a block: 'dual' = cache the positions before and after the "
-        "block, recompute only the block; 'delayed' = dual, and also cache committed block "
-        "tokens once encoded (one step after their commit), recomputing only masked and "
-        "just-committed positions; 'prefix' = cache the positions before the block, recompute "
-        "the block and everything after it; 'none' = full forward every step.", one_of(_CACHE))
-    refresh_every: int = option(
-        0, "With a cache, also rerun the full forward (refreshing every cached key) every this "
-        "many steps inside a block; 0 = only at the block start. Trades speed for exactness in "
-        "long blocks.", non_negative)
-    decoding: str = option(
-        "threshold", "How many tokens a step commits: 'threshold' = every masked position of the "
-        "block with confidence >= threshold, at least the most confident one per row; 'quota' = "
-        "the reference quota schedule of `steps`.", one_of(_DECODING))
-    threshold: float = option(
-        0.9, "decoding 'threshold': commit masked positions whose candidate probability is >= "
-        "this (0 < threshold <= 1; 1.0 = one token per step unless the model is certain).",
-        in_range(0.0, 1.0, low_open=True))
-    temperature: float = common.temperature_option()
-    remasking: str = common.remasking_option(
-        "decoding 'quota': 'low_confidence' commits the most probable candidates, 'random' "
-        "uniformly random masked positions. Threshold decoding needs 'low_confidence'.")
-    suppress_eos: bool = common.suppress_eos_option()
-    stop_confidence: str = common.stop_confidence_option(
-        "'zero' = 0 (committed late); 'never' = -inf (ranked last: committed only when nothing "
-        "else is left).")
-    truncate_at_eos: bool = common.truncate_at_eos_option()
-    micro_batch_size: int = common.micro_batch_size_option(
-        " (sampled outputs depend on the chunking, greedy ones do not).")
-
-    def __attrs_post_init__(self) -> None:
-        common.check_gen_length_blocks(self.gen_length, self.block_length)
-        if self.decoding == "quota" and self.steps % self.num_blocks != 0:
-            raise ValueError(
-                f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
-                f"gen_length // block_length = {self.num_blocks} with decoding 'quota'; set steps "
-                f"to e.g. {common.multiple_hint(self.steps, self.num_blocks)}"
-            )
-        if self.decoding == "threshold" and self.remasking != "low_confidence":
-            raise ValueError(
-                "rollout.decoding 'threshold' compares model confidences, so rollout.remasking "
-                "must be 'low_confidence'; set remasking=low_confidence or decoding=quota"
-            )
+SUPPORTED_RECORDS = FAST_RECORDS
 
 
 class _BlockForward:

@@ -39,11 +39,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import attrs
 import torch
 
-from dare_core.api import non_negative, option, RolloutBatch
+from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
+from dare_plugin_samplers.config import LOW_CONFIDENCE_RECORDS, LowConfidenceConfig
 
 __all__ = [
     "LowConfidenceConfig",
@@ -52,49 +52,7 @@ __all__ = [
     "num_transfer_tokens",
 ]
 
-#: Records :meth:`LowConfidenceSampler.generate` understands.
-SUPPORTED_RECORDS = frozenset({"reveal_step", "step_states"})
-
-
-
-@attrs.frozen
-class LowConfidenceConfig(common.BlockCounts):
-    """Config of the ``low_confidence`` rollout backend (the ``rollout:`` section)."""
-
-    gen_length: int = common.gen_length_option()
-    block_length: int = common.block_length_option("block_length = gen_length denoises the whole response at once.")
-    steps: int = common.steps_option(
-        128, "Total number of denoising steps, split equally over the blocks; must be a multiple "
-        "of gen_length // block_length.")
-    temperature: float = common.temperature_option()
-    remasking: str = common.remasking_option(
-        "Which masked positions are committed each step: 'low_confidence' = the candidates with "
-        "the highest (untempered) probability; 'random' = uniformly random ones.")
-    cfg_scale: float = option(
-        0.0, "Classifier-free guidance scale s: logits = un + (s + 1) * (cond - un), with the "
-        "unconditional pass seeing the prompt replaced by MASK; 0 = off (one forward per step "
-        "instead of two).", non_negative)
-    suppress_eos: bool = common.suppress_eos_option(
-        " (the response is then only EOS-filled where MASKs are left at the end).")
-    stop_confidence: str = common.stop_confidence_option(
-        "'zero' = 0 (stop tokens committed late); 'never' = -inf (ranked last: committed only when "
-        "a row's quota cannot be met otherwise).")
-    truncate_at_eos: bool = common.truncate_at_eos_option()
-    micro_batch_size: int = common.micro_batch_size_option(
-        ". Chunking changes how the random stream is consumed (sampled outputs differ; greedy ones "
-        "do not).")
-
-    def __attrs_post_init__(self) -> None:
-        common.check_gen_length_blocks(self.gen_length, self.block_length)
-        num_blocks = self.gen_length // self.block_length
-        if self.steps % num_blocks != 0:
-            raise ValueError(
-                f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
-                f"rollout.gen_length // rollout.block_length = {self.gen_length} // "
-                f"{self.block_length} = {num_blocks}, so that every block gets the same number "
-                f"of steps; set steps to a multiple of {num_blocks} "
-                f"(e.g. {common.multiple_hint(self.steps, num_blocks)}) or change block_length"
-            )
+SUPPORTED_RECORDS = LOW_CONFIDENCE_RECORDS
 
 
 # --------------------------------------------------------------------------- schedule

@@ -1,20 +1,19 @@
 """dare-plugin-sdar: the SDAR family (block diffusion; dense ``sdar`` and MoE ``sdar_moe``).
 
-Importing this package registers ``sdar`` and ``sdar_moe`` with transformers' Auto classes, so
+:func:`dare_plugin_sdar.hf.register_auto_classes` (called by the family's ``load`` and ``create``)
+registers ``sdar`` and ``sdar_moe`` with transformers' Auto classes, so
 ``AutoModelForCausalLM.from_pretrained(path)`` (and ``AutoModel`` for the decoder stack) load SDAR
-checkpoints without ``trust_remote_code``.
+checkpoints without ``trust_remote_code``. Registering the family imports neither torch nor
+transformers.
 """
 
 import os
 
-from dare_core.api import hookimpl, ModelFamily
+from dare_core.api import hookimpl, lazy, ModelFamily
 
-from dare_plugin_sdar.hf import register_auto_classes
-from dare_plugin_sdar.wrapper import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE, create, load
+from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE
 
 __version__ = "0.1.0"
-
-register_auto_classes()
 
 
 @hookimpl
@@ -22,8 +21,8 @@ def dare_register_model_wrappers(register):
     register(ModelFamily(
         name="sdar",
         kind="block",
-        load=load,
-        create=create,
+        load=lazy("dare_plugin_sdar.wrapper:load"),
+        create=lazy("dare_plugin_sdar.wrapper:create"),
         capabilities=CAPABILITIES,
         model_types=("sdar", "sdar_moe"),
         config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),

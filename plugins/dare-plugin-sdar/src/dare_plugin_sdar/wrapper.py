@@ -30,11 +30,8 @@ from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM
+from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
-CAPABILITIES = frozenset({"kv_cache"})
-#: Block size when the config has none (SDAR-30B-A3B), as the published generation code uses.
-DEFAULT_BLOCK_SIZE = 4
-BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 IM_END = "<|im_end|>"
 MASK_TOKENS = ("<|MASK|>", "<MASK>")
 _CLASSES = {SDARConfig.model_type: SDARForCausalLM, SDARMoeConfig.model_type: SDARMoeForCausalLM}

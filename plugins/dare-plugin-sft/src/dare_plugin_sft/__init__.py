@@ -1,9 +1,8 @@
 """dare-plugin-sft: supervised fine-tuning with the diffusion NELBO (masked and block diffusion)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO
-from dare_plugin_sft.objective import RECIPE, NELBOLoss, SFTConfig, build
+from dare_plugin_sft.config import RECIPE, SFTConfig
 
 __version__ = "0.1.0"
 
@@ -11,11 +10,11 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "nelbo", NELBOLoss, "masked-diffusion NELBO: sum CE/t over masked tokens / #masked",
+        "nelbo", lazy("dare_plugin_sft.objective:NELBOLoss"), "masked-diffusion NELBO: sum CE/t over masked tokens / #masked",
         reference="arXiv:2502.09992",
     ))
     register(ComponentSpec(
-        "block_diffusion_nelbo", BlockDiffusionNELBO,
+        "block_diffusion_nelbo", lazy("dare_plugin_sft.block:BlockDiffusionNELBO"),
         "block-diffusion NELBO: sum CE/p over masked tokens / trained response tokens",
         reference="arXiv:2503.09573",
     ))
@@ -24,7 +23,7 @@ def dare_register_policy_losses(register):
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "block_diffusion_masking", BlockDiffusionMasking,
+        "block_diffusion_masking", lazy("dare_plugin_sft.block:BlockDiffusionMasking"),
         "block diffusion: per-sequence p = (1-eps) t + eps, retried until >= 1 response token is masked",
         reference="arXiv:2503.09573",
     ))
@@ -36,7 +35,7 @@ def dare_register_algorithms(register):
         name="sft",
         workflow="sft",
         config_cls=SFTConfig,
-        build=build,
+        build=lazy("dare_plugin_sft.objective:build"),
         components={"corruption": ("random_ratio", "block_diffusion_masking"),
                     "estimator": "masked_token_logprob", "loss": ("nelbo", "block_diffusion_nelbo")},
         paper="arXiv:2502.09992",

@@ -1,8 +1,8 @@
 """dare-plugin-spg: Sandwiched Policy Gradient (arXiv:2510.09541)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_spg.algorithm import RECIPE, BlockWiseMasking, SPGBounds, SPGConfig, SPGLoss, build
+from dare_plugin_spg.config import RECIPE, SPGConfig
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_corruptions(register):
     register(ComponentSpec(
-        "spg_block_masking", BlockWiseMasking,
+        "spg_block_masking", lazy("dare_plugin_spg.algorithm:BlockWiseMasking"),
         "one random response block partly masked, later blocks fully, earlier tokens at rate p",
         kinds=frozenset({"masked"}), reference="arXiv:2510.09541",
     ))
@@ -19,7 +19,7 @@ def dare_register_corruptions(register):
 @hookimpl
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
-        "spg_bounds", SPGBounds, "masked-token-mean ELBO and Rényi EUBO per sequence",
+        "spg_bounds", lazy("dare_plugin_spg.algorithm:SPGBounds"), "masked-token-mean ELBO and Rényi EUBO per sequence",
         reference="arXiv:2510.09541",
     ))
 
@@ -27,7 +27,7 @@ def dare_register_likelihood_estimators(register):
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "spg", SPGLoss, "REINFORCE on the ELBO (A > 0) or the EUBO/mix (A <= 0), length-weighted",
+        "spg", lazy("dare_plugin_spg.algorithm:SPGLoss"), "REINFORCE on the ELBO (A > 0) or the EUBO/mix (A <= 0), length-weighted",
         reference="arXiv:2510.09541",
     ))
 
@@ -38,7 +38,7 @@ def dare_register_algorithms(register):
         name="spg",
         workflow="rl",
         config_cls=SPGConfig,
-        build=build,
+        build=lazy("dare_plugin_spg.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"corruption": "spg_block_masking", "estimator": "spg_bounds", "loss": "spg",
                     "advantage": "group_norm", "trajectory": "final_sequence"},

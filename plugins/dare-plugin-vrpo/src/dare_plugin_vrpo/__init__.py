@@ -1,8 +1,8 @@
 """dare-plugin-vrpo: VRPO, variance-reduced DPO on masked-diffusion ELBOs (arXiv:2505.19223)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl
+from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
 
-from dare_plugin_vrpo.algorithm import RECIPE, DPOLoss, VRPOConfig, build
+from dare_plugin_vrpo.config import RECIPE, VRPOConfig
 
 __version__ = "0.1.0"
 
@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 @hookimpl
 def dare_register_policy_losses(register):
     register(ComponentSpec(
-        "dpo", DPOLoss,
+        "dpo", lazy("dare_plugin_vrpo.algorithm:DPOLoss"),
         "DPO on sequence likelihood surrogates of interleaved (chosen, rejected) rows",
         reference="arXiv:2305.18290; arXiv:2505.19223",
     ))
@@ -22,7 +22,7 @@ def dare_register_algorithms(register):
         name="vrpo",
         workflow="preference",
         config_cls=VRPOConfig,
-        build=build,
+        build=lazy("dare_plugin_vrpo.algorithm:build"),
         kinds=frozenset({"masked"}),
         components={"corruption": "stratified_count_masking", "estimator": "sequence_elbo",
                     "loss": "dpo"},

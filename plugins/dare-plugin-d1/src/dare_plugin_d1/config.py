@@ -1,0 +1,37 @@
+"""d1's options and recipe (importable without torch: registering the algorithm reads them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+import attrs
+
+from dare_core.api import in_range, non_negative, one_of, option, positive
+
+
+@attrs.frozen
+class D1Config:
+    """d1 options with the recipe defaults (LLaDA math recipe)."""
+
+    p_mask_prompt: float = option(
+        0.15, "Probability of masking each valid prompt token in the log-prob forward.",
+        in_range(0.0, 1.0, high_open=True))
+    mc_num: int = option(1, "Corruption draws per rollout (the recipe uses 1).", positive)
+    clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
+    clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
+    clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
+                                 in_range(1.0, float("inf"), low_open=True))
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
+    norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
+    kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipe).",
+                            non_negative)
+    kl_type: str = option("low_var_kl", "KL penalty form.", one_of(("k1", "abs", "k2", "mse", "k3", "low_var_kl")))
+
+
+# Recipe (8 GPUs, LLaDA-8B-Instruct): 16 prompts x 8 rollouts, lr 5e-7, AdamW wd 0.01,
+# one optimizer step per rollout batch, grad clip 1, rollout temperature 0.6.
+RECIPE = {
+    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
+                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
+    "rollout": {"temperature": 0.6},
+}
