@@ -1,6 +1,7 @@
 """Hand-computed values for the estimator, the loss and the composed advantage; config and run
 invariants."""
 
+import attrs
 import pytest
 import torch
 
@@ -115,7 +116,9 @@ def test_group_size_one_is_refused_when_the_run_is_configured(tmp_path):
     ok = resolve(dare, overrides=[f"model.path={tmp_path}"], **kw)
     assert ok.trainer.group_size == 4 and ok.trainer.ppo_epochs == 1   # the recipe
     dare.pm.hook.dare_configure.call_historic(kwargs={"config": ok})
-    bad = resolve(dare, overrides=[f"model.path={tmp_path}", "trainer.group_size=1"], **kw)
+    with pytest.raises(ConfigError, match="trainer.group_size=1"):  # the core: rloo needs groups
+        resolve(dare, overrides=[f"model.path={tmp_path}", "trainer.group_size=1"], **kw)
+    bad = attrs.evolve(ok, trainer=attrs.evolve(ok.trainer, group_size=1))  # built around resolve
     with pytest.raises(DareError, match="group_size >= 2"):
         dare_plugin_reinforce_rloo.dare_configure(config=bad)
     with pytest.raises(ConfigError, match="mc_num"):
