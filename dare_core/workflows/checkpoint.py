@@ -181,8 +181,7 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) 
     def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
-            key = f"{prefix}{k}"
-            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
     a, b = flat(saved), flat(current)
