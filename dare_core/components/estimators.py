@@ -15,15 +15,9 @@ from dare_core.interfaces import Corrupted, SequenceBatch
 
 def corrupted_logprobs(wrapper, batch: SequenceBatch, corrupted: Corrupted) -> torch.Tensor:
     """``log p(x_i | noisy_m)`` for every Monte-Carlo row ``m`` and position ``i``: ``[M, B, S]``."""
-    rows = []
-    for m in range(corrupted.num_samples):
-        rows.append(
-            wrapper.token_logprobs(
-                corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                clean_ids=batch.input_ids,
-            )
-        )
-    return torch.stack(rows, 0)
+    return torch.stack([wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
+                                               clean_ids=batch.input_ids)
+                        for m in range(corrupted.num_samples)], 0)
 
 
 class ResponseTokenLogProb:
@@ -44,11 +38,8 @@ class ResponseTokenLogProb:
 
 
 class MaskedTokenLogProb:
-    """``log p_θ(x_i | x̃_m)`` at the corrupted positions, 0 elsewhere: ``[M, B, S]``.
-
-    The building block of ELBO objectives; the objective divides by ``p_mask`` and chooses the
-    normaliser.
-    """
+    """``log p_θ(x_i | x̃_m)`` at the corrupted positions, 0 elsewhere: ``[M, B, S]``; the building
+    block of ELBO objectives (the objective divides by ``p_mask`` and chooses the normaliser)."""
 
     granularity = "token"
 
