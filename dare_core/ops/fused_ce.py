@@ -32,13 +32,8 @@ def chunk_rows(vocab: int, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
 
 def _logits_block(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                   scale: float) -> torch.Tensor:
-    z = h @ weight.t()
-    if bias is not None:
-        z = z + bias
-    z = z.float()
-    if scale != 1.0:
-        z = z * scale
-    return z
+    z = (h @ weight.t() if bias is None else h @ weight.t() + bias).float()
+    return z * scale if scale != 1.0 else z
 
 
 class ChunkedTokenLogProb(torch.autograd.Function):
@@ -109,16 +104,14 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         raise ValueError(f"hidden size {hidden.shape[-1]} does not match the head's {weight.shape[-1]}")
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)}")
-    shape = targets.shape
-    flat_h = hidden.reshape(-1, hidden.shape[-1])
-    flat_t = targets.reshape(-1).long()
-    if flat_h.shape[0] == 0:
-        return hidden.new_zeros(shape, dtype=torch.float32)
+    if targets.numel() == 0:
+        return hidden.new_zeros(targets.shape, dtype=torch.float32)
     rows = int(chunk) if chunk else chunk_rows(weight.shape[0], chunk_elements)
     if rows < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    out = ChunkedTokenLogProb.apply(flat_h, weight, bias, flat_t, rows, float(scale))
-    return out.reshape(shape)
+    out = ChunkedTokenLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                                    targets.reshape(-1).long(), rows, float(scale))
+    return out.reshape(targets.shape)
 
 
 def naive_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -128,25 +128,15 @@ def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None,
             fills.append(n)
     rows = max(1, len(fills))
     width = max(fills) if fills else 1
-    src_b, src_c, dst_r, dst_s = [], [], [], []
     doc_ids = torch.full((rows, width), -1, dtype=torch.long)
     pos = torch.zeros((rows, width), dtype=torch.long)
-    for i in range(b):
-        if i not in place:
-            continue
-        r, start = place[i]
+    coords = []  # per document: source rows, source columns, packed rows, packed slots
+    for i, (r, start) in sorted(place.items()):
         cols = torch.nonzero(valid[i]).flatten()
         n = cols.numel()
-        slots = torch.arange(start, start + n)
-        src_b.append(torch.full((n,), i, dtype=torch.long))
-        src_c.append(cols)
-        dst_r.append(torch.full((n,), r, dtype=torch.long))
-        dst_s.append(slots)
+        coords.append((torch.full((n,), i), cols, torch.full((n,), r), torch.arange(start, start + n)))
         doc_ids[r, start:start + n] = i
         pos[r, start:start + n] = cols if positions == "padded" else torch.arange(n)
-    empty = torch.zeros(0, dtype=torch.long)
-    cat = (lambda xs: torch.cat(xs) if xs else empty)
-    device = attention_mask.device
-    plan = PackPlan((b, s), rows, width, cat(src_b), cat(src_c), cat(dst_r), cat(dst_s),
-                    doc_ids, pos, lengths.long())
-    return plan.to(device) if device.type != "cpu" else plan
+    flat = [torch.cat(xs) for xs in zip(*coords)] if coords else [torch.zeros(0, dtype=torch.long)] * 4
+    plan = PackPlan((b, s), rows, width, *flat, doc_ids, pos, lengths.long())
+    return plan.to(attention_mask.device) if attention_mask.device.type != "cpu" else plan
