@@ -1,8 +1,5 @@
-"""Generic likelihood estimators.
-
-Both read log-probabilities through ``wrapper.token_logprobs`` so that family differences (logit
-shift, block layouts, fused heads) stay in the model wrapper.
-"""
+"""Generic likelihood estimators; both read log-probabilities through ``wrapper.token_logprobs``,
+so family differences (logit shift, block layouts, fused heads) stay in the model wrapper."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Generic losses and aggregation helpers.
-
-Shapes: ``B`` sequences, ``R`` response length, ``M`` Monte-Carlo corruption samples.
-"""
+"""Generic losses and aggregation helpers. Shapes: ``B`` sequences, ``R`` response length, ``M``
+Monte-Carlo corruption samples."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
 trains on its rows) → the algorithm's collate → for each micro-batch: corruption → estimator →
 objective → backward (weighted by the micro-batch's share of the step, so the gradient is the
-batch mean; the engine averages it over processes) → clip → step. Held-out accuracy is measured by
-generation before and after, as in the RL loop.
+batch mean; the engine averages it over processes) → clip → step.
 """
 
 from __future__ import annotations
