@@ -308,9 +308,8 @@ class AlgorithmContract:
         backend = spec.build(components.training_rollout_config(cfg))
         if components.wrap_rollout is not None:
             backend = components.wrap_rollout(backend, None)
-        return backend.generate(
-            wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
-            generator=torch.Generator().manual_seed(0))
+        return backend.generate(wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
+                                generator=torch.Generator().manual_seed(0))
 
     def _rows(self, components, wrapper):
         """``TrainingRows`` of one rollout (the trajectory builder's ``rows``; the final sequence

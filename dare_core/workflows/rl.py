@@ -90,7 +90,6 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     comps = ctx.components
     wrapper = ctx.wrapper
     engine = ctx.engine
-    device = wrapper.device
 
     train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
@@ -109,7 +108,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
         rollout, rows, corrupted = c.rollout, c.rows, c.corrupted
         t_roll = t0 + c.rollout_seconds
-        batch, advantages = rows.batch, rows.advantages.to(device)
+        batch, advantages = rows.batch, rows.advantages.to(wrapper.device)
         total = batch.batch_size
         mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
         accumulating = comps.accumulate is not None and corrupted is not None
