@@ -47,14 +47,11 @@ class ChunkedTokenLogProb(torch.autograd.Function):
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             z = _logits_block(hidden[start:stop], weight, bias, scale)
-            block_lse = torch.logsumexp(z, dim=-1)
-            lse[start:stop] = block_lse
-            out[start:stop] = z.gather(-1, targets[start:stop, None]).squeeze(-1) - block_lse
+            lse[start:stop] = torch.logsumexp(z, dim=-1)
+            out[start:stop] = z.gather(-1, targets[start:stop, None]).squeeze(-1) - lse[start:stop]
             del z
         ctx.save_for_backward(hidden, weight, bias if bias is not None else torch.empty(0), targets, lse)
-        ctx.has_bias = bias is not None
-        ctx.chunk = chunk
-        ctx.scale = scale
+        ctx.has_bias, ctx.chunk, ctx.scale = bias is not None, chunk, scale
         return out
 
     @staticmethod
@@ -95,11 +92,9 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          bias: Optional[torch.Tensor] = None, *, scale: float = 1.0,
                          chunk: Optional[int] = None,
                          chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
-    """Per-token ``log p(target)`` in float32 without ``[N, V]`` logits.
-
-    ``hidden`` ``[..., D]``, ``targets`` ``[...]`` (long), ``weight`` ``[V, D]``, ``bias`` ``[V]``
-    → ``[...]`` float32. ``chunk`` rows per block (default: from ``chunk_elements``).
-    """
+    """Per-token ``log p(target)`` in float32 without ``[N, V]`` logits: ``hidden`` ``[..., D]``,
+    ``targets`` ``[...]`` (long), ``weight`` ``[V, D]``, ``bias`` ``[V]`` → ``[...]``; ``chunk`` rows
+    per block (default: from ``chunk_elements``)."""
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden size {hidden.shape[-1]} does not match the head's {weight.shape[-1]}")
     if hidden.shape[:-1] != targets.shape:

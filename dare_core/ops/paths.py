@@ -95,11 +95,8 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
     if attention == "packed":
         dtype = param_dtype(wrapper)
         runnable = available_kernels(dev, dtype)
-        if attention_kernel == "auto":
-            kernel = runnable[0]
-        elif attention_kernel in runnable:
-            kernel = attention_kernel
-        else:
+        kernel = runnable[0] if attention_kernel == "auto" else attention_kernel
+        if kernel not in runnable:
             raise DareError(f"model.attention_kernel={attention_kernel} cannot run on {dev.type} with "
                             f"{str(dtype).replace('torch.', '')} weights; runnable here: "
                             f"{', '.join(runnable)} (or auto)")
