@@ -18,13 +18,10 @@ def corrupted_logprobs(wrapper, batch: SequenceBatch, corrupted: Corrupted) -> t
 
 
 class ResponseTokenLogProb:
-    """One-step per-token estimate of the response log-likelihood.
-
-    For each corruption row ``m``, ``ℓ_{m,b,j} = log p_θ(y_{b,j} | x̃_{m,b})`` at every response
-    position ``j`` read from a single forward of the corrupted sequence ``x̃`` (a mean-field
-    approximation when the whole response is masked). Returns ``[M, B, R]``; no normaliser (the
-    policy loss aggregates over tokens).
-    """
+    """One-step per-token estimate of the response log-likelihood: for each corruption row ``m``,
+    ``ℓ_{m,b,j} = log p_θ(y_{b,j} | x̃_{m,b})`` at every response position ``j`` from one forward of
+    the corrupted sequence ``x̃`` (a mean-field approximation when the whole response is masked);
+    ``[M, B, R]``, no normaliser (the policy loss aggregates over tokens)."""
 
     granularity = "token"
 

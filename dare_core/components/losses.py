@@ -74,8 +74,7 @@ class ClippedPolicyLoss:
         return loss, ratio, neg_kl, l1, l2, lclip, l3
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
-                 advantages: torch.Tensor, mask: torch.Tensor, *,
-                 extras: Optional[dict] = None):
+                 advantages: torch.Tensor, mask: torch.Tensor, *, extras: Optional[dict] = None):
         if logp.dim() == 2:
             logp, old_logp = logp.unsqueeze(0), old_logp.unsqueeze(0)
         adv = advantages.to(logp.dtype)[None, :, None].expand_as(logp)
