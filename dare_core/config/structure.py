@@ -148,11 +148,8 @@ def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str],
             continue
         try:
             field.validator(view, field, getattr(view, name))
-        except (ValueError, TypeError) as exc:
-            msg = str(exc)
-            if msg.startswith(name + " "):  # validators name their field for direct callers
-                msg = msg[len(name) + 1 :]
-            problems.append(f"{_join(path, name)}: {msg}")
+        except (ValueError, TypeError) as exc:  # validators name their field for direct callers
+            problems.append(f"{_join(path, name)}: {str(exc).removeprefix(name + ' ')}")
         except AttributeError:
             if not broken:
                 raise
