@@ -83,11 +83,11 @@ def export_model(ctx: Any, directory: str) -> None:
         shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
 
 
-def save_final(ctx: Any, name: str = "final") -> Optional[str]:
-    """The HF-layout export ``<run>/<name>``. Collective; its path (on every rank)."""
+def save_final(ctx: Any) -> Optional[str]:
+    """The HF-layout export ``<run>/final``. Collective; its path (on every rank)."""
     if ctx.rundir is None:
         return None
-    target = ctx.rundir.path(name)
+    target = ctx.rundir.path("final")
     _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp))
     return target
 

@@ -102,8 +102,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     engine.setup_optimizer(wrapper, tr)
 
     tracker = Tracker(ctx, eval_examples, batches)
-    first = tracker.begin()
-    for step in range(first, tr.steps + 1):
+    for step in range(tracker.begin(), tr.steps + 1):
         t0 = time.perf_counter()
         c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
         rollout, rows, corrupted = c.rollout, c.rows, c.corrupted
