@@ -29,7 +29,6 @@ import os
 import warnings
 from typing import Any, Iterator, Optional
 
-
 from dare_core.errors import DareError
 
 ADAPTER_DIR = "lora_adapter"
