@@ -24,8 +24,6 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
     if gained < 0 or lost < 0:
         raise ValueError(f"discordant counts must be >= 0, got {gained} and {lost}")
     m = gained + lost
-    if m == 0:
-        return 1.0
     k = min(gained, lost)
     # Integer numerator and denominator: ``2.0 ** m`` overflows a float beyond m = 1023 (a few
     # thousand sampled answers); int / int is correctly rounded at any size.

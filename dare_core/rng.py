@@ -1,12 +1,10 @@
 """Random draws on any device from the run's generator.
 
 Runs seed one CPU ``torch.Generator`` (so a seed means the same corruption masks and data order
-on every machine). A draw on another device cannot use it directly (``torch.rand(...,
-device="cuda", generator=cpu_generator)`` is an error), and drawing ``[B, L, V]`` uniforms on the
-CPU to copy them to a GPU every denoising step would cost more than the step. Samplers therefore
-draw through :func:`for_device`: the generator itself where it lives on the target device (CPU runs
-are unchanged), else a generator on the target device seeded by one draw of the run's generator,
-so a seeded GPU run is reproducible too.
+on every machine). A draw on another device cannot use it (``torch.rand(..., device="cuda",
+generator=cpu_generator)`` is an error), and drawing ``[B, L, V]`` uniforms on the CPU to copy
+them to a GPU every denoising step would cost more than the step; samplers therefore draw
+through :func:`for_device`, so a seeded GPU run is reproducible too.
 """
 
 from __future__ import annotations

@@ -6,23 +6,16 @@ from typing import Any
 
 from dare_core.components.advantages import GroupNormAdvantage, RLOOAdvantage
 from dare_core.components.corruptions import RandomRatioMasking
-from dare_core.components.estimators import (
-    MaskedTokenLogProb,
-    ResponseTokenLogProb,
-    corrupted_logprobs,
-)
+from dare_core.components.estimators import MaskedTokenLogProb, ResponseTokenLogProb, corrupted_logprobs
 from dare_core.components.losses import ClippedPolicyLoss, agg_loss, masked_mean
 from dare_core.components.trajectories import FinalSequence
 
 
 class ComponentLookup:
-    """Builds registered components by name: ``lookup.loss("clipped_pg", clip_ratio_low=0.2)``.
-
-    Passed to ``AlgorithmSpec.build`` so an algorithm composes components registered by any
-    plugin (its own or others') without importing them. ``rollout`` is the run's resolved rollout
-    config (``None`` outside a run): the owner of rollout settings such as ``block_length``, which
-    an algorithm reads from here instead of declaring them again.
-    """
+    """Builds registered components by name: ``lookup.loss("clipped_pg", clip_ratio_low=0.2)``, so
+    an algorithm's ``AlgorithmSpec.build`` composes components of any plugin without importing
+    them. ``rollout``: the run's resolved rollout config (``None`` outside a run), where an
+    algorithm reads rollout settings such as ``block_length`` instead of declaring them again."""
 
     def __init__(self, registries: Any, rollout: Any = None):
         self._r = registries

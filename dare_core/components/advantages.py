@@ -5,11 +5,6 @@ from __future__ import annotations
 import torch
 
 
-def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    return inverse, int(inverse.max().item()) + 1 if inverse.numel() else 0
-
-
 class GroupNormAdvantage:
     r"""Group-normalised advantage (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300).
 
@@ -26,10 +21,9 @@ class GroupNormAdvantage:
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         rewards = rewards.to(torch.float32)
-        idx, n_groups = _group_index(group_ids)
         out = torch.empty_like(rewards)
-        for g in range(n_groups):
-            sel = idx == g
+        for g in group_ids.unique():
+            sel = group_ids == g
             r = rewards[sel]
             if r.numel() == 1:
                 mean, std = torch.zeros(()), torch.ones(())
@@ -49,10 +43,9 @@ class RLOOAdvantage:
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         rewards = rewards.to(torch.float32)
-        idx, n_groups = _group_index(group_ids)
         out = torch.zeros_like(rewards)
-        for g in range(n_groups):
-            sel = idx == g
+        for g in group_ids.unique():
+            sel = group_ids == g
             n = int(sel.sum())
             if n > 1:
                 r = rewards[sel]

@@ -14,13 +14,10 @@ def mask_tokens(ids: torch.Tensor, masked: torch.Tensor, mask_token_id: int) -> 
 
 
 class RandomRatioMasking:
-    r"""Masked-diffusion forward process with one noise level per sequence.
-
-    For each Monte-Carlo row and sequence draw ``u ~ U(0, 1)`` and set
-    ``t = (1 - ε) u + ε``; every valid *response* token is replaced by the mask token
-    independently with probability ``t`` (so a row may have no masked token). ``p_mask = t`` on
-    valid response tokens and 0 elsewhere. ``extras["t"]`` is ``[M, B]``.
-    """
+    r"""Masked-diffusion forward process with one noise level per sequence: for each Monte-Carlo row
+    and sequence draw ``u ~ U(0, 1)``, set ``t = (1 - ε) u + ε`` and replace every valid *response*
+    token by the mask token independently with probability ``t`` (a row may have no masked token).
+    ``p_mask = t`` on valid response tokens, 0 elsewhere; ``extras["t"]`` is ``[M, B]``."""
 
     def __init__(self, eps: float = 1e-3, mc_num: int = 1):
         if not 0.0 <= eps < 1.0:

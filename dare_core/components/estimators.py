@@ -1,8 +1,5 @@
-"""Generic likelihood estimators.
-
-Both read log-probabilities through ``wrapper.token_logprobs`` so that family differences (logit
-shift, block layouts, fused heads) stay in the model wrapper.
-"""
+"""Generic likelihood estimators; both read log-probabilities through ``wrapper.token_logprobs``,
+so family differences (logit shift, block layouts, fused heads) stay in the model wrapper."""
 
 from __future__ import annotations
 
@@ -15,25 +12,16 @@ from dare_core.interfaces import Corrupted, SequenceBatch
 
 def corrupted_logprobs(wrapper, batch: SequenceBatch, corrupted: Corrupted) -> torch.Tensor:
     """``log p(x_i | noisy_m)`` for every Monte-Carlo row ``m`` and position ``i``: ``[M, B, S]``."""
-    rows = []
-    for m in range(corrupted.num_samples):
-        rows.append(
-            wrapper.token_logprobs(
-                corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                clean_ids=batch.input_ids,
-            )
-        )
-    return torch.stack(rows, 0)
+    return torch.stack([wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
+                                               clean_ids=batch.input_ids)
+                        for m in range(corrupted.num_samples)], 0)
 
 
 class ResponseTokenLogProb:
-    """One-step per-token estimate of the response log-likelihood.
-
-    For each corruption row ``m``, ``ℓ_{m,b,j} = log p_θ(y_{b,j} | x̃_{m,b})`` at every response
-    position ``j`` read from a single forward of the corrupted sequence ``x̃`` (a mean-field
-    approximation when the whole response is masked). Returns ``[M, B, R]``; no normaliser (the
-    policy loss aggregates over tokens).
-    """
+    """One-step per-token estimate of the response log-likelihood: for each corruption row ``m``,
+    ``ℓ_{m,b,j} = log p_θ(y_{b,j} | x̃_{m,b})`` at every response position ``j`` from one forward of
+    the corrupted sequence ``x̃`` (a mean-field approximation when the whole response is masked);
+    ``[M, B, R]``, no normaliser (the policy loss aggregates over tokens)."""
 
     granularity = "token"
 
@@ -44,11 +32,8 @@ class ResponseTokenLogProb:
 
 
 class MaskedTokenLogProb:
-    """``log p_θ(x_i | x̃_m)`` at the corrupted positions, 0 elsewhere: ``[M, B, S]``.
-
-    The building block of ELBO objectives; the objective divides by ``p_mask`` and chooses the
-    normaliser.
-    """
+    """``log p_θ(x_i | x̃_m)`` at the corrupted positions, 0 elsewhere: ``[M, B, S]``; the building
+    block of ELBO objectives (the objective divides by ``p_mask`` and chooses the normaliser)."""
 
     granularity = "token"
 

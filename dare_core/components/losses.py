@@ -1,7 +1,5 @@
-"""Generic losses and aggregation helpers.
-
-Shapes: ``B`` sequences, ``R`` response length, ``M`` Monte-Carlo corruption samples.
-"""
+"""Generic losses and aggregation helpers. Shapes: ``B`` sequences, ``R`` response length, ``M``
+Monte-Carlo corruption samples."""
 
 from __future__ import annotations
 
@@ -76,16 +74,14 @@ class ClippedPolicyLoss:
         return loss, ratio, neg_kl, l1, l2, lclip, l3
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
-                 advantages: torch.Tensor, mask: torch.Tensor, *,
-                 extras: Optional[dict] = None):
+                 advantages: torch.Tensor, mask: torch.Tensor, *, extras: Optional[dict] = None):
         if logp.dim() == 2:
             logp, old_logp = logp.unsqueeze(0), old_logp.unsqueeze(0)
         adv = advantages.to(logp.dtype)[None, :, None].expand_as(logp)
         mask = mask.to(logp.dtype)
         total = logp.new_zeros(())
-        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
+        stats = {"pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0, "ratio_mean": 0.0}
         ratio_max = 0.0
-        ratio_sum = 0.0
         m_count = logp.shape[0]
         for m in range(m_count):
             loss, ratio, neg_kl, l1, l2, lclip, l3 = self.token_losses(logp[m], old_logp[m], adv[m])
@@ -98,11 +94,8 @@ class ClippedPolicyLoss:
                 valid = mask > 0
                 if valid.any():
                     ratio_max = max(ratio_max, ratio[valid].max().item())
-                    ratio_sum += ratio[valid].mean().item()
-        metrics = {k: v / m_count for k, v in stats.items()}
-        metrics["ratio_mean"] = ratio_sum / m_count
-        metrics["ratio_max"] = ratio_max
-        return total / m_count, metrics
+                    stats["ratio_mean"] += ratio[valid].mean().item()
+        return total / m_count, {**{k: v / m_count for k, v in stats.items()}, "ratio_max": ratio_max}
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,

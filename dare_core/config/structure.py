@@ -21,25 +21,17 @@ from dare_core.errors import ConfigError
 
 
 def _strict_float(value: Any, _t: Any) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise TypeError
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return float(value.strip())
-    raise TypeError
+    return float(value)
 
 
 def _strict_int(value: Any, _t: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
-        return int(value.strip())
-    raise TypeError
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError
+    return int(value)
 
 
 def _strict_bool(value: Any, _t: Any) -> bool:
@@ -84,30 +76,22 @@ def _join(path: str, key: str) -> str:
 
 def structure(cls: type, data: Any, path: str = "", *,
               extra_keys: Iterable[str] = ()) -> tuple[Any, list[str]]:
-    """Structure ``data`` into ``cls``; returns ``(instance or None, problems)``.
-
-    ``extra_keys``: more keys valid at this level that the caller structures itself (e.g.
-    plugin-owned sections); they are skipped here and offered among the valid keys when a key
-    is unknown.
-    """
+    """Structure ``data`` into ``cls``; returns ``(instance or None, problems)``. ``extra_keys``:
+    more keys valid at this level that the caller structures itself (e.g. plugin-owned sections):
+    skipped here, and offered among the valid keys when a key is unknown."""
     attrs.resolve_types(cls)
     problems: list[str] = []
     where = path or "config"
-    if data is None:
-        data = {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
         return None, [f"{where}: expected a mapping, got {data!r}"]
     fields = {f.name: f for f in attrs.fields(cls) if f.init}
     valid = sorted({*fields, *extra_keys})
     for key in data:
         if key not in valid:
-            msg = f"{_join(path, str(key))}: unknown key"
             close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
-            if close:
-                msg += f" (did you mean {close[0]!r}?)"
-            else:
-                msg += f" (valid keys: {', '.join(valid)})"
-            problems.append(msg)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
+            problems.append(f"{_join(path, str(key))}: unknown key ({hint})")
     kwargs: dict[str, Any] = {}
     broken: set[str] = set()
     for name, field in fields.items():
@@ -147,24 +131,16 @@ def structure(cls: type, data: Any, path: str = "", *,
 
 def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str],
               path: str) -> list[str]:
-    """Run the field validators of every well-typed field (defaults included).
-
-    They run against a stand-in instance holding all well-typed values, so validators that
-    read other fields (``self.other``) work and every failing one is reported, not only the
-    first. A validator reading a field that itself failed to structure is skipped.
-    """
+    """Run the field validators of every well-typed field (defaults included) on a stand-in
+    instance holding all well-typed values, so validators reading other fields (``self.other``)
+    work and every failure is reported; one reading a field that failed to structure is skipped."""
     view = types.SimpleNamespace()
     for name, field in fields.items():
         if name in broken:
             continue
-        if name in kwargs:
-            value = kwargs[name]
-        else:
-            default = field.default
-            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-                value = default.factory(view) if default.takes_self else default.factory()
-            else:
-                value = default
+        value = kwargs.get(name, field.default)
+        if isinstance(value, attrs.Factory):  # type: ignore[arg-type]  (a default only)
+            value = value.factory(view) if value.takes_self else value.factory()
         setattr(view, name, value)
     problems: list[str] = []
     for name, field in fields.items():
@@ -172,11 +148,8 @@ def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str],
             continue
         try:
             field.validator(view, field, getattr(view, name))
-        except (ValueError, TypeError) as exc:
-            msg = str(exc)
-            if msg.startswith(name + " "):  # validators name their field for direct callers
-                msg = msg[len(name) + 1 :]
-            problems.append(f"{_join(path, name)}: {msg}")
+        except (ValueError, TypeError) as exc:  # validators name their field for direct callers
+            problems.append(f"{_join(path, name)}: {str(exc).removeprefix(name + ' ')}")
         except AttributeError:
             if not broken:
                 raise

@@ -29,10 +29,9 @@ def resolve_precision(engine_cfg: Any, device: torch.device, supported: Iterable
     if name == "auto":
         name = "bf16-mixed" if device.type == "cuda" else "fp32"
     if name == "bf16" and engine_cfg.bf16_update == "none":
-        raise DareError(
-            "engine.precision=bf16 with engine.bf16_update=none would lose every update smaller "
-            "than bf16's resolution (most updates at RL learning rates); set "
-            "engine.bf16_update=kahan (or stochastic), or engine.precision=bf16-mixed")
+        raise DareError("engine.precision=bf16 with engine.bf16_update=none would lose every update smaller "
+                        "than bf16's resolution (most updates at RL learning rates); set "
+                        "engine.bf16_update=kahan (or stochastic), or engine.precision=bf16-mixed")
     if name not in set(supported):
         raise DareError(f"engine {engine_cfg.name!r} does not implement engine.precision={name}; "
                         f"it implements: {', '.join(sorted(supported))}")
@@ -46,15 +45,9 @@ def cast_for_precision(module: torch.nn.Module, precision: str, trainable: bool)
     if not trainable:
         return
     for p in module.parameters():
-        if not p.is_floating_point():
-            continue
-        if precision == "bf16":
-            want = torch.bfloat16
-        elif precision == "fp32" or p.requires_grad:
-            want = torch.float32
-        else:
-            continue
-        if p.dtype != want:
+        keep = precision not in ("fp32", "bf16") and not p.requires_grad  # frozen under bf16-mixed
+        want = torch.bfloat16 if precision == "bf16" else torch.float32
+        if p.is_floating_point() and not keep and p.dtype != want:
             p.data = p.data.to(want)
 
 

@@ -64,9 +64,7 @@ class SingleProcessEngine:
 
     def reference(self, wrapper: Any) -> Any:
         ref = copy.copy(wrapper)
-        ref.module = copy.deepcopy(wrapper.module).eval()
-        for p in ref.module.parameters():
-            p.requires_grad_(False)
+        ref.module = copy.deepcopy(wrapper.module).eval().requires_grad_(False)
         return ref
 
     def autocast(self) -> Any:

@@ -27,10 +27,7 @@ import copy
 import json
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Optional
-
-if TYPE_CHECKING:
-    import torch
+from typing import Any, Iterator, Optional
 
 from dare_core.errors import DareError
 
@@ -66,12 +63,9 @@ def find_adapter(path: str) -> Optional[str]:
 
 
 def resolve_checkpoint(path: Optional[str]) -> tuple[Optional[str], Optional[str]]:
-    """``(base checkpoint, adapter dir or None)`` for a ``model.path``.
-
-    A directory with full weights (``config.json``) is its own base. A LoRA checkpoint saved
-    without merged weights (adapter only) resolves to the base checkpoint recorded in the
-    adapter's ``base_model_name_or_path``.
-    """
+    """``(base checkpoint, adapter dir or None)`` for a ``model.path``: a directory with full weights
+    (``config.json``) is its own base; an adapter-only LoRA checkpoint resolves to the base
+    checkpoint recorded in the adapter's ``base_model_name_or_path``."""
     if not path or os.path.isfile(os.path.join(path, "config.json")):
         return path, None
     adapter = find_adapter(path)
@@ -89,8 +83,7 @@ def target_modules(wrapper: Any, configured: Optional[tuple[str, ...]]) -> Any:
     """What PEFT should adapt: the config's names, else the family's default, else all linear
     layers except the output head."""
     if configured:
-        names = list(configured)
-        return names[0] if len(names) == 1 and names[0] == ALL_LINEAR else names
+        return ALL_LINEAR if list(configured) == [ALL_LINEAR] else list(configured)
     default = wrapper.lora_target_modules
     if default:
         return default if isinstance(default, str) else list(default)
@@ -123,18 +116,16 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
             raise DareError(f"model.lora.adapter={adapter!r} holds no {ADAPTER_CONFIG}; pass a PEFT "
                             f"adapter directory or a LoRA run checkpoint")
         peft_model = peft.PeftModel.from_pretrained(module, found, is_trainable=trainable)
-        peft_model.dare_fresh_adapter = False
     else:
-        config = peft.LoraConfig(
-            r=int(cfg.rank), lora_alpha=float(cfg.alpha), lora_dropout=float(cfg.dropout),
-            target_modules=target_modules(wrapper, cfg.target_modules), bias="none",
-        )
+        config = peft.LoraConfig(r=int(cfg.rank), lora_alpha=float(cfg.alpha),
+                                 lora_dropout=float(cfg.dropout), bias="none",
+                                 target_modules=target_modules(wrapper, cfg.target_modules))
         try:
             peft_model = peft.get_peft_model(module, config)
         except ValueError as exc:
             raise DareError(f"model.lora.target_modules: {' '.join(str(exc).split())[:300]}; "
                             f"name modules of this model (e.g. model.lora.target_modules=[all-linear])") from None
-        peft_model.dare_fresh_adapter = True
+    peft_model.dare_fresh_adapter = adapter is None
     if base_path is not None:
         peft_model.peft_config["default"].base_model_name_or_path = os.path.abspath(base_path)
     # adapter weights follow the base dtype (PEFT keeps them in float32 otherwise)
@@ -144,12 +135,6 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
             p.data = p.data.to(dtype)
     wrapper.module = peft_model
     return wrapper
-
-
-def merged_module(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the base module with the adapters merged into its weights (the training
-    module is left untouched)."""
-    return copy.deepcopy(module).merge_and_unload()
 
 
 def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False,
@@ -170,7 +155,7 @@ def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False,
         os.remove(readme)
     if merge:  # the family's own save of the merged weights (writes the tokenizer too)
         merged = copy.copy(wrapper)
-        merged.module = merged_module(module)
+        merged.module = copy.deepcopy(module).merge_and_unload()  # the training module stays as it is
         merged.save_pretrained(directory)
     else:
         wrapper.tokenizer.save_pretrained(directory)

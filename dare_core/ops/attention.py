@@ -8,11 +8,9 @@ ids ``doc_ids`` ``[R, L]``, bidirectional softmax attention of each query over i
 * ``varlen`` — torch's ``varlen_attn`` over ``cu_seqlens`` (CUDA, bf16/fp16);
 * ``flash_attn`` — ``flash_attn_varlen_func`` of flash-attn (CUDA, bf16/fp16, when importable).
 
-A model receives a :class:`DocumentMask` in place of its attention mask; per-forward set-up shared
-by every layer (the ``BlockMask``, ``cu_seqlens``) is built once, at the first layer, and kept on
-it. :func:`available_kernels` lists the kernels that run on a device and dtype, the default first:
-``sdpa_mask``, the fastest packed kernel measured on an H200 in bf16 and fp32
-(``docs/benchmarks.md``). The CUDA kernels are tested by ``libs/dare-nn/tests/test_cuda_kernels.py``.
+A model receives a :class:`DocumentMask` in place of its attention mask. The default kernel,
+``sdpa_mask``, is the fastest packed one measured on an H200 in bf16 and fp32 (``docs/benchmarks.md``);
+the CUDA kernels are tested by ``libs/dare-nn/tests/test_cuda_kernels.py``.
 """
 
 from __future__ import annotations
@@ -30,12 +28,9 @@ FLEX_BLOCK = 128
 
 @attrs.frozen(eq=False)
 class DocumentMask:
-    """Attention of packed rows restricted to documents, to be run by ``kernel``.
-
-    Passed to a model as its ``attention_mask`` in place of a 4-D boolean mask: ``doc_ids``
-    ``[R, L]`` is the document of each slot (``-1`` on filler slots, which attend only to
-    themselves), ``kernel`` one of :data:`KERNELS`.
-    """
+    """Attention of packed rows restricted to documents, run by ``kernel`` (one of :data:`KERNELS`);
+    a model's ``attention_mask`` in place of a 4-D boolean mask. ``doc_ids`` ``[R, L]`` is the
+    document of each slot (``-1`` on filler slots, which attend only to themselves)."""
 
     doc_ids: torch.Tensor
     kernel: str = "sdpa_mask"
@@ -60,16 +55,13 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return (same | (eye & (doc_ids < 0)[:, :, None]))[:, None]
 
 
-def _torch_has(module: str) -> bool:
-    """Whether torch ships ``module`` (FlexAttention, varlen attention are recent additions)."""
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported (flash-attn; torch's FlexAttention and varlen attention
+    are recent additions)."""
     try:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # pragma: no cover (a parent package missing)
         return False
-
-
-def flash_attn_importable() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
 
 
 def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] = None) -> tuple[str, ...]:
@@ -80,11 +72,11 @@ def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] =
         return ("sdpa_mask",)
     found = ["sdpa_mask"]
     half = dtype is None or dtype in HALF
-    if half and flash_attn_importable():
+    if half and _importable("flash_attn"):
         found.append("flash_attn")
-    if half and _torch_has("torch.nn.attention.varlen"):
+    if half and _importable("torch.nn.attention.varlen"):
         found.append("varlen")
-    if _torch_has("torch.nn.attention.flex_attention"):
+    if _importable("torch.nn.attention.flex_attention"):
         found.append("flex")
     return tuple(found)
 

@@ -32,13 +32,8 @@ def chunk_rows(vocab: int, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
 
 def _logits_block(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                   scale: float) -> torch.Tensor:
-    z = h @ weight.t()
-    if bias is not None:
-        z = z + bias
-    z = z.float()
-    if scale != 1.0:
-        z = z * scale
-    return z
+    z = (h @ weight.t() if bias is None else h @ weight.t() + bias).float()
+    return z * scale if scale != 1.0 else z
 
 
 class ChunkedTokenLogProb(torch.autograd.Function):
@@ -52,14 +47,11 @@ class ChunkedTokenLogProb(torch.autograd.Function):
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             z = _logits_block(hidden[start:stop], weight, bias, scale)
-            block_lse = torch.logsumexp(z, dim=-1)
-            lse[start:stop] = block_lse
-            out[start:stop] = z.gather(-1, targets[start:stop, None]).squeeze(-1) - block_lse
+            lse[start:stop] = torch.logsumexp(z, dim=-1)
+            out[start:stop] = z.gather(-1, targets[start:stop, None]).squeeze(-1) - lse[start:stop]
             del z
         ctx.save_for_backward(hidden, weight, bias if bias is not None else torch.empty(0), targets, lse)
-        ctx.has_bias = bias is not None
-        ctx.chunk = chunk
-        ctx.scale = scale
+        ctx.has_bias, ctx.chunk, ctx.scale = bias is not None, chunk, scale
         return out
 
     @staticmethod
@@ -100,25 +92,21 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          bias: Optional[torch.Tensor] = None, *, scale: float = 1.0,
                          chunk: Optional[int] = None,
                          chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
-    """Per-token ``log p(target)`` in float32 without ``[N, V]`` logits.
-
-    ``hidden`` ``[..., D]``, ``targets`` ``[...]`` (long), ``weight`` ``[V, D]``, ``bias`` ``[V]``
-    → ``[...]`` float32. ``chunk`` rows per block (default: from ``chunk_elements``).
-    """
+    """Per-token ``log p(target)`` in float32 without ``[N, V]`` logits: ``hidden`` ``[..., D]``,
+    ``targets`` ``[...]`` (long), ``weight`` ``[V, D]``, ``bias`` ``[V]`` → ``[...]``; ``chunk`` rows
+    per block (default: from ``chunk_elements``)."""
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden size {hidden.shape[-1]} does not match the head's {weight.shape[-1]}")
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)}")
-    shape = targets.shape
-    flat_h = hidden.reshape(-1, hidden.shape[-1])
-    flat_t = targets.reshape(-1).long()
-    if flat_h.shape[0] == 0:
-        return hidden.new_zeros(shape, dtype=torch.float32)
+    if targets.numel() == 0:
+        return hidden.new_zeros(targets.shape, dtype=torch.float32)
     rows = int(chunk) if chunk else chunk_rows(weight.shape[0], chunk_elements)
     if rows < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    out = ChunkedTokenLogProb.apply(flat_h, weight, bias, flat_t, rows, float(scale))
-    return out.reshape(shape)
+    out = ChunkedTokenLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                                    targets.reshape(-1).long(), rows, float(scale))
+    return out.reshape(targets.shape)
 
 
 def naive_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -7,11 +7,10 @@ so that the forward pass only processes valid tokens. Every packed token keeps a
 and attention is restricted to the token's own document (a block-diagonal mask), so each
 document sees exactly the keys it sees in the padded forward.
 
-Position ids are per document. ``positions="padded"`` (default) gives every token the column it
-has in the padded batch, i.e. the position the padded forward gives it, so packed and padded
-forwards compute the same function for any position encoding; ``positions="restart"`` counts
-``0, 1, ...`` from each document's first token (equal results for relative encodings such as
-RoPE, up to rounding).
+Position ids are per document: ``positions="padded"`` (default) gives every token its column in
+the padded batch, so packed and padded forwards compute the same function for any position
+encoding; ``"restart"`` counts ``0, 1, ...`` from each document's first token (equal results for
+relative encodings such as RoPE, up to rounding).
 
 Slots at the end of a row that hold no document are *filler*: they carry the fill id, document
 id ``-1``, attend only to themselves and are dropped when unpacking.
@@ -75,10 +74,9 @@ class PackPlan:
         return out.index_put((self.src_batch, self.src_col), values[self.dst_row, self.dst_slot])
 
     def attention_mask(self, kernel: str = "sdpa_mask"):
-        """The packed rows' attention mask for a model: with ``sdpa_mask`` a boolean
-        ``[rows, 1, width, width]``, True where query and key share a document (filler slots
-        attend only to themselves); with another document kernel a
-        :class:`~dare_core.ops.attention.DocumentMask` for it."""
+        """The packed rows' attention mask for a model: with ``sdpa_mask`` a boolean ``[rows, 1, width,
+        width]``, True where query and key share a document (filler slots attend only to themselves);
+        with another kernel a :class:`~dare_core.ops.attention.DocumentMask` for it."""
         if kernel == "sdpa_mask":
             return document_mask(self.doc_ids)
         return DocumentMask(self.doc_ids, kernel)
@@ -96,11 +94,9 @@ class PackPlan:
 
 def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None,
                  positions: str = "padded") -> PackPlan:
-    """Plan the packing of the valid tokens of each row of ``attention_mask`` ``[B, S]``.
-
-    Documents are placed longest first into the first row with room (first-fit decreasing);
-    ``capacity`` (default ``S``) bounds a row. The packed width is the fullest row's length.
-    """
+    """Plan the packing of the valid tokens of each row of ``attention_mask`` ``[B, S]``: longest
+    first into the first row with room (first-fit decreasing), at most ``capacity`` (default ``S``)
+    per row; the packed width is the fullest row's length."""
     if attention_mask.dim() != 2:
         raise ValueError(f"packing needs a 2-D [B, S] attention mask, got {tuple(attention_mask.shape)}")
     if positions not in ("padded", "restart"):
@@ -128,25 +124,15 @@ def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None,
             fills.append(n)
     rows = max(1, len(fills))
     width = max(fills) if fills else 1
-    src_b, src_c, dst_r, dst_s = [], [], [], []
     doc_ids = torch.full((rows, width), -1, dtype=torch.long)
     pos = torch.zeros((rows, width), dtype=torch.long)
-    for i in range(b):
-        if i not in place:
-            continue
-        r, start = place[i]
+    coords = []  # per document: source rows, source columns, packed rows, packed slots
+    for i, (r, start) in sorted(place.items()):
         cols = torch.nonzero(valid[i]).flatten()
         n = cols.numel()
-        slots = torch.arange(start, start + n)
-        src_b.append(torch.full((n,), i, dtype=torch.long))
-        src_c.append(cols)
-        dst_r.append(torch.full((n,), r, dtype=torch.long))
-        dst_s.append(slots)
+        coords.append((torch.full((n,), i), cols, torch.full((n,), r), torch.arange(start, start + n)))
         doc_ids[r, start:start + n] = i
         pos[r, start:start + n] = cols if positions == "padded" else torch.arange(n)
-    empty = torch.zeros(0, dtype=torch.long)
-    cat = (lambda xs: torch.cat(xs) if xs else empty)
-    device = attention_mask.device
-    plan = PackPlan((b, s), rows, width, cat(src_b), cat(src_c), cat(dst_r), cat(dst_s),
-                    doc_ids, pos, lengths.long())
-    return plan.to(device) if device.type != "cpu" else plan
+    flat = [torch.cat(xs) for xs in zip(*coords)] if coords else [torch.zeros(0, dtype=torch.long)] * 4
+    plan = PackPlan((b, s), rows, width, *flat, doc_ids, pos, lengths.long())
+    return plan.to(attention_mask.device) if attention_mask.device.type != "cpu" else plan

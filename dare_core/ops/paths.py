@@ -1,21 +1,15 @@
-"""Choosing the training attention path and the cross-entropy head for a model wrapper.
+"""Choosing the training paths of a model wrapper from what it can do and the device (not from
+the rollout backend):
 
-Picked from what the wrapper can do and the device, independently of the rollout backend:
-
-* **attention** — ``packed`` (valid tokens of a micro-batch packed into rows with a document
-  mask and per-document position ids, no padding computed) when the wrapper supports it, else
-  ``padded``;
+* **attention** — ``packed`` (a micro-batch's valid tokens packed into rows with a document mask
+  and per-document position ids, no padding computed) when the wrapper supports it, else ``padded``;
 * **cross entropy** — ``fused`` (chunked, logits-free; :mod:`dare_core.ops.fused_ce`) when the
-  native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``.
+  native module exposes ``forward_hidden`` and ``get_output_embeddings``, else ``naive``;
+* **attention kernel** of the packed path — one of :func:`dare_core.ops.attention.available_kernels`
+  for the device and the model's dtype (described there).
 
-* **attention kernel** of the packed path (``model.attention_kernel``) — one of
-  :func:`dare_core.ops.attention.available_kernels` for the device and the model's dtype: SDPA
-  with a block-diagonal boolean mask (every device; the default, fastest measured), or on CUDA
-  FlexAttention, torch's ``varlen_attn`` and flash-attn (these two in half precision) by name.
-
-``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded``,
-``fused`` / ``naive`` and a kernel name force one, and forcing an unsupported path is a one-line
-error.
+``auto`` picks the accelerated path wherever it is supported; ``packed`` / ``padded``, ``fused`` /
+``naive`` and a kernel name force one, and forcing an unsupported path is a one-line error.
 """
 
 from __future__ import annotations
@@ -101,11 +95,8 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
     if attention == "packed":
         dtype = param_dtype(wrapper)
         runnable = available_kernels(dev, dtype)
-        if attention_kernel == "auto":
-            kernel = runnable[0]
-        elif attention_kernel in runnable:
-            kernel = attention_kernel
-        else:
+        kernel = runnable[0] if attention_kernel == "auto" else attention_kernel
+        if kernel not in runnable:
             raise DareError(f"model.attention_kernel={attention_kernel} cannot run on {dev.type} with "
                             f"{str(dtype).replace('torch.', '')} weights; runnable here: "
                             f"{', '.join(runnable)} (or auto)")

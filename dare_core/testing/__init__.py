@@ -1,15 +1,13 @@
-"""The testing kit for DARE plugin authors.
+"""The testing kit for DARE plugin authors:
 
-* :mod:`dare_core.testing.toy` — a family-free tiny masked-diffusion model with a character
-  tokenizer, registrable as the ``toy`` family, for testing algorithms without any family plugin;
-* :mod:`dare_core.testing.digits` — a ``digits`` task and test-only RL / SFT algorithms composed
-  from core components (:class:`~dare_core.testing.digits.DigitsPlugin`), for loop tests;
-* :mod:`dare_core.testing.contracts` — contract test classes a family or algorithm plugin
-  subclasses in its own tests (``class TestMyFamily(ModelFamilyContract): family = "x"``);
-* :mod:`dare_core.testing.pytest_plugin` — fixtures (auto-loaded through the ``pytest11`` entry
-  point): ``dare_build``, ``toy_wrapper``, ``fake_rollout``.
-
-The block-diffusion toy (``block_toy`` family) is :mod:`dare_nn.testing.toy_block` in dare-nn.
+* :mod:`~dare_core.testing.toy` — a family-free tiny masked-diffusion model (the ``toy`` family);
+  the block-diffusion toy (``block_toy``) is :mod:`dare_nn.testing.toy_block` in dare-nn;
+* :mod:`~dare_core.testing.contracts` — suites a family or algorithm plugin subclasses in its tests;
+* :mod:`~dare_core.testing.digits`, :mod:`~dare_core.testing.rl_probe`,
+  :mod:`~dare_core.testing.algorithm_checks` — tasks, test algorithms and checks for loop tests;
+* :mod:`~dare_core.testing.engines`, :mod:`~dare_core.testing.distributed` — multi-process checks;
+* :mod:`~dare_core.testing.pytest_plugin` — fixtures (``pytest11`` entry point): ``dare_build``,
+  ``toy_wrapper``, ``fake_rollout``.
 """
 
 from dare_core.testing.toy import ToyWrapper, fake_rollout, make_toy_wrapper

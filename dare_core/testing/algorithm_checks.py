@@ -10,10 +10,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dare_core.components import ComponentLookup
-from dare_core.config import resolve
 from dare_core.config.structure import structure_or_raise
 from dare_core.testing.registries import build_for
-from dare_core.testing.rl_probe import ProbePlugin
+from dare_core.testing.rl_probe import ProbePlugin, tiny_rl_run
 
 
 def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
@@ -25,19 +24,13 @@ def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
 
 def one_rl_step(plugins: Sequence[Any], algo: str, model: str, tmp_path: Any,
                 overrides: Sequence[str] = (), gen_length: int = 4, block_length: int = 4) -> dict:
-    """Train ``algo`` on ``model`` (a toy family among ``plugins``) for one step on the ``parity``
-    probe task without evaluations; returns the step's metrics record."""
-    dare = build_for(*plugins, ProbePlugin())
-    cfg = resolve(dare, algo=algo, model=model, overrides=[
-        "task.name=parity", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=one_step",
-        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
-        f"rollout.gen_length={gen_length}", f"rollout.block_length={block_length}",
-        f"rollout.steps={gen_length}", "rollout.temperature=1.0",
-        "eval.before=false", "eval.after=false", "progress=false", *overrides,
-    ])
-    from dare_core.train import train
-
-    train(dare, cfg)
+    """:func:`~dare_core.testing.rl_probe.tiny_rl_run` of ``algo`` on ``model`` (a toy family among
+    ``plugins``) for one step with micro-batches of 4 and ``gen_length`` tokens sampled at
+    temperature 1; returns the step's metrics record."""
+    tiny_rl_run(tmp_path, [*plugins, ProbePlugin()], algo, model, steps=1, overrides=[
+        "run_name=one_step", "trainer.micro_batch_size=4", f"rollout.gen_length={gen_length}",
+        f"rollout.block_length={block_length}", f"rollout.steps={gen_length}", "rollout.temperature=1.0",
+        *overrides])
     return json.loads((tmp_path / "one_step" / "metrics.jsonl").read_text().splitlines()[0])
 
 

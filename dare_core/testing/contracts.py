@@ -31,10 +31,6 @@ from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _dare(plugins: Sequence[Any]):
-    return build_for(*plugins)
-
-
 def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: frozenset = frozenset()):
     """The first registered rollout backend that drives ``wrapper``'s kind, records ``records``
     and offers ``methods`` (the plugins under test must bring one)."""
@@ -48,10 +44,9 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
 
 class ModelFamilyContract:
     """What every model family must do. Subclasses set ``family`` and ``plugins`` and may
-    override the ``checkpoint`` fixture (default: the family's ``create`` on a small corpus,
-    else its bundled checkpoint) with another class-scoped one; like the fixtures here, write it as
-    a ``@classmethod`` under ``@pytest.fixture(scope="class")`` (pytest deprecates class-scoped
-    fixtures that are instance methods)."""
+    override the ``checkpoint`` fixture (default: the family's ``create`` on a small corpus, else
+    its bundled checkpoint), as a ``@classmethod`` under ``@pytest.fixture(scope="class")`` like
+    the fixtures here (pytest deprecates class-scoped fixtures that are instance methods)."""
 
     family: ClassVar[str] = ""
     plugins: ClassVar[Sequence[Any]] = ()
@@ -61,7 +56,7 @@ class ModelFamilyContract:
     @pytest.fixture(scope="class")
     @classmethod
     def dare(cls):
-        return _dare(cls.plugins)
+        return build_for(*cls.plugins)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -230,7 +225,7 @@ class AlgorithmContract:
     @pytest.fixture(scope="class")
     @classmethod
     def dare(cls):
-        return _dare(cls.plugins)
+        return build_for(*cls.plugins)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -304,7 +299,7 @@ class AlgorithmContract:
         records = components.trajectory.records if components.trajectory is not None else frozenset()
         if not records and components.rollout_config is None and components.wrap_rollout is None:
             return roll
-        dare = _dare(self.plugins)
+        dare = build_for(*self.plugins)
         methods = dare.registries.algorithms.get(self.algorithm).rollout_methods
         spec = _recording_backend(dare, wrapper, records, methods)
         cfg, problems = structure(spec.config_cls, dict(
@@ -313,9 +308,8 @@ class AlgorithmContract:
         backend = spec.build(components.training_rollout_config(cfg))
         if components.wrap_rollout is not None:
             backend = components.wrap_rollout(backend, None)
-        return backend.generate(
-            wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
-            generator=torch.Generator().manual_seed(0))
+        return backend.generate(wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
+                                generator=torch.Generator().manual_seed(0))
 
     def _rows(self, components, wrapper):
         """``TrainingRows`` of one rollout (the trajectory builder's ``rows``; the final sequence
@@ -334,18 +328,10 @@ class AlgorithmContract:
         traj = components.trajectory or FinalSequence()
         return traj.rows(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))
 
-    def _batch(self, components, wrapper):
-        rows = self._rows(components, wrapper)
-        return rows, rows.batch
-
     def test_one_update_is_finite_and_moves_parameters(self, spec, components):
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)
-        batch = rows.batch
-        gen = torch.Generator().manual_seed(0)
-        corrupted = rows.corrupted
-        if corrupted is None and components.corruption:
-            corrupted = components.corruption(wrapper, batch, gen)
+        batch, corrupted = rows.batch, _corrupted(components, wrapper, rows)
         logp = components.estimator(wrapper, batch, corrupted)
         if spec.workflow == "rl":
             with torch.no_grad():
@@ -378,10 +364,7 @@ class AlgorithmContract:
 
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)
-        batch = rows.batch
-        corrupted = rows.corrupted
-        if corrupted is None and components.corruption:
-            corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
+        batch, corrupted = rows.batch, _corrupted(components, wrapper, rows)
         with torch.no_grad():
             old = components.estimator(wrapper, batch, corrupted)
         accumulating = components.accumulate is not None and corrupted is not None
@@ -405,14 +388,18 @@ class AlgorithmContract:
     def test_corruption_is_drawn_once_and_reused(self, spec, components):
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)
-        batch = rows.batch
-        if rows.corrupted is not None:
-            corrupted = rows.corrupted  # deterministic states from the rollout record
-        elif components.corruption is not None:
-            corrupted = components.corruption(wrapper, batch, torch.Generator().manual_seed(0))
-        else:
+        corrupted = _corrupted(components, wrapper, rows)
+        if corrupted is None:
             pytest.skip("no corruption")
         with torch.no_grad():
-            a = components.estimator(wrapper, batch, corrupted)
-            b = components.estimator(wrapper, batch, corrupted)
+            a = components.estimator(wrapper, rows.batch, corrupted)
+            b = components.estimator(wrapper, rows.batch, corrupted)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _corrupted(components, wrapper, rows):
+    """The states the rows bring (from the rollout record), else one draw of the algorithm's
+    corruption; ``None`` when it has neither."""
+    if rows.corrupted is not None or components.corruption is None:
+        return rows.corrupted
+    return components.corruption(wrapper, rows.batch, torch.Generator().manual_seed(0))

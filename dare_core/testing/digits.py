@@ -1,16 +1,7 @@
-"""A ``digits`` task and two test-only algorithms composed from core components, for loop tests.
+"""A ``digits`` task and two test-only algorithms (RL and SFT) composed from core components, for
+loop tests, registered by :class:`DigitsPlugin`::
 
-* :class:`DigitsTask` — prompt ``n<k>``, reference answer ``k``, SFT response ``kkkk``; the reward
-  is the fraction of digit characters in the response (accuracy: all of them, non-empty).
-* :func:`pg_components` — a clipped policy gradient (``random_ratio`` corruption with one
-  Monte-Carlo row, final-sequence trajectory, response-token log-probabilities, group-normalised
-  advantages).
-* :func:`sup_components` — supervised masked-token cross entropy weighted by ``1 / p_mask``
-  (:func:`masked_nll`).
-* :class:`DigitsPlugin` — registers the task and the two algorithms under names of the caller's
-  choice::
-
-      dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()])
+    dare = build(load_entrypoints=False, extra_plugins=[toy, DigitsPlugin()])
 """
 
 from __future__ import annotations
@@ -27,7 +18,8 @@ __all__ = ["ClipConfig", "DigitsPlugin", "DigitsTask", "masked_nll", "pg_compone
 
 
 class DigitsTask:
-    """Prompt ``n<k>``; reward = fraction of digit characters in the response."""
+    """Prompt ``n<k>``, reference answer ``k``, SFT response ``kkkk``; reward = fraction of digit
+    characters in the response, accuracy = all of them (non-empty)."""
 
     name = "digits"
     #: examples per split when no ``limit`` is given
@@ -53,7 +45,7 @@ class ClipConfig:
 
 
 def pg_components(cfg: Any, lookup: Any) -> Components:
-    """Clipped policy gradient with group-normalised advantages (``cfg.clip`` both ways)."""
+    """Clipped policy gradient (``cfg.clip`` both ways) on one ``random_ratio`` Monte-Carlo row."""
     return Components(
         corruption=lookup.corruption("random_ratio", mc_num=1),
         trajectory=lookup.trajectory("final_sequence"),

@@ -1,11 +1,6 @@
-"""Helpers for testing RL algorithms end to end on the family-free toy models.
-
-* :class:`ParityTask` — prompt ``n<k>``; reward = fraction of even-digit characters of the
-  response (learnable by a tiny model in a few steps), registrable as the ``parity`` task;
-* :func:`spy_algorithm` — a copy of an :class:`~dare_core.interfaces.AlgorithmSpec` whose
-  components record every corruption draw, every trajectory expansion and every estimator call, so
-  a test can check that one rollout batch uses one set of masks for old, reference and new
-  log-likelihoods.
+"""Helpers for testing RL algorithms end to end on the family-free toy models: a learnable
+``parity`` task (:class:`ProbePlugin`), tiny runs, and spies (:func:`spy_algorithm`) that check
+that one rollout batch uses one set of masks for old, reference and new log-likelihoods.
 """
 
 from __future__ import annotations
@@ -136,14 +131,10 @@ def assert_one_draw_per_batch(log: SpyLog, steps: int) -> None:
 
 
 def components_of(plugin: Any, algorithm: str, **options: Any):
-    """The :class:`~dare_core.interfaces.Components` of ``algorithm`` (registered by ``plugin``)
-    built from its config class with ``options``."""
-    from dare_core.components import ComponentLookup
-    from dare_core.testing.registries import build_for
+    """:func:`~dare_core.testing.algorithm_checks.algorithm_components` of ``plugin``'s ``algorithm``."""
+    from dare_core.testing.algorithm_checks import algorithm_components
 
-    dare = build_for(plugin)
-    spec = dare.registries.algorithms.get(algorithm)
-    return spec.build(spec.config_cls(**options), ComponentLookup(dare.registries))
+    return algorithm_components((plugin,), algorithm, **options)
 
 
 def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", overrides=(),

@@ -16,10 +16,8 @@ def encode_prompts(wrapper: Any, examples: Sequence[Example], max_len: int) -> l
     for ex in examples:
         ids = wrapper.encode(wrapper.render_prompt(ex.prompt))
         if len(ids) > max_len:
-            raise DareError(
-                f"a prompt has {len(ids)} tokens, more than trainer.max_prompt_length={max_len}; "
-                f"raise trainer.max_prompt_length"
-            )
+            raise DareError(f"a prompt has {len(ids)} tokens, more than trainer.max_prompt_length="
+                            f"{max_len}; raise trainer.max_prompt_length")
         out.append(ids)
     return out
 
@@ -76,8 +74,5 @@ class BatchStream:
 
 
 def decode_responses(wrapper: Any, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    texts = []
-    for ids, mask in zip(response_ids.tolist(), response_mask.tolist()):
-        valid = [t for t, m in zip(ids, mask) if m]
-        texts.append(wrapper.decode(valid).strip())
-    return texts
+    return [wrapper.decode([t for t, m in zip(ids, mask) if m]).strip()
+            for ids, mask in zip(response_ids.tolist(), response_mask.tolist())]

@@ -83,11 +83,11 @@ def export_model(ctx: Any, directory: str) -> None:
         shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
 
 
-def save_final(ctx: Any, name: str = "final") -> Optional[str]:
-    """The HF-layout export ``<run>/<name>``. Collective; its path (on every rank)."""
+def save_final(ctx: Any) -> Optional[str]:
+    """The HF-layout export ``<run>/final``. Collective; its path (on every rank)."""
     if ctx.rundir is None:
         return None
-    target = ctx.rundir.path(name)
+    target = ctx.rundir.path("final")
     _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp))
     return target
 
@@ -181,8 +181,7 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) 
     def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
-            key = f"{prefix}{k}"
-            out.update(flat(v, key + ".") if isinstance(v, dict) else {key: v})
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
     a, b = flat(saved), flat(current)

@@ -16,12 +16,9 @@ from dare_core.workflows.runtime import Context
 
 def evaluate(ctx: Context, examples: Sequence[Example], label: str,
              items: Optional[list[float]] = None) -> dict[str, Any]:
-    """Generate for ``examples`` with the eval sampling config and score them.
-
-    Returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` and writes decoded samples; the
-    per-item accuracies (every rank's, in the order of ``examples``) are appended to ``items``
-    when it is given. With several processes each rank generates for every world-size-th item.
-    """
+    """Generate for ``examples`` with the eval sampling config (each rank for every world-size-th
+    item) and score them; returns ``{"accuracy", "reward", "n", "nfe", "seconds"}``, writes decoded
+    samples and appends the per-item accuracies (every rank's, in order) to ``items`` if given."""
     cfg = ctx.config
     wrapper = ctx.wrapper
     rank, world = ctx.engine.rank, ctx.engine.world_size

@@ -90,7 +90,6 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     comps = ctx.components
     wrapper = ctx.wrapper
     engine = ctx.engine
-    device = wrapper.device
 
     train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
@@ -103,14 +102,12 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     engine.setup_optimizer(wrapper, tr)
 
     tracker = Tracker(ctx, eval_examples, batches)
-    first = tracker.begin()
-    for step in range(first, tr.steps + 1):
+    for step in range(tracker.begin(), tr.steps + 1):
         t0 = time.perf_counter()
         c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
-        rollout, rewards, accs, group_ids, rows, corrupted = (
-            c.rollout, c.rewards, c.accs, c.group_ids, c.rows, c.corrupted)
+        rollout, rows, corrupted = c.rollout, c.rows, c.corrupted
         t_roll = t0 + c.rollout_seconds
-        batch, advantages = rows.batch, rows.advantages.to(device)
+        batch, advantages = rows.batch, rows.advantages.to(wrapper.device)
         total = batch.batch_size
         mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
         accumulating = comps.accumulate is not None and corrupted is not None
@@ -146,23 +143,18 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                 skipped += 0 if ok else 1
         t_end = time.perf_counter()
 
-        resp_len = rollout.response_mask.float().sum(1).mean().item()
         # the batch's statistics over every rank's rollouts (group ids made global)
-        merged = zip(rewards.tolist(), accs.tolist(), (group_ids + engine.rank * len(group_ids)).tolist())
-        rewards, accs, group_ids = (torch.tensor(c) for c in zip(*engine.gather(list(merged))))
+        merged = zip(c.rewards.tolist(), c.accs.tolist(),
+                     (c.group_ids + engine.rank * len(c.group_ids)).tolist())
+        rewards, accs, group_ids = (torch.tensor(v) for v in zip(*engine.gather(list(merged))))
         record = {
-            "step": step,
-            "reward": rewards.mean().item(),
-            "accuracy": accs.mean().item(),
+            "step": step, "reward": rewards.mean().item(), "accuracy": accs.mean().item(),
             "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "loss": loss_sum / max(1, n_micro),
-            "grad_norm": sum(norms) / max(1, len(norms)),
-            "skipped_steps": skipped,
-            "lr": lr,
-            "response_length": resp_len,
+            "loss": loss_sum / max(1, n_micro), "grad_norm": sum(norms) / max(1, len(norms)),
+            "skipped_steps": skipped, "lr": lr,
+            "response_length": rollout.response_mask.float().sum(1).mean().item(),
             "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
-            "time_rollout": round(t_roll - t0, 3),
-            "time_logprob": round(t_old - t_roll, 3),
+            "time_rollout": round(t_roll - t0, 3), "time_logprob": round(t_old - t_roll, 3),
             "time_update": round(t_end - t_old, 3),
             "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, t_roll - t0),
         }
@@ -203,11 +195,9 @@ def training_rollout(ctx: Context) -> Any:
 
 def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples,
             group_size: int, step: int) -> Collected:
-    """``examples`` is the step's global batch; this rank rolls out its shard ``group_size`` times
-    each → rewards (``task.reward``) → advantages → training rows → the one corruption draw of the
-    batch (unless the rows bring their states).
-
-    Prompts are padded to the global batch's longest, and each generate call (of
+    """This rank's shard of the global batch ``examples``, rolled out ``group_size`` times each →
+    rewards → advantages → training rows → the batch's one corruption draw (unless the rows bring
+    their states). Prompts are padded to the global batch's longest, and each generate call (of
     ``trainer.rollout_batch_size`` prompts) and the corruption draw use streams keyed by global
     positions, so the rows do not depend on the number of processes."""
     wrapper, engine, tr = ctx.wrapper, ctx.engine, ctx.config.trainer
@@ -317,8 +307,7 @@ def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, 
 
 
 def _reward(ctx: Context, scored: Any) -> float:
-    """The RL reward of one scored response: the task's score or its exact correctness
-    (``task.reward``)."""
+    """The RL reward of a scored response: its score or its correctness (``task.reward``)."""
     return float(scored.acc if ctx.config.task.reward == "acc" else scored.score)
 
 
@@ -352,11 +341,7 @@ def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:
     """Fractions of groups whose rewards are all maximal / all equal (no learning signal)."""
-    groups = group_ids.unique()
-    top = rewards.max()
-    solved = flat = 0
-    for g in groups:
-        r = rewards[group_ids == g]
-        flat += int(bool((r == r[0]).all()))
-        solved += int(bool((r == top).all()))
+    groups = [rewards[group_ids == g] for g in group_ids.unique()]
+    solved = sum(bool((r == rewards.max()).all()) for r in groups)
+    flat = sum(bool((r == r[0]).all()) for r in groups)
     return solved / len(groups), flat / len(groups)

@@ -3,8 +3,7 @@
 Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
 trains on its rows) → the algorithm's collate → for each micro-batch: corruption → estimator →
 objective → backward (weighted by the micro-batch's share of the step, so the gradient is the
-batch mean; the engine averages it over processes) → clip → step. Held-out accuracy is measured by
-generation before and after, as in the RL loop.
+batch mean; the engine averages it over processes) → clip → step.
 """
 
 from __future__ import annotations
@@ -25,11 +24,8 @@ from dare_core.workflows.tracker import Tracker
 def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                     wrapper: Any, response_length: int = 0, fill_id: Optional[int] = None,
                     train_padding: bool = False) -> SequenceBatch:
-    """Left-padded prompts and right-padded responses.
-
-    Responses are cut or padded to ``response_length`` (0 = the longest). Padding uses
-    ``fill_id`` (default: the pad id) and is attended and trained only if ``train_padding``.
-    """
+    """Left-padded prompts and right-padded responses, cut or padded to ``response_length`` (0 =
+    the longest) with ``fill_id`` (default: the pad id), attended and trained only if ``train_padding``."""
     p_ids, p_mask = left_pad(prompts, wrapper.pad_token_id)
     width = response_length or max(len(r) for r in responses)
     fill = wrapper.pad_token_id if fill_id is None else fill_id
@@ -48,20 +44,16 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     comps = ctx.components
     wrapper = ctx.wrapper
     engine = ctx.engine
-    device = wrapper.device
 
     examples = ctx.task.examples("train", seed=cfg.seed)
     missing = sum(1 for ex in examples if ex.response is None)
     if missing:
-        raise DareError(
-            f"task {cfg.task.name!r} gives {missing} training examples without a reference "
-            f"response; supervised training needs task.train_path with answers"
-        )
+        raise DareError(f"task {cfg.task.name!r} gives {missing} training examples without a reference "
+                        f"response; supervised training needs task.train_path with answers")
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     collate = comps.collate or default_collate
     batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
     engine.setup_optimizer(wrapper, tr)
-    eos = wrapper.eos_token_id
 
     tracker = Tracker(ctx, eval_examples, batches)
     first = tracker.begin()
@@ -72,13 +64,13 @@ def run_sft(ctx: Context) -> dict[str, Any]:
         # each rank trains on its rows; a micro-batch's corruption is keyed by its global rows
         items = next(batches)
         prompts = encode_prompts(wrapper, items, tr.max_prompt_length)
-        responses = [(wrapper.encode(ex.response) + [eos])[: tr.max_response_length] for ex in items]
+        responses = [(wrapper.encode(ex.response) + [wrapper.eos_token_id])[: tr.max_response_length]
+                     for ex in items]
         rows = torch.tensor(engine.shard(range(len(items))))
-        batch = collate(prompts, responses, wrapper).select(rows).to(device)
+        batch = collate(prompts, responses, wrapper).select(rows).to(wrapper.device)
         total = batch.batch_size
-        loss_sum = 0.0
+        loss_sum, n_micro = 0.0, 0
         agg: dict[str, float] = {}
-        n_micro = 0
         for sl in chunks(total, tr.micro_batch_size):
             idx = torch.arange(sl.start, sl.stop)
             micro = batch.select(idx)

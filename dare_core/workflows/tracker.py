@@ -1,6 +1,6 @@
-"""The bookkeeping every loop shares (:class:`Tracker`): evaluations before / every N / after with
-the paired comparison to the first, metric lines, the observer hooks, the progress bar, the
-divergence guard and checkpoints (:mod:`dare_core.workflows.checkpoint`).
+"""The bookkeeping every loop shares (:class:`Tracker`): resume, evaluations before / every N / after
+with the paired comparison to the first, metric lines, the observer hooks, the progress bar, the
+divergence guard, checkpoints and the final export (:mod:`dare_core.workflows.checkpoint`).
 
 ``metrics.jsonl`` and ``summary.json`` are strict JSON: a non-finite number (NaN, ±inf) is written
 as ``null`` and its key (dotted inside a nested record) is listed in the record's ``nonfinite``.
@@ -42,13 +42,9 @@ def strict(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class Tracker:
-    """The bookkeeping every loop shares: resume or evaluation before training, evaluation every
-    N steps and after, metric lines (``history``), the step-end and eval hooks, the progress bar,
-    training checkpoints and the final export.
-
-    A loop calls ``start = tracker.begin()`` after ``engine.setup_optimizer`` and runs steps
-    ``start .. trainer.steps``, drawing its batches from the :class:`BatchStream` it gave here.
-    """
+    """The bookkeeping every loop shares (see the module docstring). A loop calls ``start =
+    tracker.begin()`` after ``engine.setup_optimizer`` and runs steps ``start .. trainer.steps``,
+    drawing its batches from the :class:`BatchStream` it gave here; ``history`` holds the step records."""
 
     def __init__(self, ctx: Context, eval_examples: Sequence[Example], data: Any = None):
         self.ctx = ctx
