@@ -72,7 +72,9 @@ class DareGroup(click.Group):
                 if os.environ.get("DARE_DEBUG") == "1":
                     raise
                 self.commands = before
-                dare.disable(impl.plugin_name, "dare_register_commands", exc)
+                from dare_core.plugins import one_line
+
+                dare.disable(impl.plugin_name, f"dare_register_commands raised {one_line(exc)}")
                 _dare()  # its warning
                 continue
             for name, cmd in list(self.commands.items()):

@@ -1,9 +1,5 @@
-"""User-facing errors.
-
-Every error a user can cause (unknown name, bad config, unsupported combination, missing
-file) is a :class:`DareError`. The CLI prints its message as one line and exits with status 2;
-no traceback is shown. Internal bugs are ordinary exceptions and keep their tracebacks.
-"""
+"""User-facing errors: every error a user can cause is a :class:`DareError`, which the CLI prints as
+one ``error:`` line with exit status 2 (``DARE_DEBUG=1``: its traceback instead); bugs keep theirs."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class lazy:
                 for part in attr.split("."):
                     obj = getattr(obj, part)
             except (ImportError, AttributeError) as exc:
-                raise DareError(f"cannot load {self.target!r}: {_one_line(exc)}; reinstall the plugin "
+                raise DareError(f"cannot load {self.target!r}: {one_line(exc)}; reinstall the plugin "
                                 "that registers it") from exc
             self._obj = obj
         return self._obj
@@ -104,7 +104,7 @@ class PluginInfo:
                 f"or disable it with DARE_DISABLE_PLUGINS={self.name}")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " ".join(str(exc).split())
 
 
@@ -143,10 +143,9 @@ class Dare:
         """The plugins skipped because they failed to import or to register."""
         return [i for i in self.infos if i.broken]
 
-    def disable(self, name: str, hook: str, exc: Exception) -> None:
-        """Record plugin ``name`` as broken (its ``hook`` raised ``exc``): unregister it and drop
-        what it registered."""
-        reason = f"{hook} raised {_one_line(exc)}"
+    def disable(self, name: str, reason: str) -> None:
+        """Record plugin ``name`` as broken for ``reason`` (one line): unregister it and drop what
+        it registered."""
         self.infos = [attrs.evolve(i, broken=reason, hooks=()) if i.name == name else i for i in self.infos]
         self.registries.drop(name)
         self.registries.broken[name] = next(i.distribution for i in self.infos if i.name == name)
@@ -182,13 +181,10 @@ def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType |
         try:
             pm.register(ep.load(), name=ep.name)
         except Exception as exc:  # a broken plugin must not take the others down
-            info = PluginInfo(ep.name, dist, ver, ep.value, (), False, _one_line(exc))
+            infos.append(PluginInfo(ep.name, dist, ver, ep.value, (), False, one_line(exc)))
             if strict:
-                raise DareError(info.broken_message()) from exc
-            if pm.get_plugin(ep.name) is not None:  # registered in part
-                pm.unregister(name=ep.name)
-            infos.append(info)
-            dare.registries.broken[ep.name] = dist
+                raise DareError(infos[-1].broken_message()) from exc
+            dare.disable(ep.name, one_line(exc))
             continue
         infos.append(_info(pm, ep.name, dist, ver, ep.value, False))
     for i, plugin in enumerate(extra_plugins):
@@ -209,7 +205,7 @@ def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType |
             except Exception as exc:
                 if strict:
                     raise
-                dare.disable(impl.plugin_name, hook_name, exc)
+                dare.disable(impl.plugin_name, f"{hook_name} raised {one_line(exc)}")
     return dare
 
 

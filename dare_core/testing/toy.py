@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dare_core.interfaces import ModelFamily, RolloutBatch
-from dare_core.models import HFDiffusionWrapper
+from dare_core.models.base import HFDiffusionWrapper
 from dare_core.plugins import hookimpl
 
 SPECIALS = ["<pad>", "<eos>", "<mask>", "<bos>"]

@@ -1,7 +1,7 @@
 """The LLaDA model wrapper: loading, token ids from the checkpoint, tiny-checkpoint creation.
 
 LLaDA is a bidirectional masked-diffusion model whose logits are not shifted, so the shared
-:class:`~dare_core.models.HFDiffusionWrapper` behaviour (identity alignment, padding passed as a
+:class:`~dare_core.models.base.HFDiffusionWrapper` behaviour (identity alignment, padding passed as a
 2-D key mask) is exactly LLaDA's; this module only adds loading and creation.
 """
 
