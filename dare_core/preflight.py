@@ -125,13 +125,13 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         chats = [ex.prompt for ex in items]
     if cfg is None:
         return task
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PretrainedConfig
 
     for name in ("tokenizer.json", "tokenizer_config.json"):  # a damaged file names itself
         if os.path.isfile(os.path.join(base, name)):
             _json(os.path.join(base, name))
     try:
-        tok = AutoTokenizer.from_pretrained(base)
+        tok = AutoTokenizer.from_pretrained(base, config=PretrainedConfig())  # the family registers the real one
     except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc
