@@ -6,8 +6,9 @@ The real test set has 500 puzzles; a paired comparison on them resolves about ±
 draws ``--n`` further puzzles like the training ones (``--blanks`` empty cells, exactly one
 solution) from the generator under its own seed, excluding every puzzle of the real test set and
 of the training pools that runs with ``seed`` in ``--train-seeds`` (and ``task.seed``
-``--task-seed``) draw from (``SudokuTask`` generates 20,000 puzzles per run seed), so no RL or SFT
-run of those seeds has trained on them. Written as verl-schema JSON lines, for
+``--task-seed``) draw from (``task.train_path=generated``: 20,000 puzzles per run seed), so no RL or
+SFT run of those seeds has trained on them (the bundled train split has 9 empty cells per puzzle, so
+an 8-blank puzzle is never one of its puzzles). Written as verl-schema JSON lines, for
 ``task.eval_path=FILE``. Bad input is one ``error:`` line.
 """
 
@@ -41,7 +42,7 @@ def _row(ex) -> dict:
 
 
 def build(n: int, blanks: int, train_seeds: list[int], task_seed: int, seed: str) -> list[dict]:
-    task = SudokuTask(TaskConfig(seed=task_seed), blanks=blanks)
+    task = SudokuTask(TaskConfig(seed=task_seed, train_path="generated"), blanks=blanks)
     exclude = {str(ex.extra_info["puzzle"]) for ex in task.eval_set()}
     for s in train_seeds:
         exclude.update(str(ex.extra_info["puzzle"]) for ex in task.examples("train", seed=s))

@@ -28,7 +28,7 @@ def test_disjoint_from_test_set_and_training_pools(tmp_path, capsys):
     examples = load_examples(str(out))
     puzzles = [str(ex.extra_info["puzzle"]) for ex in examples]
     assert len(set(puzzles)) == 300
-    task = SudokuTask(TaskConfig())
+    task = SudokuTask(TaskConfig(train_path="generated"))
     forbidden = {str(ex.extra_info["puzzle"]) for ex in task.eval_set()}
     for seed in (0, 2):
         forbidden |= {str(ex.extra_info["puzzle"]) for ex in task.examples("train", seed=seed)}

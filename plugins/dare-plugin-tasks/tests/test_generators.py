@@ -39,6 +39,8 @@ from dare_plugin_tasks.sudoku import (
     sudoku_prompt,
 )
 
+GEN = TaskConfig(train_path="generated")  # the generators instead of the bundled train splits
+
 
 @pytest.fixture(scope="module")
 def sudoku_eval():
@@ -52,12 +54,12 @@ def countdown_eval():
 
 @pytest.fixture(scope="module")
 def sudoku_train():
-    return SudokuTask().examples("train", limit=3000)
+    return SudokuTask(GEN).examples("train", limit=3000)
 
 
 @pytest.fixture(scope="module")
 def countdown_train():
-    return CountdownTask().examples("train", limit=1000)
+    return CountdownTask(GEN).examples("train", limit=1000)
 
 
 # --------------------------------------------------------------------------- sudoku
@@ -102,7 +104,7 @@ def test_sudoku_blanks_configurable():
     items = generate_sudoku(50, seed=3, blanks=10)
     assert all(ex.extra_info["puzzle"].count("0") == 10 for ex in items)
     assert all(count_solutions(ex.extra_info["puzzle"]) == 1 for ex in items)
-    assert SudokuTask(blanks=6).examples("train", limit=5)[0].extra_info["puzzle"].count("0") == 6
+    assert SudokuTask(GEN, blanks=6).examples("train", limit=5)[0].extra_info["puzzle"].count("0") == 6
     with pytest.raises(DareError):
         SudokuTask(blanks=13)
 
@@ -128,14 +130,14 @@ def test_sudoku_prompt_matches_real_data(sudoku_eval, sudoku_train):
 
 
 def test_sudoku_deterministic_by_seed():
-    a = SudokuTask().examples("train", limit=40, seed=1)
-    b = SudokuTask().examples("train", limit=40, seed=1)
-    c = SudokuTask().examples("train", limit=40, seed=2)
-    d = SudokuTask(TaskConfig(seed=5)).examples("train", limit=40, seed=1)
+    a = SudokuTask(GEN).examples("train", limit=40, seed=1)
+    b = SudokuTask(GEN).examples("train", limit=40, seed=1)
+    c = SudokuTask(GEN).examples("train", limit=40, seed=2)
+    d = SudokuTask(TaskConfig(seed=5, train_path="generated")).examples("train", limit=40, seed=1)
     key = lambda items: [ex.extra_info["puzzle"] for ex in items]  # noqa: E731
     assert key(a) == key(b)
     assert key(a) != key(c) and key(a) != key(d)
-    assert key(SudokuTask().examples("train", limit=10, seed=1)) == key(a)[:10]
+    assert key(SudokuTask(GEN).examples("train", limit=10, seed=1)) == key(a)[:10]
 
 
 def test_sudoku_train_eval_disjoint(sudoku_eval, sudoku_train):
@@ -145,14 +147,14 @@ def test_sudoku_train_eval_disjoint(sudoku_eval, sudoku_train):
 
 def test_sudoku_exclusion_with_custom_eval_set(tmp_path):
     # the puzzles the task would generate become its eval set: it must generate others
-    would_be = SudokuTask().examples("train", limit=30)
+    would_be = SudokuTask(GEN).examples("train", limit=30)
     path = tmp_path / "eval.jsonl"
     with open(path, "w") as fh:
         for ex in would_be:
             fh.write(json.dumps({"data_source": ex.data_source, "prompt": ex.prompt,
                                  "reward_model": {"ground_truth": ex.ground_truth},
                                  "extra_info": ex.extra_info}) + "\n")
-    task = SudokuTask(TaskConfig(eval_path=str(path)))
+    task = SudokuTask(TaskConfig(eval_path=str(path), train_path="generated"))
     assert [e.extra_info["puzzle"] for e in task.examples("eval")] == [
         e.extra_info["puzzle"] for e in would_be
     ]
@@ -212,10 +214,10 @@ def test_countdown_prompt_matches_real_data(countdown_eval, countdown_train):
 def test_countdown_deterministic_by_seed():
     key = lambda items: [(ex.extra_info["numbers"], ex.ground_truth, ex.response)  # noqa: E731
                          for ex in items]
-    a = CountdownTask().examples("train", limit=30, seed=4)
-    assert key(a) == key(CountdownTask().examples("train", limit=30, seed=4))
-    assert key(a) != key(CountdownTask().examples("train", limit=30, seed=5))
-    assert key(a) != key(CountdownTask(TaskConfig(seed=1)).examples("train", limit=30, seed=4))
+    a = CountdownTask(GEN).examples("train", limit=30, seed=4)
+    assert key(a) == key(CountdownTask(GEN).examples("train", limit=30, seed=4))
+    assert key(a) != key(CountdownTask(GEN).examples("train", limit=30, seed=5))
+    assert key(a) != key(CountdownTask(TaskConfig(seed=1, train_path="generated")).examples("train", limit=30, seed=4))
 
 
 def test_countdown_train_eval_disjoint(countdown_eval, countdown_train):
@@ -244,6 +246,25 @@ def test_eval_split_uses_num_eval():
     assert SudokuTask().examples("eval")[0].extra_info["puzzle"] == "3102200002100320"
 
 
+def test_bundled_train_splits_are_the_default(sudoku_eval, countdown_eval):
+    sudoku = SudokuTask().examples("train")
+    assert len(sudoku) == 20000 and sudoku[0].extra_info["puzzle"] == "0321003004002100"
+    assert {ex.extra_info["puzzle"].count("0") for ex in sudoku} == {9}
+    assert not {ex.extra_info["puzzle"] for ex in sudoku} & {ex.extra_info["puzzle"] for ex in sudoku_eval}
+    for ex in sudoku[:200]:  # the reference response is derived from the solution: SFT works on it
+        assert sudoku_prompt(ex.extra_info["puzzle"]) == ex.prompt
+        assert score_example(ex, ex.response).acc == 1.0
+    countdown = CountdownTask().examples("train", limit=100)
+    assert countdown[0].extra_info["numbers"] == "[44, 19, 35]" and countdown[0].ground_truth == "98"
+    assert all(ex.response is None for ex in countdown)
+    assert {len(json.loads(ex.extra_info["numbers"])) for ex in countdown} == {3, 4}
+    for ex in countdown[:20]:
+        best = solve_countdown(json.loads(ex.extra_info["numbers"]))[int(ex.ground_truth)]
+        assert countdown_reward(f"<answer>{best}</answer>", ex.extra_info["numbers"], ex.ground_truth).acc == 1.0
+    # the same seed gives the same bundled items: the trainer shuffles, not the task
+    assert SudokuTask().examples("train", limit=5, seed=3)[0].extra_info["puzzle"] == "0321003004002100"
+
+
 def test_examples_are_copies():
     task = SudokuTask()
     first = task.examples("eval", limit=1)
@@ -258,7 +279,7 @@ def test_bad_split_and_limit():
     with pytest.raises(DareError, match="unknown split"):
         SudokuTask().examples("validation-ish")
     with pytest.raises(DareError, match="limit"):
-        SudokuTask().examples("train", limit=-1)
+        SudokuTask(GEN).examples("train", limit=-1)
 
 
 def test_task_config():

@@ -14,10 +14,26 @@ from dare_plugin_tasks.parquet import AIME2024Task, AIME2025Task, GSM8KTask, Mat
 from dare_core.config import TaskConfig
 from dare_plugin_tasks._base import DATA_DIR
 
-SHARED = Path("/work/shared/data")
-BUNDLED = {"sudoku_test.parquet": 500, "countdown_test.parquet": 256,
-           "gsm8k_test.parquet": 200, "math500_test.parquet": 200, "aime2024_test.parquet": 30,
-           "aime2025_test.parquet": 30}
+SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"  # ../shared beside the clone
+# bundled file -> (rows, data_source, the file in the shared data it copies)
+TEST_SETS = {
+    "sudoku_test.parquet": (500, "sudoku", "rl/test/sudoku.parquet"),
+    "countdown_test.parquet": (256, "countdown", "rl/test/countdown.parquet"),
+    "gsm8k_test.parquet": (1319, "gsm8k", "rl/test/gsm8k.parquet"),
+    "math500_test.parquet": (500, "math500", "rl/test/math500.parquet"),
+    "aime2024_test.parquet": (30, "aime2024", "rl/test/aime2024.parquet"),
+    "aime2025_test.parquet": (30, "aime2025", "rl/test/aime2025.parquet"),
+    "humaneval_test.parquet": (164, "humaneval", "rl/test/humaneval.parquet"),
+    "humanevalplus_test.parquet": (163, "humanevalplus", "rl/test/humanevalplus.parquet"),
+    "mbpp_test.parquet": (500, "mbpp", "rl/test/mbpp.parquet"),
+}
+TRAIN_SETS = {
+    "gsm8k_train.parquet": (7473, "gsm8k", "rl/train/gsm8k.parquet"),
+    "math_train.parquet": (7474, "math", "rl/train/math.parquet"),
+    "countdown_train.parquet": (20000, "countdown", "rl/train/countdown-n20000.parquet"),
+    "sudoku_train.parquet": (20000, "sudoku", "rl/train/sudoku-n20000.parquet"),
+}
+BUNDLED = {**TEST_SETS, **TRAIN_SETS}
 
 
 def _one_line_error(fn, *args, match=None):
@@ -28,28 +44,42 @@ def _one_line_error(fn, *args, match=None):
     return msg
 
 
-@pytest.mark.parametrize("filename, rows", sorted(BUNDLED.items()))
-def test_bundled_files_load(filename, rows):
-    path = DATA_DIR / filename
-    assert path.stat().st_size < 100_000
-    items = load_examples(str(path))
-    assert len(items) == rows
-    source = filename.split("_")[0]
-    for ex in items:
-        assert ex.data_source == source
-        assert ex.prompt and ex.prompt[0]["role"] == "user" and ex.prompt[0]["content"]
-        assert isinstance(ex.ground_truth, str) and ex.ground_truth
-        assert ex.extra_info["split"] == "test" and ex.extra_info["task"] == "math"
-        assert ex.response is None
-    assert [ex.extra_info["index"] for ex in items] == list(range(rows))
-
-
-@pytest.mark.skipif(not SHARED.exists(), reason="shared data not mounted")
 @pytest.mark.parametrize("filename", sorted(BUNDLED))
-def test_bundled_files_are_the_real_test_sets(filename):
-    real = pq.read_table(SHARED / "rl" / "test" / filename.replace("_test", ""))
+def test_bundled_files_are_complete(filename):
+    rows, source, _ = BUNDLED[filename]
+    split = "test" if filename in TEST_SETS else "train"
+    table = pq.read_table(DATA_DIR / filename)
+    assert table.num_rows == rows
+    assert set(table.column("data_source").to_pylist()) == {source}
+    infos = table.column("extra_info").to_pylist()
+    assert [info["index"] for info in infos] == list(range(rows))
+    assert {info["split"] for info in infos} == {split}
+    assert {info["task"] for info in infos} == {"code" if source in ("humaneval", "humanevalplus", "mbpp") else "math"}
+
+
+def test_bundled_data_is_small_and_in_the_wheel():
+    assert sum(p.stat().st_size for p in DATA_DIR.glob("*.parquet")) < 10_000_000
+    assert sorted(p.name for p in DATA_DIR.glob("*.parquet")) == sorted(BUNDLED)
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'dare_plugin_tasks = ["data/*.parquet"]' in pyproject
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="shared data (../shared beside the clone) not present")
+@pytest.mark.parametrize("filename", sorted(BUNDLED))
+def test_bundled_files_are_the_shared_sets(filename):
+    real = pq.read_table(SHARED / BUNDLED[filename][2])
     ours = pq.read_table(DATA_DIR / filename)
-    assert ours.to_pylist() == real.slice(0, ours.num_rows).to_pylist()
+    assert ours.to_pylist() == real.to_pylist()
+
+
+def test_bundled_math_train_skips_rows_without_an_answer():
+    raw = load_examples(str(DATA_DIR / "gsm8k_train.parquet"), limit=3)
+    assert [ex.ground_truth for ex in raw] == ["72", "10", "5"]
+    with pytest.raises(DareError, match="row 886: reward_model.ground_truth is missing"):
+        load_examples(str(DATA_DIR / "math_train.parquet"))
+    items = Math500Task().examples("train")
+    assert len(items) == 7470 and all(ex.ground_truth for ex in items)
+    assert {ex.data_source for ex in items} == {"math"}
 
 
 def test_limit():
@@ -167,10 +197,26 @@ def test_file_tasks_require_paths():
     task = ParquetTask(TaskConfig(name="parquet"))
     _one_line_error(task.examples, "train", match="task.train_path")
     _one_line_error(task.examples, "eval", match="task.eval_path")
-    for cls in (GSM8KTask, Math500Task):
+    for cls in (AIME2024Task, AIME2025Task):
         task = cls(TaskConfig(name=cls.name))
-        assert len(task.examples("eval")) == 200
+        assert len(task.examples("eval")) == 30
         _one_line_error(task.examples, "train", match="no built-in training data.*train_path")
+        gen = cls(TaskConfig(name=cls.name, train_path="generated"))
+        _one_line_error(gen.examples, "train", match="no generated training source.*./generated")
+
+
+def test_math_tasks_train_on_the_bundled_splits_by_default(tmp_path):
+    gsm8k, math500 = GSM8KTask(TaskConfig(name="gsm8k")), Math500Task(TaskConfig(name="math500"))
+    assert len(gsm8k.examples("eval")) == 200 and len(gsm8k.examples("eval", limit=5000)) == 1319
+    assert len(math500.examples("eval", limit=5000)) == 500
+    assert len(gsm8k.examples("train")) == 7473
+    first = gsm8k.examples("train", limit=2)
+    assert first[0].prompt[0]["content"].startswith("Natalia sold clips") and first[0].response is None
+    assert gsm8k.score(first[0], "\\boxed{72}").acc == 1.0
+    own = tmp_path / "own.jsonl"
+    own.write_text(json.dumps({"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": "3"}}) + "\n")
+    assert [ex.prompt for ex in GSM8KTask(TaskConfig(name="gsm8k", train_path=str(own))).examples("train")] == [
+        [{"role": "user", "content": "q"}]]
 
 
 def test_missing_configured_path_names_it(tmp_path):

@@ -23,26 +23,26 @@ def dare_register_tasks(register) -> None:
     register(TaskSpec(
         name="sudoku",
         build=SudokuTask,
-        description="4x4 Sudoku, partial-credit reward; train = generated unique puzzles, "
-        "eval = 500 real test puzzles.",
+        description="4x4 Sudoku, partial-credit reward; train = 20,000 bundled puzzles "
+        "(task.train_path=generated: generated unique puzzles), eval = 500 real test puzzles.",
     ))
     register(TaskSpec(
         name="countdown",
         build=CountdownTask,
-        description="Countdown with 3 numbers (1.0 / 0.1 format / 0); train = generated, "
-        "eval = 256 real test items.",
+        description="Countdown (1.0 / 0.1 format / 0); train = 20,000 bundled 3-4 number items "
+        "(task.train_path=generated: generated 3-number items), eval = 256 real test items.",
     ))
     register(TaskSpec(
         name="gsm8k",
         build=GSM8KTask,
-        description="GSM8K, boxed-answer math reward; eval = 200 bundled test items, "
-        "train needs task.train_path.",
+        description="GSM8K, boxed-answer math reward; eval = 1,319 bundled test items, "
+        "train = 7,473 bundled items.",
     ))
     register(TaskSpec(
         name="math500",
         build=Math500Task,
-        description="MATH-500, boxed-answer math reward; eval = 200 bundled items, "
-        "train needs task.train_path.",
+        description="MATH-500, boxed-answer math reward; eval = 500 bundled items, "
+        "train = the bundled MATH train split (7,470 items).",
     ))
     register(TaskSpec(
         name="aime2024",

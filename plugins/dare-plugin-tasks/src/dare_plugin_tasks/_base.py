@@ -15,7 +15,7 @@ _SPLITS = {"train": "train", "eval": "eval", "test": "eval"}
 
 
 def bundled(filename: str) -> str:
-    """Path of a data file shipped in ``dare_core/tasks/data``."""
+    """Path of a data file shipped in this package's ``data/``."""
     return str(DATA_DIR / filename)
 
 
@@ -45,16 +45,23 @@ def copy_examples(items: list[Example]) -> list[Example]:
     ]
 
 
+GENERATED = "generated"  # task.train_path value selecting a task's puzzle generator
+
+
 class FileBackedTask:
     """A task whose splits come from files; subclasses add built-in sources.
 
     ``examples("eval")`` returns the first ``limit`` (default ``config.num_eval``) items of the
     eval file in file order; ``examples("train")`` the first ``limit`` (default all) items of
-    the train file. ``seed`` does not reorder file-backed splits (the trainer shuffles).
+    the train file: ``task.train_path``, else the bundled train split (``default_train_file``).
+    ``task.train_path=generated`` selects the task's generator where it has one
+    (``generates``). ``seed`` does not reorder file-backed splits (the trainer shuffles).
     """
 
     name = "file"
-    default_eval_file: Optional[str] = None  # a file under dare_core/tasks/data
+    default_eval_file: Optional[str] = None  # a file under data/
+    default_train_file: Optional[str] = None  # a file under data/
+    generates = False  # True: task.train_path=generated draws items from _generate_train
 
     def __init__(self, config: Optional[TaskConfig] = None):
         self.config = config if config is not None else TaskConfig(name=self.name)
@@ -72,18 +79,27 @@ class FileBackedTask:
         return bundled(self.default_eval_file)
 
     def _train_path(self) -> str:
-        if self.config.train_path:
-            return self.config.train_path
-        raise DareError(
-            f"task {self.name!r} has no built-in training data; set task.train_path to a "
-            f"verl-schema .parquet or .jsonl file"
-        )
+        path = self.config.train_path
+        if path == GENERATED:
+            raise DareError(f"task {self.name!r} has no generated training source; set "
+                            f"task.train_path to a verl-schema .parquet or .jsonl file (a file named "
+                            f"'generated' as ./generated)")
+        if path:
+            return path
+        if self.default_train_file is None:
+            raise DareError(
+                f"task {self.name!r} has no built-in training data; set task.train_path to a "
+                f"verl-schema .parquet or .jsonl file"
+            )
+        return bundled(self.default_train_file)
 
     def _load(self, key: str, path_fn: Callable[[], str]) -> list[Example]:
         if key not in self._cache:
             from dare_plugin_tasks.parquet import load_examples
 
-            self._cache[key] = load_examples(path_fn())
+            path = path_fn()
+            bundled_file = key == "train" and not self.config.train_path
+            self._cache[key] = load_examples(path, skip_unanswered=bundled_file)
         return self._cache[key]
 
     def eval_set(self) -> list[Example]:
@@ -91,7 +107,11 @@ class FileBackedTask:
         return self._load("eval", self._eval_path)
 
     def _generate_train(self, limit: Optional[int], seed: int) -> list[Example]:
-        return copy_examples(self._load("train", self._train_path)[:limit])
+        raise NotImplementedError  # tasks with generates = True define it
+
+    def _complete(self, items: list[Example]) -> list[Example]:
+        """Fill what a task can derive for file items (e.g. a reference response); in place."""
+        return items
 
     # -- Task protocol --------------------------------------------------------------------
     def examples(self, split: str, limit: Optional[int] = None, seed: int = 0) -> list[Example]:
@@ -100,9 +120,9 @@ class FileBackedTask:
         if split == "eval":
             n = self.config.num_eval if limit is None else limit
             return copy_examples(self.eval_set()[:n])
-        if self.config.train_path:
-            return copy_examples(self._load("train", self._train_path)[:limit])
-        return self._generate_train(limit, seed)
+        if self.generates and self.config.train_path == GENERATED:
+            return self._generate_train(limit, seed)
+        return self._complete(copy_examples(self._load("train", self._train_path)[:limit]))
 
     def score(self, example: Example, response: str) -> Score:
         return score_example(example, response)

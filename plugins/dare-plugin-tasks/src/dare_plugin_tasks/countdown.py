@@ -1,8 +1,10 @@
 """Countdown: reach a target with +, -, *, / using each of three numbers once.
 
-Eval = the real test items (``data/countdown_test.parquet``, 256 items). Train = generated items
-shaped like them (three numbers drawn uniformly from 1..100, repeats allowed; a target in
-1..100 that some expression reaches), none of which is an eval item.
+Eval = the real test items (``data/countdown_test.parquet``, 256 items, three numbers each).
+Train = the bundled train split (``data/countdown_train.parquet``, 20,000 items, three or four
+numbers each, no reference responses), or with ``task.train_path=generated`` generated items
+shaped like the eval items (three numbers drawn uniformly from 1..100, repeats allowed; a target
+in 1..100 that some expression reaches; a reference response each), none of which is an eval item.
 """
 
 from __future__ import annotations
@@ -158,12 +160,15 @@ class CountdownTask(FileBackedTask):
     """Countdown with three numbers (reward of arXiv:2504.12216: 1.0 / 0.1 format credit / 0).
 
     ``examples("eval")``: the real test items (or ``config.eval_path``).
-    ``examples("train")``: ``config.train_path`` if set, else ``limit`` (default 20000)
-    generated items, deterministic for ``(config.seed, seed)``, excluding every eval item.
+    ``examples("train")``: ``config.train_path`` if set, else the bundled train split. With
+    ``train_path=generated``: ``limit`` (default 20000) generated items, deterministic for
+    ``(config.seed, seed)``, excluding every eval item.
     """
 
     name = "countdown"
     default_eval_file = "countdown_test.parquet"
+    default_train_file = "countdown_train.parquet"
+    generates = True
 
     def __init__(self, config: Optional[TaskConfig] = None, *, count: int = 3):
         super().__init__(config)

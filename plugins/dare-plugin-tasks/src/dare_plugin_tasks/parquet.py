@@ -126,11 +126,12 @@ def _to_example(path: str, where: str, row: dict[str, Any]) -> Example:
     )
 
 
-def load_examples(path: str, limit: Optional[int] = None) -> list[Example]:
+def load_examples(path: str, limit: Optional[int] = None, *, skip_unanswered: bool = False) -> list[Example]:
     """Read a verl-schema ``.parquet`` or ``.jsonl`` file into :class:`Example`\\ s.
 
     Raises :class:`DareError` (one line, naming the file) for a missing or unreadable file,
-    missing columns or malformed rows.
+    missing columns or malformed rows. ``skip_unanswered`` drops rows whose ground truth is
+    null or empty instead (the bundled MATH train split has four such rows).
     """
     path = str(path)
     p = Path(path)
@@ -148,6 +149,9 @@ def load_examples(path: str, limit: Optional[int] = None) -> list[Example]:
         label = "record"
     else:
         raise _fail(path, f"unsupported file type {suffix or '(none)'!r}; use .parquet or .jsonl")
+    if skip_unanswered:
+        rows = [r for r in rows if isinstance(r.get("reward_model"), dict)
+                and r["reward_model"].get("ground_truth") not in (None, "")]
     return [_to_example(path, f"{label} {i}", row) for i, row in enumerate(rows)]
 
 
@@ -172,19 +176,22 @@ class ParquetTask(FileBackedTask):
 
 
 class GSM8KTask(FileBackedTask):
-    """GSM8K with the boxed-answer math reward; eval = the first 200 test items (bundled),
-    train = ``task.train_path`` (required)."""
+    """GSM8K with the boxed-answer math reward; eval = the 1,319 test items (bundled; the first
+    ``task.num_eval`` are evaluated), train = the 7,473 bundled train items or ``task.train_path``."""
 
     name = "gsm8k"
     default_eval_file = "gsm8k_test.parquet"
+    default_train_file = "gsm8k_train.parquet"
 
 
 class Math500Task(FileBackedTask):
-    """MATH-500 with the boxed-answer math reward; eval = the first 200 items (bundled),
-    train = ``task.train_path`` (required, e.g. the MATH train set)."""
+    """MATH-500 with the boxed-answer math reward; eval = the 500 items (bundled; the first
+    ``task.num_eval`` are evaluated), train = the bundled MATH train split (7,474 rows, of which
+    the 7,470 with an answer are used) or ``task.train_path``."""
 
     name = "math500"
     default_eval_file = "math500_test.parquet"
+    default_train_file = "math_train.parquet"
 
 
 class AIME2024Task(FileBackedTask):

@@ -1,7 +1,9 @@
 """4×4 Sudoku: a procedural puzzle generator and the ``sudoku`` task.
 
 Eval = the real test puzzles (``data/sudoku_test.parquet``, 500 items, 8 empty cells each).
-Train = generated puzzles with a unique solution, none of which is an eval puzzle.
+Train = the bundled train split (``data/sudoku_train.parquet``, 20,000 puzzles, 9 empty cells
+each, none an eval puzzle), or with ``task.train_path=generated`` generated puzzles with a unique
+solution, none of which is an eval puzzle.
 """
 
 from __future__ import annotations
@@ -164,18 +166,29 @@ class SudokuTask(FileBackedTask):
     """4×4 Sudoku with partial-credit reward (the cell reward of arXiv:2504.12216).
 
     ``examples("eval")``: the real test puzzles (or ``config.eval_path``).
-    ``examples("train")``: ``config.train_path`` if set, else ``limit`` (default 20000)
-    generated puzzles, deterministic for ``(config.seed, seed)``, excluding every eval puzzle.
+    ``examples("train")``: ``config.train_path`` if set, else the bundled train split; items
+    without a response get the reference response built from their solution. With
+    ``train_path=generated``: ``limit`` (default 20000) generated puzzles, deterministic for
+    ``(config.seed, seed)``, excluding every eval puzzle.
     """
 
     name = "sudoku"
     default_eval_file = "sudoku_test.parquet"
+    default_train_file = "sudoku_train.parquet"
+    generates = True
 
     def __init__(self, config: Optional[TaskConfig] = None, *, blanks: int = 8):
         super().__init__(config)
         if not 1 <= blanks <= MAX_BLANKS:
             raise DareError(f"sudoku blanks must be in [1, {MAX_BLANKS}], got {blanks}")
         self.blanks = blanks
+
+    def _complete(self, items: list[Example]) -> list[Example]:
+        for ex in items:
+            gt = str(ex.ground_truth)
+            if ex.response is None and len(gt) == 16 and gt.isdigit():
+                ex.response = sudoku_reference_response(gt)
+        return items
 
     def _generate_train(self, limit: Optional[int], seed: int) -> list[Example]:
         n = DEFAULT_TRAIN_SIZE if limit is None else limit
