@@ -201,8 +201,8 @@ def test_file_tasks_require_paths():
         task = cls(TaskConfig(name=cls.name))
         assert len(task.examples("eval")) == 30
         _one_line_error(task.examples, "train", match="no built-in training data.*train_path")
-        gen = cls(TaskConfig(name=cls.name, train_path="generated"))
-        _one_line_error(gen.examples, "train", match="no generated training source.*./generated")
+        gen = cls(TaskConfig(name=cls.name, train_path="generated"))  # no generator: as null
+        _one_line_error(gen.examples, "train", match="no built-in training data.*train_path")
 
 
 def test_math_tasks_train_on_the_bundled_splits_by_default(tmp_path):
@@ -213,6 +213,7 @@ def test_math_tasks_train_on_the_bundled_splits_by_default(tmp_path):
     first = gsm8k.examples("train", limit=2)
     assert first[0].prompt[0]["content"].startswith("Natalia sold clips") and first[0].response is None
     assert gsm8k.score(first[0], "\\boxed{72}").acc == 1.0
+    assert len(GSM8KTask(TaskConfig(name="gsm8k", train_path="generated")).examples("train")) == 7473
     own = tmp_path / "own.jsonl"
     own.write_text(json.dumps({"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": "3"}}) + "\n")
     assert [ex.prompt for ex in GSM8KTask(TaskConfig(name="gsm8k", train_path=str(own))).examples("train")] == [

@@ -55,7 +55,8 @@ class FileBackedTask:
     eval file in file order; ``examples("train")`` the first ``limit`` (default all) items of
     the train file: ``task.train_path``, else the bundled train split (``default_train_file``).
     ``task.train_path=generated`` selects the task's generator where it has one
-    (``generates``). ``seed`` does not reorder file-backed splits (the trainer shuffles).
+    (``generates``) and means the same as null elsewhere, so a checkpoint's defaults may set it
+    for every task. ``seed`` does not reorder file-backed splits (the trainer shuffles).
     """
 
     name = "file"
@@ -80,11 +81,7 @@ class FileBackedTask:
 
     def _train_path(self) -> str:
         path = self.config.train_path
-        if path == GENERATED:
-            raise DareError(f"task {self.name!r} has no generated training source; set "
-                            f"task.train_path to a verl-schema .parquet or .jsonl file (a file named "
-                            f"'generated' as ./generated)")
-        if path:
+        if path and path != GENERATED:  # a task without a generator reads `generated` as null
             return path
         if self.default_train_file is None:
             raise DareError(
