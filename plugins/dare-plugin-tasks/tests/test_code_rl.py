@@ -63,3 +63,15 @@ def test_coupled_grpo_trains_dream_on_mbpp(tmp_path, dare_cli):
     assert metrics[0]["step"] == 1 and "reward" in metrics[0]
     samples = json.loads((tmp_path / "r" / "eval_samples" / "after.json").read_text())
     assert len(samples) == 2 and all(s["score"] in (0.0, 1.0) for s in samples)
+
+
+def test_code_fences_and_prose_around_the_program():
+    task = MBPPTask(TaskConfig(name="mbpp"))
+    ex = task.examples("eval", limit=1)[0]
+    good = "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n"
+    fenced = f"Here it is:\n```python\n{good}```\nIt removes the first and last occurrence."
+    assert task.score(ex, fenced).pred == "passed"
+    assert task.score(ex, f"```\n{good}```").pred == "passed"                      # bare fence
+    last_wins = f"```python\n{good}```\n```python\nremove_Occ = None\n```"
+    assert task.score(ex, last_wins).pred != "passed"  # the last python block is the program
+    assert task.score(ex, f"```text\nnot code\n```\n```py\n{good}```").pred == "passed"

@@ -250,3 +250,29 @@ def test_score_example_missing_extra_info():
         score_example(_ex("countdown", "5"), "<answer>1</answer>")
     with pytest.raises(ValueError, match="puzzle"):
         score_example(_ex("sudoku", SOLUTION), "<answer>1</answer>")
+
+
+@pytest.mark.parametrize("response, truth, correct", [
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", True),       # nested braces
+    ("\\boxed{\\{1,2\\}} and later \\boxed{5}", "5", True),             # the last box counts
+    ("<answer>\\boxed{7}</answer>", "7", True),                          # d1's answer tags around it
+    ("\\boxed{1,234}", "1234", True),                                    # thousands separators
+    ("\\boxed{1{,}000}", "1000", True),
+    ("\\boxed{3/4}", "\\frac{3}{4}", True),                              # fractions
+    ("\\boxed{\\dfrac{3}{4}}", "\\frac34", True),
+    ("\\boxed{-\\frac{1}{2}}", "-0.5", True),
+    ("\\boxed{18.00}", "18", True),
+    ("\\boxed{\\$18}", "18", True),                                      # units and currency
+    ("\\boxed{18 \\text{ dollars}}", "18", True),
+    ("\\boxed{19}", "18", False),
+])
+def test_math_known_answers(response, truth, correct):
+    score = math_reward(response, truth)
+    assert score.acc == score.score == float(correct)
+
+
+def test_gsm8k_hash_answer_is_not_read():
+    # the grader reads \boxed{} only (as the DARE reference's math reward): GSM8K's own `#### 18`
+    # solution format, or a bare number, is an extraction failure
+    for response in ("so she makes 18 dollars.\n#### 18", "18"):
+        assert math_reward(response, "18") == Score(0.0, 0.0, EXTRACTION_FAILED)
