@@ -148,8 +148,8 @@ class TaskConfig:
 
     name: str = option("sudoku", "Task name (a registered task; `dare list tasks` shows them).")
     train_path: Optional[str] = option(
-        None, "Training data: a verl-schema .parquet or .jsonl file; null = the task's built-in "
-              "source (e.g. generated puzzles).")
+        None, "Training data: a verl-schema .parquet or .jsonl file; null = the task's bundled train split; "
+              "generated = generated puzzles (sudoku, countdown).")
     eval_path: Optional[str] = option(
         None, "Held-out data: a verl-schema .parquet or .jsonl file; null = the task's bundled test set.")
     num_eval: int = option(200, "Number of held-out items evaluated (the first N of the eval set).", positive)
