@@ -73,7 +73,7 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
                         f"same greedy answer; set eval.temperature above 0 (e.g. eval.temperature=1.0)")
     if len(configs) > 1 and first.task.eval_path:
         raise DareError("task.eval_path names one task's data, and --tasks names several; evaluate that task alone")
-    checked = [preflight(dare, cfg) for cfg in configs[1:]]  # the first task's: eval_context's
+    checked = [preflight(dare, cfg) for cfg in configs]  # every task's data and prompts, the checkpoint
     main = os.environ.get("RANK", "0") == "0"
     model_name = first.model.family
     rundir = RunDir.create(first.output_dir, first.run_name, f"eval-{model_name}", overwrite=overwrite) if main else None
@@ -92,7 +92,7 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
     try:
         bar = tqdm(configs, desc="tasks", unit="task", file=sys.stderr, dynamic_ncols=True,
                    disable=None if first.progress and ctx.engine.is_main else True)  # None: TTY only
-        for cfg, task in zip(bar, [ctx.task, *checked]):
+        for cfg, task in zip(bar, checked):
             name = cfg.task.name
             bar.set_postfix_str(name)
             ctx.config, ctx.task = cfg, task
