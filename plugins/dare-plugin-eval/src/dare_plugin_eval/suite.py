@@ -116,7 +116,7 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, float):  # a fraction (seconds: rounded already)
+    if isinstance(value, float):
         return f"{value:.4f}"
     if isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items()) or "-"
