@@ -32,7 +32,8 @@ _EXPORTS = {
     "dare_core.pairing": "compare describe paired_counts",
     "dare_core.plugins": "get_dare hookimpl lazy",
     "dare_core.rng": "for_device",
-    "dare_core.rundir": "atomic_write_file atomic_write_text",
+    "dare_core.preflight": "preflight",
+    "dare_core.rundir": "RunDir atomic_write_file atomic_write_text",
     "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
                                     "encode_prompts left_pad",
     "dare_core.workflows.evaluation": "evaluate",

@@ -163,30 +163,6 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
         click.echo("---")
 
 
-@cli.command("eval")
-@click.option("--model", required=True, help="Model family.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@OVERRIDES
-def eval_cmd(model: str, config_file: Optional[str], as_json: bool, overrides: tuple[str, ...]) -> None:
-    """Measure held-out accuracy of a checkpoint (model.path=..., task.name=..., eval.*)."""
-    from dare_core.config import resolve
-
-    dare = _dare()
-    config = resolve(dare, model=model, config_file=config_file, overrides=overrides, need_algo=False)
-    from dare_core.workflows.evaluation import evaluate
-    from dare_core.workflows.runtime import eval_context
-
-    ctx = eval_context(dare, config)
-    examples = ctx.task.examples("eval", limit=config.task.num_eval, seed=config.seed)
-    result = evaluate(ctx, examples, "eval")
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        click.echo(f"{config.task.name}: accuracy={result['accuracy']:.4f} reward={result['reward']:.4f} "
-                   f"n={result['n']} ({result['seconds']} s)")
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
@@ -253,7 +229,7 @@ def _table(header, rows) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-_BUILTINS = {"train", "generate", "eval", "plugins", "list", "config"}
+_BUILTINS = {"train", "generate", "plugins", "list", "config"}
 
 
 def main() -> None:  # console script

@@ -393,11 +393,14 @@ class Example:
 @attrs.frozen
 class Score:
     """A reward: ``score`` (the training reward, partial credit allowed), ``acc`` (1.0 iff fully
-    correct; the training reward instead with ``task.reward=acc``), ``pred``."""
+    correct; the training reward instead with ``task.reward=acc``), ``pred`` (the extracted
+    answer), ``kind`` (how the item failed or passed, e.g. a code task's ``passed``, ``wrong``,
+    ``error``, ``timeout``, ``memory``, ``killed``; empty where the task has none)."""
 
     score: float
     acc: float
     pred: str = ""
+    kind: str = ""
 
 
 class Task(Protocol):

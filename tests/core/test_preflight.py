@@ -87,8 +87,6 @@ def _train(tmp_path, ckpt, *more):
 
 COMMANDS = {
     "train": lambda tmp_path, ckpt: _train(tmp_path, ckpt),
-    "eval": lambda tmp_path, ckpt: ("eval", "--model", "hf_toy", f"model.path={ckpt}",
-                                    "trainer.max_prompt_length=4096"),
     "generate": lambda tmp_path, ckpt: ("generate", "--model", "hf_toy", "--prompt", "hi", f"model.path={ckpt}"),
 }
 
@@ -253,6 +251,6 @@ def test_one_rollout_per_group_is_refused_for_a_grouped_advantage(refused, make_
 
 
 def test_an_eval_backend_the_family_does_not_list_is_refused(refused, ckpt):
-    assert refused("eval", "--model", "toy", f"model.path={ckpt}", "eval.backend=mini") == (
+    assert refused("generate", "--model", "toy", "--prompt", "hi", f"model.path={ckpt}", "eval.backend=mini") == (
         "invalid configuration: eval.backend 'mini' is not a backend model family 'toy' lists; "
         "use one of: low_confidence")

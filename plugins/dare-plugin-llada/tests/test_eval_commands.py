@@ -1,26 +1,18 @@
-"""Evaluation commands on the bundled checkpoint: ``dare eval``, and ``dare compare`` (from
-dare-plugin-report), whose common random numbers make a checkpoint's sampled answers identical to
-its own (A vs A: no discordant sample, no clustered change)."""
+"""``dare compare`` (from dare-plugin-report) on the bundled checkpoint, whose common random
+numbers make a checkpoint's sampled answers identical to its own (A vs A: no discordant sample,
+no clustered change). ``dare eval`` on it: dare-plugin-eval's tests."""
 
 import json
 import os
 
 import pytest
-from click.testing import CliRunner
 
 import dare_plugin_llada
 import dare_plugin_report
-import dare_core.plugins
-from dare_core.cli import cli
 from dare_core.testing.registries import build_for
 from dare_plugin_llada.wrapper import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="needs the bundled checkpoint")
-
-
-@pytest.fixture(scope="module")
-def dare():
-    return build_for(dare_plugin_llada)
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +34,6 @@ def _stdout(result) -> str:
 
 def _records(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def test_dare_eval_json(dare, monkeypatch):
-    monkeypatch.setattr(dare_core.plugins, "_DARE", dare)
-    result = CliRunner().invoke(cli, ["eval", "--model", "llada", "--json", "task.num_eval=6",
-                                      "eval.batch_size=4"], prog_name="dare")
-    assert result.exit_code == 0, result.output
-    rec = json.loads(result.stdout.strip().splitlines()[-1])
-    assert rec["n"] == 6 and 0.0 <= rec["accuracy"] <= 1.0 and rec["nfe"] == 2 * 20  # two batches x 20 steps
 
 
 def test_a_against_itself_under_sampling(compare, tmp_path):

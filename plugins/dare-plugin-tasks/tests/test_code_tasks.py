@@ -92,25 +92,25 @@ def test_reference_solutions_pass(humaneval, mbpp):
     ]
     for example, response in cases:
         score = score_example(example, response)
-        assert (score.score, score.acc, score.pred) == (1.0, 1.0, "passed"), response
+        assert (score.score, score.acc, score.kind) == (1.0, 1.0, "passed"), response
 
 
 def test_failure_kinds(humaneval, mbpp):
     wrong = score_example(humaneval[0], "    return False\n")
-    assert (wrong.score, wrong.acc, wrong.pred) == (0.0, 0.0, "wrong")
-    assert score_example(mbpp[3], "def find_Volume(l, b, h):\n    return l * b * h\n").pred == "wrong"
+    assert (wrong.score, wrong.acc, wrong.kind) == (0.0, 0.0, "wrong")
+    assert score_example(mbpp[3], "def find_Volume(l, b, h):\n    return l * b * h\n").kind == "wrong"
     syntax = score_example(mbpp[1], "```python\ndef sort_matrix(m)\n    return m\n```")
-    assert (syntax.score, syntax.pred) == (0.0, "error")
+    assert (syntax.score, syntax.kind) == (0.0, "error")
     # a NameError (the function is missing) is an error, not a wrong answer
-    assert score_example(mbpp[1], "def sortmatrix(m):\n    return sorted(m, key=sum)\n").pred == "error"
+    assert score_example(mbpp[1], "def sortmatrix(m):\n    return sorted(m, key=sum)\n").kind == "error"
     # leaving before the tests run earns nothing
-    assert score_example(mbpp[1], "import sys\nsys.exit(0)\n").pred == "error"
+    assert score_example(mbpp[1], "import sys\nsys.exit(0)\n").kind == "error"
 
 
 def test_infinite_loop_times_out_within_bound(humaneval):
     start = time.monotonic()
     score = code_reward(humaneval[0], "    while True:\n        pass\n", timeout=1.5)
-    assert (score.score, score.pred) == (0.0, "timeout")
+    assert (score.score, score.kind) == (0.0, "timeout")
     assert time.monotonic() - start < 6.0
 
 
@@ -165,7 +165,7 @@ def test_task_code_in_extra_info_selects_the_code_reward():
     ex = Example(prompt=[{"role": "user", "content": "write double"}],
                  ground_truth=json.dumps(["assert double(2) == 4"]),
                  data_source="my_code_set", extra_info={"task": "code"})
-    assert score_example(ex, "def double(x):\n    return 2 * x\n").pred == "passed"
+    assert score_example(ex, "def double(x):\n    return 2 * x\n").kind == "passed"
 
 
 # ------------------------------------------------------------------------------ tasks and data
@@ -241,5 +241,5 @@ def test_bundled_files_are_the_real_test_sets(bundled, real):
 def test_humaneval_plus_runs_its_extended_tests():
     items = HumanEvalPlusTask().eval_set()
     assert "def" in items[0].prompt[0]["content"]
-    assert score_example(items[0], HAS_CLOSE_BODY).pred == "passed"
-    assert score_example(items[0], "    return False\n").pred == "wrong"
+    assert score_example(items[0], HAS_CLOSE_BODY).kind == "passed"
+    assert score_example(items[0], "    return False\n").kind == "wrong"

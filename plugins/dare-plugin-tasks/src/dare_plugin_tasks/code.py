@@ -7,8 +7,9 @@ define ``check(candidate)``) the prompt's code is put in front: when the extract
 the entry point it redefines the prompt's stub (the prompt still supplies imports and helper
 functions such as ``poly`` or ``encode_cyclic``); otherwise the response is taken as the body
 continuation of the prompt's last function. The program then runs in
-:func:`dare_plugin_tasks.sandbox.check_program`; ``Score.pred`` is the outcome
-(``passed``, ``wrong``, ``error``, ``timeout``, ``memory`` or ``killed``).
+:func:`dare_plugin_tasks.sandbox.check_program`; ``Score.kind`` is the outcome
+(``passed``, ``wrong``, ``error``, ``timeout``, ``memory`` or ``killed``) and ``Score.pred`` is
+empty (a program is no answer to vote on).
 """
 
 from __future__ import annotations
@@ -138,11 +139,11 @@ def program_for(example: Example, response: str, entry_point: Optional[str]) -> 
 
 def code_reward(example: Example, response: str, *, timeout: float = CODE_TIMEOUT) -> Score:
     """1.0 iff the response's program passes the item's tests within ``timeout`` seconds;
-    ``pred`` is the sandbox outcome (``passed``/``wrong``/``error``/``timeout``/...)."""
+    ``kind`` is the sandbox outcome (``passed``/``wrong``/``error``/``timeout``/...)."""
     from dare_plugin_tasks.sandbox import check_program
 
     tests, entry = code_tests(example)
     program = program_for(example, response, entry)
     result = check_program(program, tests, entry, timeout=timeout)
     ok = 1.0 if result.status == "passed" else 0.0
-    return Score(score=ok, acc=ok, pred=result.status)
+    return Score(score=ok, acc=ok, kind=result.status)

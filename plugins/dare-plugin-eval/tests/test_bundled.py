@@ -1,0 +1,44 @@
+"""``dare eval`` on the bundled tiny LLaDA checkpoint with real tasks: several tasks in one run
+give each task's numbers alone; the single-task command and its JSON."""
+
+import json
+import os
+
+import pytest
+
+import dare_plugin_eval
+import dare_plugin_llada
+from dare_core.testing.registries import build_for
+from dare_plugin_eval.suite import run_suite
+from dare_plugin_llada.wrapper import BUNDLED
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="needs the bundled checkpoint")
+
+#: two prompts per task, 4 denoising steps; HumanEval's prompts need the longer prompt length
+TINY = ["task.num_eval=2", "eval.steps=4", "eval.batch_size=2", "trainer.max_prompt_length=900", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def dare():
+    return build_for(dare_plugin_llada, dare_plugin_eval)
+
+
+def test_several_tasks_equal_each_task_alone(dare, tmp_path):
+    tasks = ["sudoku", "countdown", "humaneval"]
+    overrides = [*TINY, f"output_dir={tmp_path}"]
+    both = run_suite(dare, "llada", tasks, overrides=overrides)["tasks"]
+    assert list(both) == tasks and both["humaneval"]["kinds"] and "kinds" not in both["sudoku"]
+    for task in tasks:
+        (alone,) = run_suite(dare, "llada", [task], overrides=overrides)["tasks"].values()
+        assert {k: v for k, v in alone.items() if k != "seconds"} == {
+            k: v for k, v in both[task].items() if k != "seconds"}
+
+
+def test_dare_eval_json(dare, dare_cli, tmp_path):
+    result = dare_cli(dare)("eval", "--model", "llada", "--json", "task.num_eval=6", "eval.batch_size=4",
+                            f"output_dir={tmp_path}")
+    assert result.exit_code == 0, result.output
+    rec = json.loads(result.stdout.strip().splitlines()[-1])
+    m = rec["tasks"]["sudoku"]
+    assert m["n"] == 6 and 0.0 <= m["accuracy"] <= 1.0 and m["nfe"] == 2 * 20  # two batches x 20 steps
+    assert os.path.isfile(os.path.join(rec["eval_dir"], "samples.jsonl"))
