@@ -18,7 +18,7 @@ BROKEN = "```python\ndef remove_Occ(s, ch) return s\n```"
 def test_mbpp_reward_is_pass_fail_by_the_sandbox():
     task = MBPPTask(TaskConfig(name="mbpp"))
     ex = task.examples("eval", limit=1)[0]
-    assert [(s.score, s.acc, s.pred) for s in (task.score(ex, r) for r in (GOOD, WRONG, BROKEN))] == [
+    assert [(s.score, s.acc, s.kind) for s in (task.score(ex, r) for r in (GOOD, WRONG, BROKEN))] == [
         (1.0, 1.0, "passed"), (0.0, 0.0, "wrong"), (0.0, 0.0, "error")]
 
 
@@ -70,8 +70,8 @@ def test_code_fences_and_prose_around_the_program():
     ex = task.examples("eval", limit=1)[0]
     good = "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n"
     fenced = f"Here it is:\n```python\n{good}```\nIt removes the first and last occurrence."
-    assert task.score(ex, fenced).pred == "passed"
-    assert task.score(ex, f"```\n{good}```").pred == "passed"                      # bare fence
+    assert task.score(ex, fenced).kind == "passed"
+    assert task.score(ex, f"```\n{good}```").kind == "passed"                      # bare fence
     last_wins = f"```python\n{good}```\n```python\nremove_Occ = None\n```"
-    assert task.score(ex, last_wins).pred != "passed"  # the last python block is the program
-    assert task.score(ex, f"```text\nnot code\n```\n```py\n{good}```").pred == "passed"
+    assert task.score(ex, last_wins).kind != "passed"  # the last python block is the program
+    assert task.score(ex, f"```text\nnot code\n```\n```py\n{good}```").kind == "passed"
