@@ -1,5 +1,7 @@
 """Objectives shared by several algorithms: stratified count masking (arXiv:2505.19223), the
-sequence ELBO estimator, step replay of a recorded denoising trajectory and its clipped loss.
+sequence ELBO estimator, step replay of a recorded denoising trajectory and its clipped loss, and
+the Monte-Carlo ELBO of a continuation given a context that evaluation scores choices with
+(``dare_objectives.likelihood``).
 Algorithms compose them by name through ``ComponentLookup``; their building blocks are imported
 from the sibling modules. Registering imports none of them (``lazy``)."""
 

@@ -1,9 +1,9 @@
 """The core's default task plugin: sudoku, countdown, gsm8k, math500, aime2024, aime2025,
-humaneval(_plus), mbpp and generic parquet."""
+humaneval(_plus), mbpp, multiple_choice and generic parquet."""
 
 from __future__ import annotations
 
-from dare_core.api import hookimpl, TaskSpec
+from dare_core.api import hookimpl, lazy, TaskSpec
 from dare_plugin_tasks.countdown import CountdownTask
 from dare_plugin_tasks.parquet import (
     AIME2024Task,
@@ -73,6 +73,12 @@ def dare_register_tasks(register) -> None:
         build=MBPPTask,
         description="MBPP, sandboxed assert tests; prompt = the data's 3-shot [BEGIN]/[DONE] chat; "
         "eval = 500 bundled test items, train needs task.train_path.",
+    ))
+    register(TaskSpec(
+        name="multiple_choice",
+        build=lazy("dare_plugin_tasks.multiple_choice:MultipleChoiceTask"),
+        description="Multiple choice from task.eval_path (.parquet/.jsonl: question, choices, answer); "
+        "scored by likelihood (dare_objectives.likelihood.choose) or by the generated choice text.",
     ))
     register(TaskSpec(
         name="parquet",
