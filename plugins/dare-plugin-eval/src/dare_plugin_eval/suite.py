@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any, Optional, Sequence
 
 import yaml
@@ -56,12 +57,12 @@ def parse_ks(text: Optional[str], samples: int) -> list[int]:
 
 def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples: int = 1,
               ks: Sequence[int] = (1,), config_file: Optional[str] = None, overrides: Sequence[str] = (),
-              overwrite: bool = False) -> dict[str, Any]:
+              overwrite: bool = False, mc_samples: int = 32) -> dict[str, Any]:
     """Evaluate ``model`` on ``tasks`` (``None``: the config's task.name) and write the eval
     directory (module docstring); returns the results (results.json plus ``eval_dir``) on
     every rank."""
-    if samples < 1:
-        raise DareError(f"--samples must be at least 1, got {samples}")
+    if samples < 1 or mc_samples < 1:
+        raise DareError(f"--samples and --mc-samples must be at least 1, got {samples} and {mc_samples}")
     if bad := [k for k in ks if not 1 <= k <= samples]:
         raise DareError(f"--k {bad[0]} is outside 1..{samples}: pass@k and maj@k need k <= --samples; "
                         f"raise --samples or lower --k")
@@ -98,12 +99,17 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
             ctx.config, ctx.task = cfg, task
             examples = task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
             records: list[dict[str, Any]] = []
-            result = evaluate(ctx, [ex for ex in examples for _ in range(samples)], name, records=records)
-            metrics[name] = {**summarise(records, samples, ks), "nfe": result["nfe"], "seconds": result["seconds"]}
+            if examples and all(ex.extra_info.get("choices") for ex in examples):  # multiple choice
+                start, n = time.perf_counter(), 1
+                records = choice_records(ctx, task, examples, mc_samples, cfg.seed)
+                metrics[name] = {**summarise(records, 1, [1]), "seconds": round(time.perf_counter() - start, 2)}
+            else:
+                n = samples
+                result = evaluate(ctx, [ex for ex in examples for _ in range(n)], name, records=records)
+                metrics[name] = {**summarise(records, n, ks), "nfe": result["nfe"], "seconds": result["seconds"]}
             for i, rec in enumerate(records):
-                prompt = examples[i // samples].prompt[-1]["content"]
-                lines.append(json.dumps({"task": name, "item": i // samples, "sample": i % samples,
-                                         "prompt": prompt, **rec}))
+                prompt = examples[i // n].prompt[-1]["content"]
+                lines.append(json.dumps({"task": name, "item": i // n, "sample": i % n, "prompt": prompt, **rec}))
         bar.close()
     finally:
         ctx.engine.close()
@@ -113,6 +119,24 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
         rundir.write_json("results.json", results)
         atomic_write_text(rundir.path("samples.jsonl"), "".join(line + "\n" for line in lines))
     return {**results, "eval_dir": rundir.root if rundir is not None else None}
+
+
+def choice_records(ctx: Any, task: Any, examples: Sequence[Any], mc_samples: int, seed: int) -> list[dict[str, Any]]:
+    """Multiple-choice items answered by likelihood: each rank picks, for its share of the items,
+    the choice with the highest Monte-Carlo ELBO of ``log p(choice | prompt)``
+    (:func:`dare_objectives.likelihood.choose`, ``mc_samples`` masks per choice, keyed by ``seed``)
+    and scores the chosen text with the task; the records of every rank, in item order."""
+    from dare_objectives.likelihood import choose
+
+    rank, world = ctx.engine.rank, ctx.engine.world_size
+    shard = list(examples)[rank::world]
+    mine = []
+    for i, (ex, pick) in enumerate(zip(shard, choose(ctx.wrapper, shard, samples=mc_samples, seed=seed))):
+        text = ex.extra_info["choices"][pick]
+        s = task.score(ex, text)
+        mine.append((rank + world * i, {"response": text, "pred": str(pick), "score": s.score, "acc": s.acc,
+                                        "kind": s.kind}))
+    return [rec for _, rec in sorted(ctx.engine.gather(mine), key=lambda item: item[0])]
 
 
 def _cell(value: Any) -> str:
