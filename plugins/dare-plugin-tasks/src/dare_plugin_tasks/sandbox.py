@@ -33,13 +33,27 @@ Every run gets
   When it does not work the program runs with the host's network, and the run does not fail
   unless the caller passes ``require_network_isolation=True``.
 
-What is **not** contained: the program runs as the calling user with the caller's filesystem
-view, so it can read any file that user can read and write (up to :attr:`Limits.file_size` bytes
-per file) anywhere that user can write; a descendant that calls ``setsid()``/``setpgid()`` leaves
-the process group and survives the final ``killpg``; ``RLIMIT_NPROC`` counts all processes of the
-real user id and is not enforced for root; memory is bounded per process (address space), not
-for the group as a whole. For untrusted code at scale run the trainer itself in a container or VM
-with a read-only filesystem; this module is the inner, per-program layer.
+* PID and file-system containment where the OS allows it (``CAP_SYS_ADMIN`` again; probed once,
+  :func:`containment_available`, reported as :attr:`ExecutionResult.contained`): the child also
+  calls ``unshare(CLONE_NEWNS | CLONE_NEWPID)`` before ``exec``, makes all mounts private,
+  bind-mounts its working directory onto itself and remounts every other mount read-only, so a
+  write outside the working directory fails with ``EROFS``. The harness's first child is PID 1 of
+  the new PID namespace: a minimal init that forks the program, reaps orphans and exits when the
+  program ends, whereupon the kernel kills everything left in the namespace, including
+  descendants that called ``setsid()``; at a timeout the ``killpg`` reaches that init (the
+  program cannot move it out of the group), with the same effect. ``os.kill(os.getppid(), ...)``
+  only reaches the init, which ignores signals from inside its namespace. ``/proc`` is the
+  host's (not remounted): it lists host processes, but pids inside the namespace do not name them.
+
+What is **not** contained: the program runs as the calling user, so it can read any file that
+user can read. ``RLIMIT_NPROC`` counts all processes of the real user id and is not enforced for
+root, so a fork bomb run as root is stopped only by the timeout; memory is bounded per process
+(address space), not for the group as a whole. Without containment (an unprivileged caller, a
+container without the capability) the program also sees the caller's writable filesystem (it may
+write up to :attr:`Limits.file_size` bytes per file anywhere the user can write), its parent is
+the calling process (which it may signal), and a descendant that calls ``setsid()``/``setpgid()``
+leaves the process group and survives the final ``killpg``. For untrusted code at scale run the
+trainer itself in a container or VM; this module is the inner, per-program layer.
 
 Outcome (:attr:`ExecutionResult.status`): the program is executed by a small harness that maps an
 uncaught ``AssertionError`` to ``wrong`` and ``MemoryError`` to ``memory``; any other uncaught
