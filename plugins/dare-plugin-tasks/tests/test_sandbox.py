@@ -7,6 +7,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 
 import pytest
 
@@ -18,6 +19,7 @@ from dare_plugin_tasks.sandbox import (
     Job,
     Limits,
     check_program,
+    containment_available,
     network_isolation_available,
     run_many,
     run_program,
@@ -108,31 +110,107 @@ def test_wall_clock_timeout(body):
     assert 0.9 <= result.seconds < 4 and elapsed < 5
 
 
+# A descendant reports its pid as the host sees it: /proc is the host's, also inside the sandbox's
+# PID namespace, so /proc/self names the host pid. It sends the pid up a pipe to the program, which
+# prints it, so the pid is on stdout before the program goes on.
+_REPORT_PID = (
+    "import os, sys, time\n"
+    "def spawn(escape=False):\n"
+    "    r, w = os.pipe()\n"
+    "    if os.fork() == 0:\n"
+    "        if escape:\n"
+    "            os.setsid()\n"
+    "        os.write(w, os.readlink('/proc/self').encode())\n"
+    "        time.sleep(100)\n"
+    "        os._exit(0)\n"
+    "    print(os.read(r, 32).decode(), flush=True)\n"
+)
+
+
+def _assert_all_dead(pids):
+    assert pids
+    for pid in pids:
+        assert _wait_dead(pid), f"descendant {pid} survived"
+
+
 @pytest.mark.parametrize("tail,timeout,status", [
     ("time.sleep(100)\n", 1.0, "timeout"),  # killed by the timeout
     ("", 10.0, "passed"),  # the leader exits at once; its grandchild must not outlive the run
 ])
-def test_process_group_is_killed(tmp_path, tail, timeout, status):
-    pid_file = tmp_path / "grandchild.pid"
-    body = (
-        "import os, time\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    time.sleep(100)\n"
-        "    os._exit(0)\n"
-        f"with open({str(pid_file)!r}, 'w') as handle:\n"
-        "    handle.write(str(pid))\n"
-        + tail
-    )
+def test_process_group_is_killed(tail, timeout, status):
     start = time.monotonic()
-    result = run_program(body, timeout=timeout)
+    result = run_program(_REPORT_PID + "spawn()\n" + tail, timeout=timeout)
     assert result.status == status, result
     assert time.monotonic() - start < 5
-    grandchild = int(pid_file.read_text())
-    assert _wait_dead(grandchild), f"grandchild {grandchild} survived"
-    if not os.path.exists(f"/proc/{grandchild}"):  # reaped (else a zombie waiting for PID 1)
-        with pytest.raises(ProcessLookupError):
-            os.kill(grandchild, 0)
+    _assert_all_dead([int(line) for line in result.stdout.split()])
+
+
+def _need_containment():
+    if not containment_available():
+        pytest.skip("new PID and mount namespaces are not permitted here (unshare(CLONE_NEWPID|"
+                    "CLONE_NEWNS) and mount need CAP_SYS_ADMIN); the sandbox runs uncontained")
+
+
+@pytest.mark.parametrize("tail,timeout,status", [
+    ("time.sleep(100)\n", 1.0, "timeout"),
+    ("", 10.0, "passed"),
+])
+def test_setsid_escape_is_killed_with_the_pid_namespace(tail, timeout, status):
+    _need_containment()
+    result = run_program(_REPORT_PID + "spawn(escape=True)\nspawn(escape=True)\n" + tail, timeout=timeout)
+    assert result.status == status and result.contained, result
+    _assert_all_dead([int(line) for line in result.stdout.split()])
+
+
+def test_fork_bomb_is_contained():
+    # Doubling ten times: 1024 processes, most of them asleep when the timeout kills them. The
+    # doubling is bounded, not `while True: os.fork()`, so that a host without containment (or a
+    # slow one) is not harmed; each process prints its host pid, and none may survive the run.
+    body = (
+        "import os, time\n"
+        "for _ in range(10):\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(os.readlink('/proc/self'), flush=True)\n"
+        "time.sleep(100)\n"
+    )
+    result = run_program(body, timeout=3.0, limits=Limits(processes=4096))
+    assert result.status == "timeout", result
+    pids = [int(line) for line in result.stdout.split()]
+    assert len(pids) > 1
+    _assert_all_dead(pids)
+    assert run_program("print('after')").stdout == "after\n"
+
+
+def test_sigterm_ignored_is_killed_at_the_timeout():
+    body = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)\n"
+    result = run_program(body, timeout=1.0)
+    assert result.status == "timeout" and result.returncode == -9, result
+
+
+def test_killing_the_parent_does_not_hurt_the_grader():
+    # Without containment the program's parent is the grader process itself, so the test needs it.
+    _need_containment()
+    body = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.killpg(0, signal.SIGKILL)\nprint('alive')\n"
+    result = run_program(body, timeout=5.0)
+    assert result.status in ("killed", "passed") and result.contained, result
+    assert check_program("def f():\n    return 1\n", "assert f() == 1\n").passed
+
+
+def test_write_outside_the_workdir_fails():
+    _need_containment()
+    target = os.path.join(tempfile.gettempdir(), f"outside-{uuid.uuid4().hex}")
+    body = f"open({target!r}, 'w').write('x')\nopen('inside.txt', 'w').write('x')\n"
+    try:
+        result = run_program(body)
+        assert result.status == "error" and "Read-only file system" in result.stderr, result
+        assert not os.path.exists(target)
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+    assert run_program("open('inside.txt', 'w').write('x')\nprint(open('inside.txt').read())\n").stdout == "x\n"
 
 
 # ------------------------------------------------------------------------------------------ limits

@@ -33,13 +33,27 @@ Every run gets
   When it does not work the program runs with the host's network, and the run does not fail
   unless the caller passes ``require_network_isolation=True``.
 
-What is **not** contained: the program runs as the calling user with the caller's filesystem
-view, so it can read any file that user can read and write (up to :attr:`Limits.file_size` bytes
-per file) anywhere that user can write; a descendant that calls ``setsid()``/``setpgid()`` leaves
-the process group and survives the final ``killpg``; ``RLIMIT_NPROC`` counts all processes of the
-real user id and is not enforced for root; memory is bounded per process (address space), not
-for the group as a whole. For untrusted code at scale run the trainer itself in a container or VM
-with a read-only filesystem; this module is the inner, per-program layer.
+* PID and file-system containment where the OS allows it (``CAP_SYS_ADMIN`` again; probed once,
+  :func:`containment_available`, reported as :attr:`ExecutionResult.contained`): the child also
+  calls ``unshare(CLONE_NEWNS | CLONE_NEWPID)`` before ``exec``, makes all mounts private,
+  bind-mounts its working directory onto itself and remounts every other mount read-only, so a
+  write outside the working directory fails with ``EROFS``. The harness's first child is PID 1 of
+  the new PID namespace: a minimal init that forks the program, reaps orphans and exits when the
+  program ends, whereupon the kernel kills everything left in the namespace, including
+  descendants that called ``setsid()``; at a timeout the ``killpg`` reaches that init (the
+  program cannot move it out of the group), with the same effect. ``os.kill(os.getppid(), ...)``
+  only reaches the init, which ignores signals from inside its namespace. ``/proc`` is the
+  host's (not remounted): it lists host processes, but pids inside the namespace do not name them.
+
+What is **not** contained: the program runs as the calling user, so it can read any file that
+user can read. ``RLIMIT_NPROC`` counts all processes of the real user id and is not enforced for
+root, so a fork bomb run as root is stopped only by the timeout; memory is bounded per process
+(address space), not for the group as a whole. Without containment (an unprivileged caller, a
+container without the capability) the program also sees the caller's writable filesystem (it may
+write up to :attr:`Limits.file_size` bytes per file anywhere the user can write), its parent is
+the calling process (which it may signal), and a descendant that calls ``setsid()``/``setpgid()``
+leaves the process group and survives the final ``killpg``. For untrusted code at scale run the
+trainer itself in a container or VM; this module is the inner, per-program layer.
 
 Outcome (:attr:`ExecutionResult.status`): the program is executed by a small harness that maps an
 uncaught ``AssertionError`` to ``wrong`` and ``MemoryError`` to ``memory``; any other uncaught
@@ -59,6 +73,7 @@ import ctypes
 import ctypes.util
 import math
 import os
+import re
 import secrets
 import select
 import shutil
@@ -88,6 +103,7 @@ __all__ = [
     "Limits",
     "Status",
     "check_program",
+    "containment_available",
     "network_isolation_available",
     "run_many",
     "run_program",
@@ -102,6 +118,13 @@ EXIT_WRONG = 117
 EXIT_MEMORY = 118
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC = 32, 1024, 2048, 4096, 16384
+_MS_PRIVATE, _MS_RELATIME = 1 << 18, 1 << 21
+_MOUNT_OPTIONS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC,
+                  "noatime": _MS_NOATIME, "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
 _KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
 _PROGRAM = "main.py"
 _HARNESS = "_dare_harness.py"
@@ -164,6 +187,9 @@ class ExecutionResult:
         stdout_truncated, stderr_truncated: whether more output was produced than kept.
         seconds: wall-clock seconds from start to the end of the process group.
         network_isolated: whether the program ran in an empty network namespace.
+        contained: whether the program ran under its own PID 1 in new PID and mount namespaces
+            with the file system read-only except its working directory
+            (:func:`containment_available`).
         detail: a short human-readable reason for the status.
     """
 
@@ -175,6 +201,7 @@ class ExecutionResult:
     stderr_truncated: bool
     seconds: float
     network_isolated: bool
+    contained: bool = False
     detail: str = ""
 
     @property
@@ -196,13 +223,52 @@ class Job:
 
 
 # --------------------------------------------------------------------------- the child-side harness
-# Run as ``python <harness> <token-fd> <marker> <program> <strict>``. It reads its token from the
+# Run as ``python <harness> <token-fd> <marker> <program> <strict> <contained>``. It reads its token from the
 # pipe, compiles and executes the program as ``__main__`` and maps the outcome to exit statuses.
 _HARNESS_SOURCE = f"""\
-import os, sys, traceback
+import os, signal, sys, traceback
+
+def _dare_contain():
+    # This process is outside the new PID namespace; its first child is that namespace's PID 1, a
+    # minimal init that forks the program, reaps orphans and, once the program has ended, passes
+    # its wait status up a pipe and exits, whereupon the kernel kills every process left in the
+    # namespace (setsid() or not). This process then exits the way the program did.
+    read_end, write_end = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(read_end)
+        program = os.fork()
+        if program == 0:
+            os.close(write_end)
+            return
+        while True:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                os._exit(1)
+            if pid == program:
+                os.write(write_end, str(status).encode())
+                os._exit(0)
+    os.close(write_end)
+    os.waitpid(init, 0)
+    data = os.read(read_end, 64)
+    if not data:
+        os._exit(1)
+    status = int(data)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status))
 
 def _dare_main():
     token_fd, marker, program, strict = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    if sys.argv[5] == "1":
+        _dare_contain()
     token = os.read(token_fd, 256)
     os.close(token_fd)
     _write, _open, _close, _exit = os.write, os.open, os.close, os._exit
@@ -313,6 +379,118 @@ def network_isolation_available() -> bool:
     return _probe_result
 
 
+# ---------------------------------------------------------------- process and filesystem containment
+_mount_fn = None
+_contain_result: Optional[bool] = None
+_CONTAIN_PROBE = """\
+import os, sys
+pid = os.fork()
+if pid == 0:
+    ok = os.getpid() == 1 and open("inside", "w").write("x") == 1
+    try:
+        open(sys.argv[1], "w")
+    except OSError:
+        os._exit(0 if ok else 1)
+    os._exit(1)
+_, status = os.waitpid(pid, 0)
+sys.exit(0 if status == 0 else 1)
+"""
+
+
+def _load_mount():
+    """A callable ``mount(source, target, flags) -> None`` raising ``OSError``, or ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        raw = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).mount
+    except (OSError, AttributeError):
+        return None
+    raw.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    raw.restype = ctypes.c_int
+
+    def mount(source, target, flags) -> None:
+        if raw(source, target, None, flags, None) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+
+    return mount
+
+
+def _mount_points() -> list:
+    """``(path, flags)`` for every mount in this mount namespace, from ``/proc/self/mountinfo``."""
+    points = []
+    with open("/proc/self/mountinfo", "rb") as handle:
+        for line in handle:
+            fields = line.split()
+            if len(fields) < 6:
+                continue
+            # the mount point has octal escapes (\\040 for a space)
+            path = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+            for option in fields[5].decode("ascii", "replace").split(","):
+                flags |= _MOUNT_OPTIONS.get(option, 0)
+            points.append((path, flags))
+    return points
+
+
+def _make_contain(workdir: str):
+    """The pre-exec step that puts the child into new PID and mount namespaces whose file system
+    is read-only except ``workdir``; only pre-bound functions and pre-encoded data inside."""
+    unshare, mount, chdir = _unshare_fn, _mount_fn, os.chdir
+    target = os.fsencode(workdir)
+    points = _mount_points()
+
+    def contain() -> None:
+        unshare(CLONE_NEWNS | CLONE_NEWPID)
+        mount(None, b"/", _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host
+        mount(target, target, _MS_BIND)  # the working directory keeps its own writable mount
+        for path, flags in points:
+            try:
+                mount(None, path, flags)
+            except OSError:  # hidden under another mount, or gone; the probe checks the result
+                pass
+        chdir(target)  # the inherited cwd is the directory under the new mount
+
+    return contain
+
+
+def containment_available() -> bool:
+    """Whether a child can run in new PID and mount namespaces with a read-only file system
+    except its working directory; probed once per process by running such a child."""
+    global _contain_result, _unshare_fn, _mount_fn
+    if _contain_result is not None:
+        return _contain_result
+    with _probe_lock:
+        if _contain_result is None:
+            _unshare_fn = _unshare_fn or _load_unshare()
+            _mount_fn = _load_mount()
+            ok = False
+            if _unshare_fn is not None and _mount_fn is not None and resource is not None:
+                workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
+                outside = workdir + "-outside"
+                try:
+                    ok = subprocess.run(
+                        [sys.executable, "-S", "-c", _CONTAIN_PROBE, outside],
+                        preexec_fn=_make_contain(workdir),
+                        cwd=workdir,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        timeout=30,
+                        env={},
+                    ).returncode == 0
+                    ok = ok and os.path.exists(os.path.join(workdir, "inside"))
+                except (subprocess.SubprocessError, OSError):
+                    ok = False
+                finally:
+                    if os.path.exists(outside):
+                        ok = False
+                        os.unlink(outside)
+                    _remove_tree(workdir)
+            _contain_result = ok
+    return _contain_result
+
+
 # ------------------------------------------------------------------------------------ the runner
 def _rlimits(limits: Limits) -> list:
     """``(resource, (soft, hard))`` pairs, clamped to the caller's hard limits (never raised)."""
@@ -339,7 +517,7 @@ def _rlimits(limits: Limits) -> list:
     return pairs
 
 
-def _make_preexec(pairs: list, isolate: bool):
+def _make_preexec(pairs: list, isolate: bool, contain):
     # Runs between fork and exec, possibly while other threads of the parent hold locks: it only
     # calls pre-bound functions and imports nothing.
     setrlimit = resource.setrlimit
@@ -348,6 +526,8 @@ def _make_preexec(pairs: list, isolate: bool):
     def preexec() -> None:
         if unshare is not None:  # before RLIMIT_NOFILE/NPROC could get in the way
             unshare(CLONE_NEWNET)
+        if contain is not None:
+            contain()
         for res, value in pairs:
             setrlimit(res, value)
 
@@ -488,6 +668,7 @@ def _execute(
     if not isinstance(limits, Limits):
         raise DareError(f"limits must be a dare_plugin_tasks.sandbox.Limits, got {type(limits).__name__}")
     isolate = network_isolation_available()
+    contained = containment_available()
     if require_network_isolation and not isolate:
         raise DareError(
             "network isolation was required but unshare(CLONE_NEWNET) is not permitted here; "
@@ -526,7 +707,7 @@ def _execute(
                 os.close(write_end)
                 write_end = -1
                 argv = [sys.executable, *_interpreter_flags(), harness, str(read_end), marker, program,
-                        "1" if strict else "0"]
+                        "1" if strict else "0", "1" if contained else "0"]
                 with open(stdin_path, "rb") as stdin_file:
                     start = time.monotonic()
                     try:
@@ -539,9 +720,12 @@ def _execute(
                             stderr=subprocess.PIPE,
                             pass_fds=(read_end,),
                             start_new_session=True,
-                            preexec_fn=_make_preexec(pairs, isolate),
+                            preexec_fn=_make_preexec(pairs, isolate, _make_contain(workdir) if contained else None),
                         )
                     except subprocess.SubprocessError:
+                        if contained:  # a namespace or mount failed in this child although the probe worked
+                            contained = False
+                            continue
                         if not isolate:
                             raise
                         # unshare failed in this child although the probe succeeded
@@ -586,6 +770,7 @@ def _execute(
             stderr_truncated=err.truncated,
             seconds=seconds,
             network_isolated=isolate,
+            contained=contained,
             detail=detail,
         )
     finally:
@@ -662,6 +847,7 @@ def run_many(
     if not items:
         return []
     network_isolation_available()  # probe once before the threads start
+    containment_available()
 
     def one(job: Union[str, Job]) -> ExecutionResult:
         if isinstance(job, str):
