@@ -348,6 +348,16 @@ def _load_unshare():
     return unshare
 
 
+def _probe_run(code: list[str], preexec: Callable[[], None], cwd: Optional[str] = None) -> bool:
+    """Whether ``python -S -c CODE...`` exits 0 when started with ``preexec`` (an isolation probe)."""
+    try:
+        return subprocess.run([sys.executable, "-S", "-c", *code], preexec_fn=preexec, cwd=cwd,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=30, env={}).returncode == 0
+    except (subprocess.SubprocessError, OSError):
+        return False
+
+
 def network_isolation_available() -> bool:
     """Whether a child can be put into a new network namespace; probed once per process."""
     global _probe_result, _unshare_fn
@@ -363,18 +373,7 @@ def network_isolation_available() -> bool:
                 def preexec() -> None:
                     unshare(CLONE_NEWNET)
 
-                try:
-                    ok = subprocess.run(
-                        [sys.executable, "-S", "-c", "pass"],
-                        preexec_fn=preexec,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        timeout=30,
-                        env={},
-                    ).returncode == 0
-                except (subprocess.SubprocessError, OSError):
-                    ok = False
+                ok = _probe_run(["pass"], preexec)
             _probe_result = ok
     return _probe_result
 
@@ -469,19 +468,8 @@ def containment_available() -> bool:
                 workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
                 outside = workdir + "-outside"
                 try:
-                    ok = subprocess.run(
-                        [sys.executable, "-S", "-c", _CONTAIN_PROBE, outside],
-                        preexec_fn=_make_contain(workdir),
-                        cwd=workdir,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        timeout=30,
-                        env={},
-                    ).returncode == 0
+                    ok = _probe_run([_CONTAIN_PROBE, outside], _make_contain(workdir), cwd=workdir)
                     ok = ok and os.path.exists(os.path.join(workdir, "inside"))
-                except (subprocess.SubprocessError, OSError):
-                    ok = False
                 finally:
                     if os.path.exists(outside):
                         ok = False
