@@ -83,7 +83,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Iterable, List, Literal, Optional, Sequence, Union
+from typing import Callable, Iterable, List, Literal, Optional, Sequence, Union
 
 import attrs
 
