@@ -22,6 +22,7 @@ from dare_plugin_tasks.parquet import (
     Math500Task,
     ParquetTask,
 )
+from dare_plugin_tasks.multiple_choice import MultipleChoiceTask
 from dare_plugin_tasks.sudoku import SudokuTask
 from dare_core.config import TaskConfig
 from dare_plugin_tasks.rewards import countdown_reward, score_example, sudoku_reward
@@ -308,7 +309,7 @@ def test_plugin_registers_tasks():
     classes = {"sudoku": SudokuTask, "countdown": CountdownTask, "gsm8k": GSM8KTask,
                "math500": Math500Task, "aime2024": AIME2024Task, "aime2025": AIME2025Task,
                "parquet": ParquetTask, "humaneval": HumanEvalTask,
-               "humaneval_plus": HumanEvalPlusTask, "mbpp": MBPPTask}
+               "humaneval_plus": HumanEvalPlusTask, "mbpp": MBPPTask, "multiple_choice": MultipleChoiceTask}
     assert set(by_name) == set(classes)
     for name, spec in by_name.items():
         assert spec.description and "\n" not in spec.description

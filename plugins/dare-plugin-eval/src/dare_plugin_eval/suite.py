@@ -61,8 +61,9 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
     """Evaluate ``model`` on ``tasks`` (``None``: the config's task.name) and write the eval
     directory (module docstring); returns the results (results.json plus ``eval_dir``) on
     every rank."""
-    if samples < 1 or mc_samples < 1:
-        raise DareError(f"--samples and --mc-samples must be at least 1, got {samples} and {mc_samples}")
+    for flag, value in (("--samples", samples), ("--mc-samples", mc_samples)):
+        if value < 1:
+            raise DareError(f"{flag} must be at least 1, got {value}")
     if bad := [k for k in ks if not 1 <= k <= samples]:
         raise DareError(f"--k {bad[0]} is outside 1..{samples}: pass@k and maj@k need k <= --samples; "
                         f"raise --samples or lower --k")
