@@ -11,46 +11,17 @@ or ``prompt`` (a string, or chat messages), ``choices`` (a non-empty list of str
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Optional
 
 from dare_core.api import DareError, Example, Score, TaskConfig
 from dare_plugin_tasks._base import check_limit, copy_examples, normalize_split
+from dare_plugin_tasks.parquet import read_rows
 
 CONTEXT_KEYS = ("question", "context", "prompt")
 
 
-def _rows(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.is_file():
-        raise DareError(f"multiple-choice data file not found: {path} (a .parquet or .jsonl file with "
-                        f"question, choices and answer fields)")
-    if p.suffix.lower() == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as exc:
-            raise DareError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())})") from None
-    if p.suffix.lower() not in (".jsonl", ".json"):
-        raise DareError(f"{path}: unsupported file type {p.suffix or '(none)'!r}; use .parquet or .jsonl")
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DareError(f"{path}: line {lineno} is not valid JSON ({exc.msg})") from None
-    return rows
-
-
-def _example(path: str, i: int, row: Any) -> Example:
+def _example(path: str, i: int, row: dict[str, Any]) -> Example:
     where = f"{path}: item {i}"
-    if not isinstance(row, dict):
-        raise DareError(f"{where} is not an object")
     key = next((k for k in CONTEXT_KEYS if row.get(k) is not None), None)
     if key is None:
         raise DareError(f"{where} has no context; give one of the fields {', '.join(CONTEXT_KEYS)}")
@@ -81,7 +52,8 @@ def _example(path: str, i: int, row: Any) -> Example:
 
 def load_choices(path: str, limit: Optional[int] = None) -> list[Example]:
     """The items of a multiple-choice file (see the module docstring); one-line errors name the file."""
-    return [_example(path, i, row) for i, row in enumerate(_rows(str(path))[:limit])]
+    rows, _ = read_rows(str(path), limit, describe="a .parquet or .jsonl file with question, choices and answer fields")
+    return [_example(path, i, row) for i, row in enumerate(rows)]
 
 
 def _normal(text: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from dare_core.api import DareError, Example
 from dare_plugin_tasks._base import FileBackedTask
 
-__all__ = ["GSM8KTask", "HumanEvalPlusTask", "HumanEvalTask", "MBPPTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples"]
+__all__ = ["GSM8KTask", "HumanEvalPlusTask", "HumanEvalTask", "MBPPTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples", "read_rows"]
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _EXPECTED = "data_source, prompt, reward_model{ground_truth}, extra_info (optional)"
@@ -33,7 +33,8 @@ def _fail(path: str, problem: str) -> DareError:
     return DareError(f"{path}: {problem}")
 
 
-def _read_parquet(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
+def _read_parquet(path: str, limit: Optional[int], required: tuple[str, ...], optional: Optional[tuple[str, ...]],
+                  expected: tuple[str, str]) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -41,11 +42,10 @@ def _read_parquet(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise _fail(path, f"not a readable parquet file ({_one_line(exc)})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    missing = [c for c in required if c not in schema.names]
     if missing:
-        raise _fail(path, f"missing column(s) {', '.join(missing)}; expected verl-schema "
-                          f"columns {_EXPECTED}")
-    wanted = [c for c in (*REQUIRED_COLUMNS, "extra_info", "response") if c in schema.names]
+        raise _fail(path, f"missing column(s) {', '.join(missing)}; expected {expected[0]} columns {expected[1]}")
+    wanted = None if optional is None else [c for c in (*required, *optional) if c in schema.names]
     try:
         table = pq.read_table(path, columns=wanted)
     except (pa.ArrowException, OSError) as exc:
@@ -55,7 +55,7 @@ def _read_parquet(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def _read_jsonl(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
+def _read_jsonl(path: str, limit: Optional[int], required: tuple[str, ...], expected: tuple[str, str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         with open(path, encoding="utf-8") as fh:
@@ -70,10 +70,10 @@ def _read_jsonl(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
                     raise _fail(path, f"line {lineno} is not valid JSON ({exc.msg})") from None
                 if not isinstance(row, dict):
                     raise _fail(path, f"line {lineno} is not a JSON object")
-                missing = [c for c in REQUIRED_COLUMNS if c not in row]
+                missing = [c for c in required if c not in row]
                 if missing:
                     raise _fail(path, f"line {lineno} is missing key(s) {', '.join(missing)}; "
-                                      f"expected verl-schema keys {_EXPECTED}")
+                                      f"expected {expected[0]} keys {expected[1]}")
                 rows.append(row)
     except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not UTF-8 text
         raise _fail(path, f"not a readable UTF-8 .jsonl file ({_one_line(exc)})") from None
@@ -126,6 +126,26 @@ def _to_example(path: str, where: str, row: dict[str, Any]) -> Example:
     )
 
 
+def read_rows(path: str, limit: Optional[int] = None, *, describe: str, required: tuple[str, ...] = (),
+              optional: Optional[tuple[str, ...]] = None,
+              expected: tuple[str, str] = ("", "")) -> tuple[list[dict[str, Any]], str]:
+    """``(rows, "row" or "record")`` of a ``.parquet`` or ``.jsonl`` file (``limit``: the first
+    rows only), each row holding the ``required`` keys (the columns read: ``required`` and
+    ``optional``; ``None``: all). Every problem is one :class:`DareError` naming the file;
+    ``describe`` says what the file should be, ``expected`` is ``(schema name, its keys)``."""
+    p = Path(path)
+    if not p.is_file():
+        raise DareError(f"data file not found: {path} (expected {describe})")
+    if limit is not None and limit < 0:
+        raise DareError(f"limit must be >= 0, got {limit}")
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        return _read_parquet(path, limit, required, optional, expected), "row"
+    if suffix in _JSONL_SUFFIXES:
+        return _read_jsonl(path, limit, required, expected), "record"
+    raise _fail(path, f"unsupported file type {suffix or '(none)'!r}; use .parquet or .jsonl")
+
+
 def load_examples(path: str, limit: Optional[int] = None, *, skip_unanswered: bool = False) -> list[Example]:
     """Read a verl-schema ``.parquet`` or ``.jsonl`` file into :class:`Example`\\ s.
 
@@ -134,21 +154,9 @@ def load_examples(path: str, limit: Optional[int] = None, *, skip_unanswered: bo
     null or empty instead (the bundled MATH train split has four such rows).
     """
     path = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise DareError(f"data file not found: {path} (expected a verl-schema .parquet or "
-                        f".jsonl file)")
-    if limit is not None and limit < 0:
-        raise DareError(f"limit must be >= 0, got {limit}")
-    suffix = p.suffix.lower()
-    if suffix == ".parquet":
-        rows = _read_parquet(path, limit)
-        label = "row"
-    elif suffix in _JSONL_SUFFIXES:
-        rows = _read_jsonl(path, limit)
-        label = "record"
-    else:
-        raise _fail(path, f"unsupported file type {suffix or '(none)'!r}; use .parquet or .jsonl")
+    rows, label = read_rows(path, limit, describe="a verl-schema .parquet or .jsonl file",
+                            required=REQUIRED_COLUMNS, optional=("extra_info", "response"),
+                            expected=("verl-schema", _EXPECTED))
     if skip_unanswered:
         rows = [r for r in rows if isinstance(r.get("reward_model"), dict)
                 and r["reward_model"].get("ground_truth") not in (None, "")]
