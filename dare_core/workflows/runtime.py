@@ -172,14 +172,15 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engi
     return ctx
 
 
-def eval_context(dare: Any, config: RunConfig) -> Context:
+def eval_context(dare: Any, config: RunConfig, task: Any = None) -> Context:
     """The context of an evaluation without training: model (frozen), eval sampler, task, engine.
 
     Config errors of the sampler and the checks of :mod:`dare_core.preflight` come before the
-    model is loaded.
+    model is loaded; ``task``: the one :func:`~dare_core.preflight.preflight` already returned for
+    ``config`` (its checks are not repeated).
     """
     eval_rollout = build_eval_rollout(dare, config)
-    task = preflight(dare, config)
+    task = task if task is not None else preflight(dare, config)
     engine = build_engine(dare, config)
     seed_everything(config.seed)
     wrapper = load_model(dare, config, trainable=False, device=engine.device)

@@ -80,7 +80,7 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
     model_name = first.model.family
     rundir = RunDir.create(first.output_dir, first.run_name, f"eval-{model_name}", overwrite=overwrite) if main else None
     try:
-        ctx = eval_context(dare, first)
+        ctx = eval_context(dare, first, task=checked[0])
     except BaseException:
         if rundir is not None and not os.listdir(rundir.root):  # refused: leave no eval directory
             os.rmdir(rundir.root)
