@@ -16,7 +16,8 @@ def mask_tokens(ids: torch.Tensor, masked: torch.Tensor, mask_token_id: int) -> 
 class RandomRatioMasking:
     r"""Masked-diffusion forward process with one noise level per sequence: for each Monte-Carlo row
     and sequence draw ``u ~ U(0, 1)``, set ``t = (1 - ε) u + ε`` and replace every valid *response*
-    token by the mask token independently with probability ``t`` (a row may have no masked token).
+    token by the family's noise (``wrapper.noise``: the mask token, or a uniform random token for a
+    uniform-noise family) independently with probability ``t`` (a row may have no masked token).
     ``p_mask = t`` on valid response tokens, 0 elsewhere; ``extras["t"]`` is ``[M, B]``."""
 
     def __init__(self, eps: float = 1e-3, mc_num: int = 1):
@@ -38,6 +39,6 @@ class RandomRatioMasking:
         t = (1.0 - self.eps) * u + self.eps
         draw = torch.rand(M, B, S, generator=generator, device="cpu").to(dev)
         masked = (draw < t[:, :, None]) & valid[None]
-        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
+        noisy = wrapper.noise(ids.expand(M, B, S), masked, generator)
         p_mask = torch.where(valid[None], t[:, :, None].expand(M, B, S), torch.zeros(()))
         return Corrupted(noisy, masked, p_mask, {"t": t})

@@ -31,7 +31,9 @@ class ModelWrapper(Protocol):
     a family whose raw model is shifted (autoregressively initialised) undoes it here.
     :class:`~dare_core.api.HFDiffusionWrapper` gives every member below a default.
     ``lora_target_modules``: module-name suffixes or a regular expression LoRA adapts by default
-    (``None``: every linear layer but the output head).
+    (``None``: every linear layer but the output head). ``prompt_len`` (the first response column
+    of a ``[prompt | response]`` row) is given by every caller that knows it; a family whose
+    denoiser works on the response only (a canvas decoder) needs it, the others ignore it.
     """
 
     family: str
@@ -65,13 +67,17 @@ class ModelWrapper(Protocol):
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Inference forward over ``[B, L]`` ids; returns aligned ``[B, L, V]`` logits."""
 
+    def noise(self, ids: torch.Tensor, where: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """``ids`` with the positions ``where`` (broadcast shape) replaced by the family's noise: the
+        MASK token (absorbing, ``mask_token`` capability) or uniform random tokens (``uniform_noise``)."""
+
     def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
         """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
         clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
 
     def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
         """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -229,6 +235,14 @@ class RolloutBackend(Protocol):
                  record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch: ...
 
 
+class SyncedRolloutBackend(RolloutBackend, Protocol):
+    """A backend running outside the training process (``RolloutSpec.sync``): after every RL step's
+    updates each rank gives it the policy — ``(name, tensor)`` pairs (``state``) or the path of an
+    HF export (``directory``), LoRA merged, in the checkpoint's names."""
+
+    def load_weights(self, weights: Any) -> None: ...
+
+
 @attrs.frozen
 class ComponentSpec:
     """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
@@ -259,6 +273,8 @@ class RolloutSpec:
         methods: optional backend methods it offers beyond ``generate`` (``"continue_from"``:
             resume partial responses over a step range; ``"total_steps"``: the number of steps a
             run takes); an algorithm that wraps the rollout declares the ones it calls.
+        sync: ``""`` (runs in the training process on the live module) or how the RL loop pushes
+            the updated policy to it (:class:`SyncedRolloutBackend`): ``"state"`` or ``"directory"``.
     """
 
     name: str
@@ -269,6 +285,7 @@ class RolloutSpec:
     requires: frozenset[str] = frozenset()
     methods: frozenset[str] = frozenset()
     description: str = ""
+    sync: Literal["", "state", "directory"] = ""
 
 
 @attrs.frozen

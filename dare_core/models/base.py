@@ -155,12 +155,12 @@ class HFDiffusionWrapper:
         present = getattr(out, "cache", None)
         return logits, (present if present is not None else out.past_key_values)
 
-    def denoise_logits(
-        self,
-        noisy_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def noise(self, ids: torch.Tensor, where: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The absorbing kernel: the MASK token at ``where``."""
+        return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
+
+    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
         if self.kind != "masked":
             raise NotImplementedError(
                 f"{type(self).__name__} must implement denoise_logits for {self.kind} diffusion"
@@ -223,13 +223,9 @@ class HFDiffusionWrapper:
         hidden = self.module.forward_hidden(noisy_ids, attention_mask=self._padding_mask(attention_mask))
         return self.align(hidden)
 
-    def token_logprobs(
-        self,
-        noisy_ids: torch.Tensor,
-        targets: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        clean_ids: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
+                       attention_mask: Optional[torch.Tensor] = None, clean_ids: Optional[torch.Tensor] = None,
+                       prompt_len: Optional[int] = None) -> torch.Tensor:
         if (self.train_attention == "packed" and attention_mask is not None
                 and attention_mask.dim() == 2 and not bool(attention_mask.bool().all())):
             plan = plan_packing(attention_mask)

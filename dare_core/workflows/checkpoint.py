@@ -50,9 +50,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def export_model(ctx: Any, directory: str) -> None:
+def export_model(ctx: Any, directory: str, merge: Optional[bool] = None) -> None:
     """Write the policy in HF layout (LoRA: the PEFT adapter) into ``directory``, consolidated
-    from the engine's shards, in the storage dtype ``model.dtype``; refused (on every rank) when a
+    from the engine's shards, in the storage dtype ``model.dtype`` (``merge``: LoRA merged, default
+    ``model.lora.merge_on_save``); refused (on every rank) when a
     weight is not finite. Collective; rank 0 writes."""
     from dare_core.config.loader import PRESET_FILE
     from dare_core.models import lora
@@ -69,7 +70,8 @@ def export_model(ctx: Any, directory: str) -> None:
     if not ctx.engine.is_main:
         return
     if lora.is_lora(wrapper):
-        lora.save_checkpoint(wrapper, directory, merge=ctx.config.model.lora.merge_on_save, state_dict=full)
+        lora.save_checkpoint(wrapper, directory, merge=ctx.config.model.lora.merge_on_save if merge is None else merge,
+                            state_dict=full)
     else:
         storage = DTYPES[ctx.config.model.dtype]
         if any(v.is_floating_point() and v.dtype != storage for v in state.values()):
@@ -81,6 +83,29 @@ def export_model(ctx: Any, directory: str) -> None:
     preset = os.path.join(str(ctx.config.model.path), PRESET_FILE)
     if os.path.isfile(preset):
         shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
+
+
+def push_policy(ctx: Any, backend: Any, how: str) -> None:
+    """Give a rollout engine outside this process the updated policy (``RolloutSpec.sync``), LoRA
+    merged, in the checkpoint's names: ``directory`` — an HF export ``<run>/rollout-policy`` (any
+    engine); ``state`` — ``(name, tensor)`` pairs (engines whose every rank holds the whole model).
+    Collective; every rank calls ``backend.load_weights``."""
+    import copy
+
+    from dare_core.models import lora
+
+    wrapper, engine = ctx.wrapper, ctx.engine
+    if how == "directory":
+        target = ctx.rundir.path("rollout-policy") if ctx.rundir else os.path.join(ctx.config.output_dir, "rollout-policy")
+        _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp, merge=True))
+        return backend.load_weights(target)
+    full = engine.full_state_dict(wrapper)
+    if engine.gather([full is not None])[0] != (full is not None):
+        raise DareError(f"a rollout backend taking tensors (sync=state) needs the whole model on every rank; the "
+                        f"{engine.name} engine shards it: use a backend with sync=directory or engine=ddp")
+    if lora.is_lora(wrapper):
+        full = copy.deepcopy(wrapper.module).merge_and_unload().state_dict()
+    backend.load_weights((full if full is not None else wrapper.module.state_dict()).items())
 
 
 def save_final(ctx: Any) -> Optional[str]:

@@ -28,7 +28,8 @@ from dare_core.models import lora
 from dare_core.workflows.batching import (
     STREAM_CORRUPTION, STREAM_DATA, STREAM_ORDER, STREAM_ROLLOUT, BatchStream, chunks, decode_responses,
     encode_prompts, left_pad)
-from dare_core.workflows.runtime import Context, build_rollout
+from dare_core.workflows.checkpoint import push_policy
+from dare_core.workflows.runtime import Context, build_rollout, eval_backend_name
 from dare_core.workflows.tracker import Tracker
 
 
@@ -97,7 +98,11 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
     _check_records(ctx, trajectory.records)
-    train_rollout = training_rollout(ctx)
+    base = training_backend(ctx)
+    train_rollout = training_rollout(ctx, base)
+    specs = ctx.dare.registries.rollouts
+    synced = [(b, specs.get(name).sync) for b, name in ((base, cfg.rollout_backend),
+              (ctx.eval_rollout, eval_backend_name(cfg))) if specs.get(name).sync]
     ref = ReferencePolicy(wrapper, engine) if comps.needs_ref else None
     engine.setup_optimizer(wrapper, tr)
 
@@ -141,6 +146,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                 norm, ok = engine.step(tr.grad_clip, lr)
                 norms.append(norm)
                 skipped += 0 if ok else 1
+        for backend, how in synced:  # engines outside this process follow the policy
+            push_policy(ctx, backend, how)
         t_end = time.perf_counter()
 
         # the batch's statistics over every rank's rollouts (group ids made global)
@@ -181,13 +188,19 @@ class Collected:
     rollout_seconds: float
 
 
-def training_rollout(ctx: Context) -> Any:
-    """The rollout backend RL trains with: the run's, as the algorithm adjusts it
-    (``rollout_config``, e.g. one token per step left to right) and wraps it (``wrap_rollout``,
-    e.g. branching the sampler into a tree of partial states). Evaluation keeps the run's."""
+def training_backend(ctx: Context) -> Any:
+    """The rollout backend RL trains with, unwrapped: the run's, as the algorithm adjusts it
+    (``rollout_config``, e.g. one token per step left to right). Evaluation keeps the run's."""
     comps, cfg = ctx.components, ctx.config
-    backend = (ctx.rollout if comps.rollout_config is None
-               else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
+    return (ctx.rollout if comps.rollout_config is None
+            else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
+
+
+def training_rollout(ctx: Context, backend: Any = None) -> Any:
+    """:func:`training_backend` (or ``backend``) as the algorithm wraps it (``wrap_rollout``, e.g.
+    branching the sampler into a tree of partial states)."""
+    comps, cfg = ctx.components, ctx.config
+    backend = training_backend(ctx) if backend is None else backend
     if comps.wrap_rollout is not None:
         backend = comps.wrap_rollout(backend, cfg)
     return backend
