@@ -34,7 +34,7 @@ class TableWrapper:
         self.tables = tables
         self.calls = 0
 
-    def token_logprobs(self, noisy_ids, targets, attention_mask=None, clean_ids=None):
+    def token_logprobs(self, noisy_ids, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         out = self.tables[self.calls]
         self.calls += 1
         return out

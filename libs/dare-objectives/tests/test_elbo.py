@@ -35,7 +35,7 @@ class UniformWrapper:
     def __init__(self, vocab=2):
         self.c = math.log(vocab)
 
-    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None):
+    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -self.c)
 
 

@@ -116,7 +116,7 @@ class UniformBlockWrapper:
     block_size = 4
     mask_token_id = 2
 
-    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None):
+    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         assert clean_ids is not None  # the block layout needs the clean half
         return torch.full(targets.shape, -math.log(3.0))
 

@@ -99,7 +99,7 @@ class UniformWrapper:
     kind = "masked"
     mask_token_id = 2
 
-    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None):
+    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -math.log(2.0))
 
 

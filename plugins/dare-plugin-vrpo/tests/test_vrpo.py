@@ -67,7 +67,7 @@ class UniformWrapper:
         self.mask_token_id = 2
         self.kind = "masked"
 
-    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None):
+    def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -self.c)
 
 

@@ -216,7 +216,7 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
 
     def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
         """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask (block ids from
         positions counted from the first real token, the global origin).
 

@@ -146,7 +146,7 @@ class SequenceELBO:
         rows = []
         for m in range(corrupted.num_samples):
             lp = wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                                        clean_ids=batch.input_ids)[:, P:]
+                                        clean_ids=batch.input_ids, prompt_len=P)[:, P:]
             masked = corrupted.masked[m, :, P:] & batch.response_mask.bool()
             rows.append(sequence_elbo(lp[None], masked[None], corrupted.p_mask[m, :, P:][None])[0])
         return torch.stack(rows, 0) / self.normaliser(wrapper, batch)[None]

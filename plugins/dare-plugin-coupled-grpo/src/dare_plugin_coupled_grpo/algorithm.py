@@ -96,7 +96,7 @@ class CoupledTokenLogProb:
         rep = lambda x: x.repeat(M, 1)  # noqa: E731 - row-major stacking of the three rows
         logp = wrapper.token_logprobs(
             corrupted.noisy_ids.reshape(M * B, S), rep(batch.input_ids), rep(batch.attention_mask),
-            clean_ids=rep(batch.input_ids),
+            clean_ids=rep(batch.input_ids), prompt_len=P,
         ).reshape(M, B, S)[:, :, P:]
         masked = corrupted.masked[:, :, P:]
         t = corrupted.extras["t"][0].to(logp.dtype)[:, None]

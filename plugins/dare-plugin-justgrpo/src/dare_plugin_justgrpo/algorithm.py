@@ -51,7 +51,7 @@ class TemperedTokenLogProb:
         P = batch.prompt_len
         rows = []
         for m in range(corrupted.num_samples):
-            logits = wrapper.denoise_logits(corrupted.noisy_ids[m], batch.attention_mask, batch.input_ids)
+            logits = wrapper.denoise_logits(corrupted.noisy_ids[m], batch.attention_mask, batch.input_ids, P)
             logits = logits[:, P:].float() / self.temperature
             if self.exclude_mask_token:
                 logits = logits.index_fill(-1, torch.tensor([wrapper.mask_token_id], device=logits.device),

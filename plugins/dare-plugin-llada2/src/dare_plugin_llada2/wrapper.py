@@ -86,7 +86,7 @@ class LLaDA2Wrapper(HFDiffusionWrapper):
         return ids, positions, allowed[:, None], src
 
     def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
         """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask.
 
         ``clean_ids`` defaults to ``noisy_ids`` (exact when they hold no MASK, e.g. scoring a

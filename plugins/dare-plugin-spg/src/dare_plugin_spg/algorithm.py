@@ -137,7 +137,7 @@ class SPGBounds:
         resp = batch.response_mask.bool()
         logp = torch.stack([
             wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                                   clean_ids=batch.input_ids)[:, P:]
+                                   clean_ids=batch.input_ids, prompt_len=P)[:, P:]
             for m in range(corrupted.num_samples)], 0)
         targets = corrupted.masked[:, :, P:] & resp[None]
         elbo, eubo, rows = spg_bounds(logp, targets, resp.sum(-1), self.beta)
