@@ -6,10 +6,10 @@ them with ``@dare_core.hookimpl`` in the module their ``dare`` entry point names
 
 pluggy is used for registration and lifecycle only. The registration hooks (``dare_register_*``
 but commands) are called once per process by :func:`dare_core.plugins.build`, each plugin's in
-registration order; return values are ignored. ``register(spec)`` records the calling plugin as
-the owner and refuses a name another plugin already registered; a plugin whose hook raises is
-skipped as broken, with what it registered. The training loop calls the registered component
-objects directly, never ``pm.hook`` per micro-batch.
+registration order. ``register(spec)`` records the calling plugin as the owner and refuses a name
+another plugin already registered; a plugin whose hook raises is skipped as broken, with what it
+registered. Every implementation of a hook is called and return values are ignored. The training
+loop calls the registered component objects directly, never ``pm.hook`` per micro-batch.
 """
 
 from __future__ import annotations
@@ -28,105 +28,85 @@ Register = Callable[[Any], None]
 def dare_register_model_wrappers(register: Register) -> None:
     """Register model families.
 
-    :param register: call ``register(ModelFamily(...))`` once per family; called once per process.
-    """
+    :param register: call ``register(ModelFamily(...))`` once per family; called once per process."""
 
 
 @hookspec
 def dare_register_corruptions(register: Register) -> None:
     """Register forward corruptions (factories of :class:`~dare_core.interfaces.ForwardCorruption`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per corruption; called once per process.
-    """
+    :param register: call ``register(ComponentSpec(...))`` once per corruption; called once per process."""
 
 
 @hookspec
 def dare_register_trajectory_builders(register: Register) -> None:
-    """Register trajectory builders (factories of :class:`~dare_core.interfaces.TrajectoryBuilder`):
-    what a rollout must record and how it becomes training input.
+    """Register trajectory builders (factories of :class:`~dare_core.interfaces.TrajectoryBuilder`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per builder; called once per process.
-    """
+    :param register: call ``register(ComponentSpec(...))`` once per builder; called once per process."""
 
 
 @hookspec
 def dare_register_likelihood_estimators(register: Register) -> None:
-    """Register likelihood estimators (factories of :class:`~dare_core.interfaces.LikelihoodEstimator`):
-    per-token or per-sequence log-likelihood surrogates with an explicit normaliser.
+    """Register likelihood estimators (factories of :class:`~dare_core.interfaces.LikelihoodEstimator`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process.
-    """
+    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process."""
 
 
 @hookspec
 def dare_register_policy_losses(register: Register) -> None:
-    """Register losses returning ``(loss, metrics)`` (factories of
-    :class:`~dare_core.interfaces.PolicyLoss`), documented with equation, reference and shapes.
+    """Register losses returning ``(loss, metrics)`` (factories of :class:`~dare_core.interfaces.PolicyLoss`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per loss; called once per process.
-    """
+    :param register: call ``register(ComponentSpec(...))`` once per loss; called once per process."""
 
 
 @hookspec
 def dare_register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators (factories of :class:`~dare_core.interfaces.AdvantageEstimator`).
 
-    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process.
-    """
+    :param register: call ``register(ComponentSpec(...))`` once per estimator; called once per process."""
 
 
 @hookspec
 def dare_register_rollout_backends(register: Register) -> None:
     """Register rollout backends: config class, the wrapper kinds they drive, what they record.
 
-    :param register: call ``register(RolloutSpec(...))`` once per backend; called once per process.
-    """
+    :param register: call ``register(RolloutSpec(...))`` once per backend; called once per process."""
 
 
 @hookspec
 def dare_register_algorithms(register: Register) -> None:
     """Register algorithms: config class, workflow, the components they compose, requirements.
 
-    :param register: call ``register(AlgorithmSpec(...))`` once per algorithm; called once per process.
-    """
+    :param register: call ``register(AlgorithmSpec(...))`` once per algorithm; called once per process."""
 
 
 @hookspec
 def dare_register_tasks(register: Register) -> None:
     """Register tasks: datasets with reward rules.
 
-    :param register: call ``register(TaskSpec(...))`` once per task; called once per process.
-    """
+    :param register: call ``register(TaskSpec(...))`` once per task; called once per process."""
 
 
 @hookspec
 def dare_register_config_sections(register: Register) -> None:
-    """Register top-level sections of the run config that a plugin owns, e.g. ``tracking:``. The
-    key is then accepted in config files and overrides (``<name>.<field>=value``), structured with
-    the core's sections (every problem in one error), written to ``config.yaml`` and read with
-    ``config.plugin_section(name)``; a key of the core's run config is refused.
+    """Register top-level run-config sections a plugin owns (e.g. ``tracking:``), set in every
+    config layer and read with ``config.plugin_section(name)``; a key of the core's config is refused.
 
-    :param register: call ``register(ConfigSection(...))`` once per section; called once per process.
-    """
+    :param register: call ``register(ConfigSection(...))`` once per section; called once per process."""
 
 
 @hookspec
 def dare_register_engines(register: Register) -> None:
-    """Register execution engines: how a run's steps execute (processes, sharding, precision,
-    optimizer, reductions, checkpoint state). ``engine.name`` selects one; the core registers
-    ``single`` and ``ddp``.
+    """Register execution engines (how a run's steps execute), selected by ``engine.name``.
 
-    :param register: call ``register(EngineSpec(...))`` once per engine; called once per process.
-    """
+    :param register: call ``register(EngineSpec(...))`` once per engine; called once per process."""
 
 
 @hookspec
 def dare_register_workflows(register: Register) -> None:
-    """Register training workflows, the loops an algorithm's ``workflow`` names (the core
-    registers ``rl`` and ``sft``).
+    """Register training workflows, the loops an algorithm's ``workflow`` names.
 
-    :param register: call ``register(WorkflowSpec(...))`` once per workflow; called once per process.
-    """
+    :param register: call ``register(WorkflowSpec(...))`` once per workflow; called once per process."""
 
 
 @hookspec
@@ -135,10 +115,8 @@ def dare_register_commands(cli: Any) -> None:
 
     :param cli: the root ``click.Group``; call ``cli.add_command(cmd)`` or use ``@cli.command()``.
 
-    Called once when the CLI starts, after the built-in commands exist. All implementations are
-    called; return values are ignored. A name clash with an existing command is an error; a hook
-    that raises marks its plugin broken.
-    """
+    Called once when the CLI starts, after the built-in commands exist, in registration order. A
+    name clash with an existing command is an error; a hook that raises marks its plugin broken."""
 
 
 # ----------------------------------------------------------------------------- lifecycle
@@ -148,20 +126,16 @@ def dare_addhooks(pluginmanager: pluggy.PluginManager) -> None:
 
     :param pluginmanager: the DARE plugin manager; call ``pluginmanager.add_hookspecs(module)``.
 
-    Historic: called for every plugin, also for plugins registered later. Return values are
-    ignored.
-    """
+    Historic: called for every plugin, also for plugins registered later."""
 
 
 @hookspec(historic=True)
 def dare_configure(config: Any) -> None:
-    """A run has been configured; the resolved run config is final.
+    """A run has been configured; the resolved run config is final (set up loggers or observers).
 
     :param config: the frozen :class:`dare_core.config.RunConfig`.
 
-    Historic: called once per run for every plugin, also for plugins registered after the
-    run started. Return values are ignored. Use it to set up loggers or observers.
-    """
+    Historic: called once per run for every plugin, also for plugins registered after the run started."""
 
 
 @hookspec
@@ -172,9 +146,7 @@ def dare_on_step_end(step: int, metrics: dict[str, float]) -> None:
     :param metrics: scalar metrics of the step (already reduced over ranks), keyed by name.
 
     Called on the main process after every step, after the metrics line is written to
-    ``metrics.jsonl``. All implementations are called (observers: loggers, plots); return
-    values are ignored. Implementations must be cheap or asynchronous.
-    """
+    ``metrics.jsonl``. Implementations must be cheap or asynchronous."""
 
 
 @hookspec
@@ -185,11 +157,8 @@ def dare_on_run_start(config: Any, run_dir: str) -> None:
     :param run_dir: the path of the run directory.
 
     Called once per run by :func:`dare_core.train.train` on the main process, after the model is
-    loaded and the run directory's files are written, before the first evaluation and the first
-    step. All implementations are called; return values are ignored. Open per-run outputs
-    (writers, files under ``run_dir``) here and close them in ``dare_unconfigure``, which is
-    called also when the run fails.
-    """
+    loaded and the run directory's files are written, before the first evaluation and step. Open
+    per-run outputs here and close them in ``dare_unconfigure`` (called also when the run fails)."""
 
 
 @hookspec
@@ -199,23 +168,15 @@ def dare_on_eval(step: int, label: str, metrics: dict[str, Any]) -> None:
     :param step: the optimizer step it belongs to: 0 before training, ``N`` for the evaluation
         every ``eval.every`` steps, ``trainer.steps`` after training.
     :param label: ``before``, ``step-N`` or ``after``.
-    :param metrics: its results as written to the eval line of ``metrics.jsonl``: ``accuracy``,
-        ``reward``, ``n``, ``nfe``, ``seconds`` and, when compared with the evaluation before
-        training, ``vs_before`` (a dict of scalars: ``gained``, ``lost``, ``delta``, ``se``,
-        ``p_value``).
+    :param metrics: its results as written to the eval line of ``metrics.jsonl`` (``accuracy``,
+        ``reward``, ``n``, ``nfe``, ``seconds``, and ``vs_before`` when compared with ``before``).
 
-    Called on the main process after every held-out evaluation of the RL, SFT and preference
-    workflows, after its line is written to ``metrics.jsonl`` (an evaluation at step ``N``
-    comes after ``dare_on_step_end`` of step ``N``). All implementations are called; return
-    values are ignored.
-    """
+    Called on the main process after every held-out evaluation of a training workflow, after its
+    line is written to ``metrics.jsonl`` (at step ``N``: after ``dare_on_step_end`` of step ``N``)."""
 
 
 @hookspec
 def dare_unconfigure(config: Any) -> None:
     """The run ended (normally or with an error); release what ``dare_configure`` set up.
 
-    :param config: the run config passed to ``dare_configure``.
-
-    Called once per run; all implementations are called; return values are ignored.
-    """
+    :param config: the run config passed to ``dare_configure``; called once per run."""

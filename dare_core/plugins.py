@@ -153,12 +153,6 @@ class Dare:
             self.pm.unregister(name=name)
 
 
-def _make_pm() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager("dare")
-    pm.add_hookspecs(hookspecs)
-    return pm
-
-
 def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType | Any] = (),
           default_plugins: bool = True, strict: bool = False) -> Dare:
     """Build a plugin manager and fill fresh registries from it.
@@ -170,8 +164,9 @@ def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType |
     :param strict: a plugin failing to import or to register raises (one-line :class:`DareError`
         for an import, the hook's own exception otherwise) instead of being recorded as broken.
     """
-    dare = Dare(_make_pm(), Registries(), [])
+    dare = Dare(pluggy.PluginManager("dare"), Registries(), [])
     pm, infos = dare.pm, dare.infos
+    pm.add_hookspecs(hookspecs)
     if default_plugins:
         for modname in DEFAULT_PLUGINS:
             pm.register(importlib.import_module(modname), name=modname)

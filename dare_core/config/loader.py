@@ -91,14 +91,6 @@ def _section(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, An
     return value
 
 
-def _rollout_needs(spec: Any):
-    """``(records, fields, methods)`` the algorithm's training rollout needs as its spec declares them
-    (what its trajectory builders read; what its ``rollout_config`` / ``wrap_rollout`` use)."""
-    if spec is None or spec.workflow != "rl":
-        return frozenset(), frozenset(), frozenset()
-    return spec.records, spec.rollout_fields, spec.rollout_methods
-
-
 def backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset = frozenset(),
                    methods: frozenset = frozenset()) -> bool:
     """Whether the rollout backend records ``records`` and offers the config ``fields`` and the
@@ -115,7 +107,9 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any]) 
     candidates = [family.default_rollout] + [n for n in family.rollouts if n != family.default_rollout]
     if suggested:
         candidates = [str(suggested)] + [n for n in candidates if n != suggested]
-    needs = _rollout_needs(spec)
+    # what the algorithm's training rollout needs, as its spec declares it
+    rl = spec is not None and spec.workflow == "rl"
+    needs = (spec.records, spec.rollout_fields, spec.rollout_methods) if rl else (frozenset(),) * 3
     for name in candidates:
         if name not in dare.registries.rollouts:
             continue
@@ -139,13 +133,6 @@ def misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
     return None
 
 
-def _check_fits(subject: str, spec: Any, family: Any, hint: str) -> None:
-    """Raise a one-line CapabilityError when ``spec`` cannot serve ``family`` (:func:`misfit`)."""
-    problem = misfit(subject, spec, family, hint)
-    if problem:
-        raise CapabilityError(problem)
-
-
 def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
     """Look up both names and check the algorithm (and every component it lists) supports the
     family; one-line errors."""
@@ -153,7 +140,8 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
     algo = regs.algorithms.get(algo_name)
     family = regs.models.get(family_name)
     hint = "see `dare list --matrix` for supported combinations"
-    _check_fits(f"algorithm {algo.name!r}", algo, family, hint)
+    if problem := misfit(f"algorithm {algo.name!r}", algo, family, hint):
+        raise CapabilityError(problem)
     roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories,
              "estimator": regs.estimators, "loss": regs.losses, "advantage": regs.advantages}
     for role, names in algo.components.items():
@@ -188,9 +176,7 @@ def resolve(
     if algo:
         raw["algo"] = algo
     if model:
-        model_sec = raw.get("model")
-        raw["model"] = dict(model_sec) if isinstance(model_sec, dict) else {}
-        raw["model"]["family"] = model
+        raw["model"] = dict(raw["model"] if isinstance(raw.get("model"), dict) else {}, family=model)
     algo_name = raw.get("algo") or ""
     model_sec = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     family_name = model_sec.get("family") or ""
@@ -209,9 +195,7 @@ def resolve(
         raise ConfigError(["model.path is empty; omit it to use the bundled checkpoint or give a directory"])
     path = model_sec.get("path") or family.default_checkpoint
     if not path:
-        raise DareError(
-            f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR"
-        )
+        raise DareError(f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR")
     raw["model"] = dict(model_sec, path=path)
     from dare_core.preflight import checkpoint  # whose checkpoint it is, before its preset applies
 
@@ -231,17 +215,15 @@ def resolve(
     backend_name = rollout_raw.get("backend") or _default_backend(dare, spec, family, preset)
     rollout_spec = dare.registries.rollouts.get(str(backend_name))
     backend_hint = f"use one of: {', '.join(family.rollouts) or family.default_rollout}"
-    _check_fits(f"rollout backend {rollout_spec.name!r}", rollout_spec, family, backend_hint)
-    # the preset's rollout keys apply only where the chosen backend has them
-    if isinstance(preset.get("rollout"), dict):
-        names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
-        preset = dict(preset, rollout={k: v for k, v in preset["rollout"].items() if k in names})
-    # likewise the preset's algorithm keys apply only where the chosen algorithm has them
-    if isinstance(preset.get("algorithm"), dict) and spec is not None:
-        names = {f.name for f in attrs.fields(spec.config_cls)}
-        preset = dict(preset, algorithm={k: v for k, v in preset["algorithm"].items() if k in names})
-    else:
-        preset.pop("algorithm", None)
+    if problem := misfit(f"rollout backend {rollout_spec.name!r}", rollout_spec, family, backend_hint):
+        raise CapabilityError(problem)
+    # the preset's rollout / algorithm keys apply only where the chosen backend / algorithm has them
+    for key, cls in (("rollout", rollout_spec.config_cls), ("algorithm", spec.config_cls if spec else None)):
+        if isinstance(preset.get(key), dict) and cls is not None:
+            names = {f.name for f in attrs.fields(cls)}
+            preset = dict(preset, **{key: {k: v for k, v in preset[key].items() if k in names}})
+        elif key == "algorithm":
+            preset.pop("algorithm", None)
     raw = deep_merge(deep_merge(copy.deepcopy(dict(spec.recipe)) if spec is not None else {}, preset), raw)
 
     rollout_raw = dict(_section(raw, "rollout", problems))
@@ -360,6 +342,4 @@ def render_with_help(config: RunConfig, dare: Any = None) -> str:
 
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(unstructure(value), default_flow_style=True, width=10_000).strip()
-    if text.endswith("\n..."):
-        text = text[: -len("\n...")]
-    return text.replace("\n...", "")
+    return text.replace("\n...", "")  # the end-of-document marker of a scalar

@@ -66,36 +66,27 @@ class LoRAConfig:
 class ModelConfig:
     family: str = option("", "Model family (a registered model plugin, e.g. the one given by --model).")
     path: Optional[str] = option(
-        None, "Checkpoint directory in HF layout; null = the family's bundled tiny checkpoint."
-    )
+        None, "Checkpoint directory in HF layout; null = the family's bundled tiny checkpoint.")
     dtype: Literal["float32", "bfloat16", "float16"] = option(
-        "float32", "Parameter dtype used for training and rollout."
-    )
-    device: Literal["auto", "cpu", "cuda"] = option(
-        "auto", "Device; auto = cuda when available, else cpu."
-    )
+        "float32", "Parameter dtype used for training and rollout.")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "Device; auto = cuda when available, else cpu.")
     attn_implementation: Optional[str] = option(
-        None, "Attention implementation passed to the model (eager, sdpa); null = model default."
-    )
+        None, "Attention implementation passed to the model (eager, sdpa); null = model default.")
     gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
     train_attention: Literal["auto", "padded", "packed"] = option(
         "auto", "Training attention path: packed = valid tokens of a micro-batch packed into rows "
                 "with document masks (no padding computed); padded = padded rows; auto = packed "
-                "when the model supports it. Independent of the rollout path."
-    )
+                "when the model supports it. Independent of the rollout path.")
     attention_kernel: Literal["auto", "sdpa_mask", "flex", "varlen", "flash_attn"] = option(
         "auto", "Kernel of the packed training path: sdpa_mask = SDPA with a block-diagonal boolean "
                 "mask (every device); flex = FlexAttention with a BlockMask (CUDA); varlen = torch's "
                 "varlen_attn (CUDA, bf16/fp16); flash_attn = the flash-attn package (CUDA, bf16/fp16, "
-                "when installed); auto = sdpa_mask (the fastest measured)."
-    )
+                "when installed); auto = sdpa_mask (the fastest measured).")
     cross_entropy: Literal["auto", "fused", "naive"] = option(
         "auto", "Training cross entropy: fused = logits-free, chunked over tokens from hidden states "
                 "(never builds [tokens, vocab] logits); naive = full logits; auto = fused when the "
-                "model exposes forward_hidden."
-    )
-    lora: LoRAConfig = attrs.field(
-        factory=LoRAConfig, metadata={"help": "LoRA adapters (PEFT); off by default."})
+                "model exposes forward_hidden.")
+    lora: LoRAConfig = section(LoRAConfig, "LoRA adapters (PEFT); off by default.")
 
 
 @attrs.frozen
@@ -113,8 +104,7 @@ class TrainerConfig:
     group_size: int = option(8, "RL: rollouts per prompt (the advantage group).", positive)
     ppo_epochs: int = option(1, "RL: passes over each rollout batch.", positive)
     mini_batch_size: int = option(
-        0, "RL: sequences per optimizer step within an epoch; 0 = the whole rollout batch.", non_negative
-    )
+        0, "RL: sequences per optimizer step within an epoch; 0 = the whole rollout batch.", non_negative)
     micro_batch_size: int = option(8, "Sequences per forward/backward pass (gradient accumulation).", positive)
     rollout_batch_size: int = option(
         0, "RL: prompts per generate call (each with its group); 0 = all of a process's prompts at "
@@ -169,8 +159,7 @@ class EvalConfig:
     every: int = option(0, "Also evaluate every N steps; 0 = never.", non_negative)
     temperature: float = option(0.0, "Sampling temperature for evaluation (0 = greedy).", non_negative)
     steps: Optional[int] = option(
-        None, "Denoising steps for evaluation; null = one token per step (steps = gen_length)."
-    )
+        None, "Denoising steps for evaluation; null = one token per step (steps = gen_length).")
     batch_size: int = option(64, "Prompts per evaluation generate call.", positive)
     save_samples: int = option(20, "Write this many decoded eval samples to the run directory.", non_negative)
     backend: Optional[str] = option(
@@ -208,19 +197,11 @@ class RunConfig:
     task: TaskConfig = section(TaskConfig, "Dataset and reward.")
     eval: EvalConfig = section(EvalConfig, "Held-out evaluation.")
     engine: EngineConfig = section(EngineConfig, "Execution engine.")
-    algorithm: Any = attrs.field(
-        factory=dict, metadata={"help": "Algorithm options (the algorithm plugin's config class)."}
-    )
-    rollout: Any = attrs.field(
-        factory=dict,
-        metadata={"help": "Rollout backend options; `backend` picks the backend (null = the model's default)."},
-    )
+    algorithm: Any = section(dict, "Algorithm options (the algorithm plugin's config class).")
+    rollout: Any = section(dict, "Rollout backend options; `backend` picks the backend (null = the model's default).")
     rollout_backend: str = option("", "Resolved rollout backend name (set from rollout.backend).")
-    sections: dict[str, Any] = attrs.field(
-        factory=dict,
-        metadata={"help": "Plugin-owned sections (registered with dare_register_config_sections), "
-                          "each a top-level key of the config; read one with plugin_section(name)."},
-    )
+    sections: dict[str, Any] = section(dict, "Plugin-owned sections (registered with dare_register_config_sections), "
+                                       "each a top-level key of the config; read one with plugin_section(name).")
 
     def plugin_section(self, name: str, cls: Optional[type] = None) -> Any:
         """The resolved plugin-owned section ``name`` (an instance of its registered class).

@@ -42,21 +42,26 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
                 f"models; require a plugin that provides one (e.g. dare-plugin-samplers)")
 
 
-class ModelFamilyContract:
+class _PluginSuite:
+    """The ``dare`` fixture: registries of the core's default plugins and ``plugins``."""
+
+    plugins: ClassVar[Sequence[Any]] = ()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def dare(cls):
+        return build_for(*cls.plugins)
+
+
+class ModelFamilyContract(_PluginSuite):
     """What every model family must do. Subclasses set ``family`` and ``plugins`` and may
     override the ``checkpoint`` fixture (default: the family's ``create`` on a small corpus, else
     its bundled checkpoint), as a ``@classmethod`` under ``@pytest.fixture(scope="class")`` like
     the fixtures here (pytest deprecates class-scoped fixtures that are instance methods)."""
 
     family: ClassVar[str] = ""
-    plugins: ClassVar[Sequence[Any]] = ()
     #: keyword arguments for ``ModelFamily.create`` (architecture sizes of a tiny model)
     create_kwargs: ClassVar[dict[str, Any]] = {}
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def dare(cls):
-        return build_for(*cls.plugins)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -216,16 +221,10 @@ def _ragged_batch(wrapper, device, lengths=((5, 20), (12, 6), (3, 33), (9, 11), 
     return ids.to(device), mask.to(device)
 
 
-class AlgorithmContract:
+class AlgorithmContract(_PluginSuite):
     """What every algorithm must do, checked on the family-free toy model."""
 
     algorithm: ClassVar[str] = ""
-    plugins: ClassVar[Sequence[Any]] = ()
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def dare(cls):
-        return build_for(*cls.plugins)
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -34,13 +34,9 @@ def make_char_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", mask_token="<mask>",
-        bos_token="<bos>",
-    )
-    fast.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   mask_token="<mask>", bos_token="<bos>")
+    fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
     return fast
 
 
@@ -57,10 +53,7 @@ class ToyDiffusionLM(nn.Module):
 
     def __init__(self, vocab_size: int, dim: int = 32, max_len: int = 512, heads: int = 2):
         super().__init__()
-        self.vocab_size = vocab_size
-        self.dim = dim
-        self.max_len = max_len
-        self.heads = heads
+        self.vocab_size, self.dim, self.max_len, self.heads = vocab_size, dim, max_len, heads
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(max_len, dim)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
@@ -126,9 +119,8 @@ class ToyWrapper(HFDiffusionWrapper):
         torch.save(state_dict if state_dict is not None else self.module.state_dict(),
                    os.path.join(path, "toy.pt"))
         with open(os.path.join(path, "config.json"), "w") as fh:
-            json.dump({"model_type": "toy", "vocab_size": self.module.vocab_size,
-                       "dim": self.module.dim, "max_len": self.module.max_len,
-                       "heads": self.module.heads}, fh)
+            keys = ("vocab_size", "dim", "max_len", "heads")
+            json.dump({"model_type": "toy", **{k: getattr(self.module, k) for k in keys}}, fh)
 
 
 def make_toy_wrapper(seed: int = 0, dim: int = 32) -> ToyWrapper:
