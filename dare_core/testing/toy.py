@@ -113,6 +113,10 @@ class ToyDiffusionLM(nn.Module):
         return h, kh, vh
 
 
+#: the capabilities of a family with an absorbing MASK token (docs/plugin-guide.md, section 5)
+ABSORBING = frozenset({"mask_token", "absorbing_elbo"})
+
+
 class ToyWrapper(HFDiffusionWrapper):
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
@@ -130,7 +134,7 @@ def make_toy_wrapper(seed: int = 0, dim: int = 32) -> ToyWrapper:
     return ToyWrapper(
         family="toy", module=module, tokenizer=tok, kind="masked",
         mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, capabilities=frozenset({"bidirectional", "kv_cache"}),
+        pad_token_id=tok.pad_token_id, capabilities=ABSORBING | {"bidirectional", "kv_cache"},
     )
 
 
@@ -162,11 +166,11 @@ def fake_rollout(wrapper: Any, batch: int = 4, prompt_len: int = 6, response_len
 
 @hookimpl
 def dare_register_model_wrappers(register):
-    # The registered family declares only ``bidirectional`` (core tests use it to check
-    # capability errors); the wrapper itself also has ``kv_cache``, so cached rollouts and
-    # ``dare bench`` (which check the loaded wrapper) can drive it.
+    # The registered family lacks ``kv_cache`` (core tests use it to check capability errors);
+    # the wrapper itself has it, so cached rollouts and ``dare bench`` (which check the loaded
+    # wrapper) can drive it.
     register(ModelFamily(
-        name="toy", kind="masked", load=load, capabilities=frozenset({"bidirectional"}),
+        name="toy", kind="masked", load=load, capabilities=ABSORBING | {"bidirectional"},
         default_checkpoint=None, default_rollout="low_confidence", rollouts=("low_confidence",),
         description="tiny family-free masked-diffusion model for tests",
     ))
