@@ -131,7 +131,8 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         if os.path.isfile(os.path.join(base, name)):
             _json(os.path.join(base, name))
     try:
-        tok = AutoTokenizer.from_pretrained(base, config=PretrainedConfig())  # the family registers the real one
+        tok = (family.load_tokenizer(base) if family.load_tokenizer else  # the family registers the real one
+               AutoTokenizer.from_pretrained(base, config=PretrainedConfig(), trust_remote_code=False))
     except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc

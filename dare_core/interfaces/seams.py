@@ -112,6 +112,8 @@ class ModelFamily:
         description: one line for listings.
         create: ``create(out_dir, texts, **sizes)`` writes a new randomly initialised checkpoint
             of this architecture with a small tokenizer trained on ``texts`` (``dare init``).
+        load_tokenizer: ``load_tokenizer(path)``, the checkpoint's tokenizer as ``load`` reads it,
+            for the pre-flight checks (``None``: ``AutoTokenizer``, no remote code).
     """
 
     name: str
@@ -127,6 +129,7 @@ class ModelFamily:
     block_size: Optional[int] = None
     description: str = ""
     create: Optional[Callable[..., None]] = None
+    load_tokenizer: Optional[Callable[[str], Any]] = None
 
 
 # --------------------------------------------------------------------------- components

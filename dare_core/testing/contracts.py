@@ -103,10 +103,23 @@ class ModelFamilyContract(_PluginSuite):
 
     def test_token_ids_come_from_checkpoint(self, wrapper):
         vocab = wrapper.module.get_input_embeddings().num_embeddings
-        for tid in (wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids):
+        for tid in (wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids):
             assert 0 <= tid < vocab
-        assert wrapper.mask_token_id != wrapper.eos_token_id
-        assert wrapper.tokenizer.convert_ids_to_tokens(wrapper.mask_token_id) is not None
+        if "mask_token" in wrapper.capabilities:
+            assert 0 <= wrapper.mask_token_id < vocab and wrapper.mask_token_id != wrapper.eos_token_id
+            assert wrapper.tokenizer.convert_ids_to_tokens(wrapper.mask_token_id) is not None
+
+    def test_noise_kernel(self, wrapper):
+        """``noise`` changes only the chosen positions, with the MASK token or seeded uniform tokens."""
+        ids = torch.tensor([self._ids(wrapper)])
+        where = torch.arange(ids.shape[1])[None] % 2 == 0
+        a, b = (wrapper.noise(ids, where, torch.Generator().manual_seed(0)) for _ in range(2))
+        assert torch.equal(a, b) and torch.equal(a[~where], ids[~where])
+        assert ("mask_token" in wrapper.capabilities) + ("uniform_noise" in wrapper.capabilities) == 1
+        if "mask_token" in wrapper.capabilities:
+            assert (a[where] == wrapper.mask_token_id).all()
+        else:
+            assert ((a[where] >= 0) & (a[where] < wrapper.module.get_input_embeddings().num_embeddings)).all()
 
     def test_logits_shape_and_alignment(self, wrapper):
         ids = torch.tensor([self._ids(wrapper)])
