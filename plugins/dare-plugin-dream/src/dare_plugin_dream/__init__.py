@@ -1,8 +1,9 @@
 """dare-plugin-dream: the Dream family (masked diffusion, bidirectional, AR-aligned logits).
 
 :func:`dare_plugin_dream.hf.register_auto_classes` (called by the family's ``load`` and ``create``)
-registers ``Dream`` with transformers' AutoConfig / AutoModel, so ``AutoModel.from_pretrained(path)``
-loads Dream checkpoints without ``trust_remote_code``. Registering the family imports neither torch
+registers ``Dream`` with transformers' AutoConfig / AutoModel and the published ``DreamTokenizer``
+name with AutoTokenizer, so ``AutoModel.from_pretrained(path)`` and ``AutoTokenizer.from_pretrained(path)``
+load Dream checkpoints without ``trust_remote_code``. Registering the family imports neither torch
 nor transformers.
 """
 
