@@ -188,10 +188,6 @@ def test_family_load_of_a_published_layout_checkpoint(published, tmp_path):
     assert again.mask_token_id == tok.mask_token_id
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the core's pre-flight check loads the tokenizer with AutoTokenizer before any family code has run, so "
-    "DreamTokenizer is not registered yet and transformers asks for trust_remote_code; it needs a ModelFamily "
-    "seam through which the family loads (or registers) its tokenizer for the check"))
 def test_dare_generate_on_a_published_layout_checkpoint(published):
     """``dare generate`` in a fresh process, as a user runs it: nothing of the family is registered
     with transformers before the command's own checks."""

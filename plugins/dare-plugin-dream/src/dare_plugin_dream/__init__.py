@@ -23,6 +23,7 @@ def dare_register_model_wrappers(register):
         kind="masked",
         load=lazy("dare_plugin_dream.wrapper:load"),
         create=lazy("dare_plugin_dream.wrapper:create"),
+        load_tokenizer=lazy("dare_plugin_dream.tokenization_dream:load_tokenizer"),
         capabilities=CAPABILITIES,
         model_types=("Dream",),
         config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),

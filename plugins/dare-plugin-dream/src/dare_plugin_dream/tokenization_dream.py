@@ -63,3 +63,14 @@ class DreamTokenizer(Qwen2Tokenizer):
             if (got := self.convert_tokens_to_ids(text)) != tid:
                 raise DareError(f"tokenizer_config.json gives {text!r} id {tid} but the tokenizer built from "
                                 f"the vocabulary gives it {got}; re-download or re-export the checkpoint")
+
+
+def load_tokenizer(path: str) -> Any:
+    """The checkpoint's tokenizer as the family loads it (``DreamTokenizer`` registered, no remote
+    code): ``ModelFamily.load_tokenizer``, used by the pre-flight checks."""
+    from transformers import AutoTokenizer
+
+    from dare_plugin_dream.hf import register_auto_classes
+
+    register_auto_classes()
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
