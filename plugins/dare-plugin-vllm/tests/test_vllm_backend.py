@@ -138,6 +138,8 @@ def test_process_checks(monkeypatch):
     with pytest.raises(DareError, match="VLLM_ENABLE_V1_MULTIPROCESSING=1"):
         VLLMRollout(VLLMRolloutConfig(), start=Starts())
     monkeypatch.setenv(vb.MULTIPROCESSING, "0")
+    with pytest.raises(DareError, match="rollout.export_dir=/no/such/dir is not a directory"):
+        VLLMRollout(VLLMRolloutConfig(export_dir="/no/such/dir"), start=Starts())
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(DareError, match="tensor_parallel_size=2 under torchrun"):
         VLLMRollout(VLLMRolloutConfig(tensor_parallel_size=2), start=Starts())
@@ -181,10 +183,12 @@ def test_output_rows_read_each_tokens_own_logprob():
     lp = SimpleNamespace
     outs = [SimpleNamespace(outputs=[SimpleNamespace(token_ids=(4, 5, 6), logprobs=[
         {4: lp(logprob=-0.5), 9: lp(logprob=-2.0)}, {5: lp(logprob=-0.25)}, None])]),
-        SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], logprobs=None)])]
+        SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], logprobs=None)]),
+        SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7, 8], logprobs=[{7: lp(logprob=-1.0)}])])]
     rows = vb.output_rows(outs)
     assert rows[0][0] == [4, 5, 6] and rows[0][1][:2] == [-0.5, -0.25] and rows[0][1][2] != rows[0][1][2]
     assert rows[1] == ([7], None)
+    assert rows[2][0] == [7, 8] and rows[2][1][0] == -1.0 and len(rows[2][1]) == 2  # one entry per token
 
 
 def test_sampling_and_engine_arguments():
@@ -225,9 +229,10 @@ def test_generation_config_gets_the_sampler_settings_vllm_reads(tmp_path):
 
 
 # ---------------------------------------------------------------- the backend over the test double
-def test_first_generate_starts_the_engine_from_an_export_of_the_policy(policy):
+def test_first_generate_starts_the_engine_from_an_export_of_the_policy(policy, tmp_path):
     starts = Starts()
-    backend = VLLMRollout(VLLMRolloutConfig(gen_length=6, gpu_memory_utilization=0.5), start=starts)
+    backend = VLLMRollout(VLLMRolloutConfig(gen_length=6, gpu_memory_utilization=0.5, export_dir=str(tmp_path)),
+                          start=starts)
     ids, mask, rows = _prompts()
     path = None
     try:
@@ -236,6 +241,7 @@ def test_first_generate_starts_the_engine_from_an_export_of_the_policy(policy):
         assert len(starts.kwargs) == 1  # started once
         kw = starts.kwargs[0]
         path = kw["model"]
+        assert os.path.dirname(path) == str(tmp_path)
         assert kw["diffusion_config"] == {"canvas_length": 8} and kw["gpu_memory_utilization"] == 0.5
         files, gen, weights = starts.exports[0]
         assert {"config.json", "generation_config.json", "model.safetensors"} <= set(files)

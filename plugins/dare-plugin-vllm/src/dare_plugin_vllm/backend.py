@@ -4,18 +4,17 @@ What it does (the vLLM 0.32 API it relies on is listed in docs/vllm.md):
 
 1. **Start, at the first** ``generate``. The policy is exported in HF layout (LoRA adapters merged
    into a copy) to a temporary directory; the sampler settings vLLM's DiffusionGemma reads from its
-   ``generation_config.json`` (``t_min``, ``t_max``, ``sampler_config``, ``stability_threshold``,
-   ``confidence_threshold``, ``max_denoising_steps``) that the export leaves unset are filled with
+   ``generation_config.json`` (:data:`SAMPLER_KEYS`) that the export leaves unset are filled with
    transformers' defaults, the ones the model's own ``generate`` applies then. The engine starts
    from it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with
-   ``diffusion_config={"canvas_length": N}``, ``N`` the model config's ``canvas_length``; under
-   torchrun each rank runs its own engine on its GPU (``distributed_executor_backend=
-   "external_launcher"``). The engine runs the language model only (``language_model_only``: no
-   vision tower) on token ids (``skip_tokenizer_init``: no tokenizer, no detokenisation). Backends of one policy with the same engine settings (the training
-   and the evaluation rollout) share one engine.
+   ``diffusion_config={"canvas_length": N}``, ``N`` the model config's ``canvas_length``, the
+   language model only (no vision tower) and no tokenizer (token ids in and out); under torchrun
+   each rank runs its own engine on its GPU (``distributed_executor_backend="external_launcher"``).
+   Backends of one policy with the same engine settings (the training and the evaluation
+   rollout) share one engine.
 2. **Generate.** Each left-padded prompt row becomes a token-id prompt (padding removed), with
    ``max_tokens = gen_length``, the wrapper's ``stop_token_ids`` as the only stop tokens (the
-   tokenizer's EOS is not added: ``ignore_eos``), no detokenisation and, with ``logprobs``, the
+   tokenizer's EOS is not added: ``ignore_eos``) and, with ``logprobs``, the
    log-probability of each emitted token. vLLM refuses per-request seeds and temperatures for
    diffusion models (the temperature schedule is the checkpoint's); with ``reseed`` one seed per
    call, drawn from ``generator``, reseeds the engine's torch random streams (the canvas noise,
@@ -82,10 +81,14 @@ def world_size() -> int:
 
 def check_process(config: VLLMRolloutConfig) -> None:
     """Refuse, in one line, what this process cannot run: a multiprocess engine (the weights are
-    handed over as tensors in this process) or tensor parallelism under torchrun."""
+    handed over as tensors in this process), a missing ``export_dir`` or tensor parallelism under
+    torchrun."""
     if os.environ.get(MULTIPROCESSING, "0") != "0":
         raise DareError(f"rollout.backend=vllm runs the engine in the training process, but "
                         f"{MULTIPROCESSING}={os.environ[MULTIPROCESSING]}; unset it or set it to 0")
+    if config.export_dir and not os.path.isdir(config.export_dir):
+        raise DareError(f"rollout.export_dir={config.export_dir} is not a directory; create it or set "
+                        f"rollout.export_dir='' (the system's temporary directory)")
     if config.tensor_parallel_size > 1 and world_size() > 1:
         raise DareError(f"rollout.tensor_parallel_size={config.tensor_parallel_size} under torchrun "
                         f"(WORLD_SIZE={world_size()}): every rank runs its own engine on its GPU; set "
@@ -122,7 +125,9 @@ def output_rows(outputs: Sequence[Any]) -> list[tuple[list[int], Optional[list[f
         ids = [int(t) for t in done.token_ids]
         lps = None
         if done.logprobs is not None:
-            lps = [float(pos[t].logprob) if pos and t in pos else math.nan for t, pos in zip(ids, done.logprobs)]
+            given = list(done.logprobs)
+            lps = [float(given[j][t].logprob) if j < len(given) and given[j] and t in given[j] else math.nan
+                   for j, t in enumerate(ids)]
         rows.append((ids, lps))
     return rows
 
