@@ -42,7 +42,8 @@ class RecordingLLM:
             return [method(self, *args, **kwargs)]
         self.calls.append(("rpc", method, dict(kwargs)))
         if method == "reload_weights":  # the model's loader consumes the pairs
-            self.reloaded.append([(name, t.clone()) for name, t in kwargs["weights_iterator"]])
+            self.handed = list(kwargs["weights_iterator"])
+            self.reloaded.append([(name, t.clone()) for name, t in self.handed])
         return [None]
 
     def reset_prefix_cache(self):
@@ -336,6 +337,7 @@ def test_load_weights_pushes_every_pair_in_place_and_drops_the_prefix_cache(poli
     pushed = llm.reloaded[0]
     assert [n for n, _ in pushed] == list(state)  # the checkpoint's published names, in order
     assert all(torch.equal(t, state[n]) and not t.requires_grad for n, t in pushed)
+    assert all(t.data_ptr() != state[n].data_ptr() for n, t in llm.handed)  # copies, never the trainer's storage
     assert any(n.startswith("model.decoder.self_conditioning.") for n, _ in pushed)
     backend.close()
 

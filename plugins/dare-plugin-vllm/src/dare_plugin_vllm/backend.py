@@ -25,8 +25,8 @@ What it does (the vLLM 0.32 API it relies on is listed in docs/vllm.md):
    including the first stop token (the generated length when there is none),
    ``extras["engine_logprobs"]`` ``[B, R]`` float (0 outside the generated tokens). ``nfe`` and
    ``num_steps`` are 0: the engine does not report its forward count.
-4. **Weight sync** (``RolloutSpec.sync = "state"``): :meth:`VLLMRollout.load_weights` hands the
-   ``(name, tensor)`` pairs to every worker's ``reload_weights`` (in-place, checkpoint names) and
+4. **Weight sync** (``RolloutSpec.sync = "state"``): :meth:`VLLMRollout.load_weights` hands copies
+   of the ``(name, tensor)`` pairs to every worker's ``reload_weights`` (in-place, checkpoint names) and
    drops the engine's prefix cache, whose keys were computed with the old weights. Before the
    engine exists there is nothing to do: it starts from the then-current policy.
 """
@@ -259,8 +259,8 @@ class Engine:
         """Copy ``(name, tensor)`` pairs in checkpoint names into every worker's model in place."""
         if self.tensor_parallel_size > 1:  # the workers are other processes: plain CPU tensors
             weights = [(name, t.detach().cpu()) for name, t in weights]
-        else:
-            weights = ((name, t.detach()) for name, t in weights)
+        else:  # copies, one at a time: a loader may work on what it is given, the trainer's stay
+            weights = ((name, t.detach().clone()) for name, t in weights)
         with torch.no_grad():
             self.llm.collective_rpc("reload_weights",
                                     kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
