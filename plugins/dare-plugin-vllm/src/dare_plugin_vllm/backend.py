@@ -295,9 +295,8 @@ class VLLMRollout:
         self._engine: Optional[Engine] = None
 
     def engine(self, wrapper: Any) -> Engine:
-        """The engine of ``wrapper``'s policy, started now if none runs (step 1)."""
-        if self._engine is not None and not self._engine.closed:
-            return self._engine
+        """The engine of ``wrapper``'s policy, started now if none runs (step 1); the one
+        :meth:`load_weights` pushes to."""
         key = tuple((f.name, getattr(self.config, f.name)) for f in attrs.fields(VLLMRolloutConfig)
                     if f.name not in PER_CALL)
         running = _ENGINES.setdefault(wrapper.module, {})

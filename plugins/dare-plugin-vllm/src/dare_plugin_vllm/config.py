@@ -35,8 +35,9 @@ class VLLMRolloutConfig:
         "cache; it shares the GPU with training, so leave room for the policy, its gradients and "
         "the optimizer state.", in_range(0.0, 1.0, low_open=True))
     dtype: str = option(
-        "auto", "Weight and activation dtype of the engine; 'auto' = the dtype the policy is "
-        "exported in (model.dtype).", one_of(DTYPES))
+        "bfloat16", "Weight and activation dtype of the engine (it casts the weights it is given); "
+        "'auto' = the dtype of the exported policy's parameters (float32 master weights under "
+        "engine.precision=bf16-mixed).", one_of(DTYPES))
     enforce_eager: bool = option(
         False, "Run the engine eagerly (no CUDA graphs): faster start and less memory, slower "
         "generation.")
