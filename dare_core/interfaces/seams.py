@@ -241,9 +241,10 @@ class RolloutBackend(Protocol):
 class SyncedRolloutBackend(RolloutBackend, Protocol):
     """A backend running outside the training process (``RolloutSpec.sync``): after every RL step's
     updates each rank gives it the policy — ``(name, tensor)`` pairs (``state``) or the path of an
-    HF export (``directory``), LoRA merged, in the checkpoint's names."""
+    HF export (``directory``), LoRA merged, in the checkpoint's names — and ``step`` (0 as the run
+    starts; an engine serving several backends loads each step's policy once)."""
 
-    def load_weights(self, weights: Any) -> None: ...
+    def load_weights(self, weights: Any, step: int) -> None: ...
 
 
 @attrs.frozen

@@ -85,11 +85,12 @@ def export_model(ctx: Any, directory: str, merge: Optional[bool] = None) -> None
         shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
 
 
-def push_policy(ctx: Any, backend: Any, how: str) -> None:
+def push_policy(ctx: Any, backend: Any, how: str, step: int) -> None:
     """Give a rollout engine outside this process the updated policy (``RolloutSpec.sync``), LoRA
     merged, in the checkpoint's names: ``directory`` — an HF export ``<run>/rollout-policy`` (any
     engine); ``state`` — ``(name, tensor)`` pairs (engines whose every rank holds the whole model).
-    Collective; every rank calls ``backend.load_weights``."""
+    ``step``: the optimizer steps the policy has had in this process (0: as the run starts or
+    resumes). Collective; every rank calls ``backend.load_weights``."""
     import copy
 
     from dare_core.models import lora
@@ -98,14 +99,14 @@ def push_policy(ctx: Any, backend: Any, how: str) -> None:
     if how == "directory":
         target = ctx.rundir.path("rollout-policy") if ctx.rundir else os.path.join(ctx.config.output_dir, "rollout-policy")
         _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp, merge=True))
-        return backend.load_weights(target)
+        return backend.load_weights(target, step)
     full = engine.full_state_dict(wrapper)
     if engine.gather([full is not None])[0] != (full is not None):
         raise DareError(f"a rollout backend taking tensors (sync=state) needs the whole model on every rank; the "
                         f"{engine.name} engine shards it: use a backend with sync=directory or engine=ddp")
     if lora.is_lora(wrapper):
         full = copy.deepcopy(wrapper.module).merge_and_unload().state_dict()
-    backend.load_weights((full if full is not None else wrapper.module.state_dict()).items())
+    backend.load_weights((full if full is not None else wrapper.module.state_dict()).items(), step)
 
 
 def save_final(ctx: Any) -> Optional[str]:

@@ -106,6 +106,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     ref = ReferencePolicy(wrapper, engine) if comps.needs_ref else None
     engine.setup_optimizer(wrapper, tr)
 
+    for backend, how in synced:  # engines outside this process start from the run's policy
+        push_policy(ctx, backend, how, 0)
     tracker = Tracker(ctx, eval_examples, batches)
     for step in range(tracker.begin(), tr.steps + 1):
         t0 = time.perf_counter()
@@ -146,8 +148,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                 norm, ok = engine.step(tr.grad_clip, lr)
                 norms.append(norm)
                 skipped += 0 if ok else 1
-        for backend, how in synced:  # engines outside this process follow the policy
-            push_policy(ctx, backend, how)
+        for backend, how in synced:  # and follow it
+            push_policy(ctx, backend, how, step)
         t_end = time.perf_counter()
 
         # the batch's statistics over every rank's rollouts (group ids made global)

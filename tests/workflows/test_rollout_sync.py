@@ -43,13 +43,13 @@ class CopyEngine:
                 self.copy.module = self.copy.module.merge_and_unload()
         return self.sampler.generate(self.copy, prompt_ids, prompt_mask, record=record, generator=generator)
 
-    def load_weights(self, weights):
+    def load_weights(self, weights, step):
         if self.how == "directory":
             assert isinstance(weights, str) and os.path.isfile(os.path.join(weights, "toy.pt"))
             state = toy.load(weights).module.state_dict()
         else:
             state = dict(weights)
-        PUSHES.append((self.how, {k: v.clone() for k, v in state.items()}))
+        PUSHES.append((self.how, step, {k: v.clone() for k, v in state.items()}))
         if self.copy is not None:
             self.copy.module.load_state_dict(state)
 
@@ -92,10 +92,10 @@ def test_engine_rollouts_follow_the_policy(dare, tmp_path, how):
     synced = _run(dare, tmp_path, f"engine-{how}", f"engine_{how}")
     # every step's rollouts came from the engine's copy, so equal metrics mean the copy was the policy
     assert synced == reference
-    # pushed after each of the 3 steps to the training engine and to the evaluation engine
-    assert [h for h, _ in PUSHES] == [how] * 6
+    # pushed as the run starts and after each of the 3 steps, to the training and the evaluation engine
+    assert [(h, step) for h, step, _ in PUSHES] == [(how, s) for s in (0, 0, 1, 1, 2, 2, 3, 3)]
     final = toy.load(str(tmp_path / f"engine-{how}" / "final")).module.state_dict()
-    last = PUSHES[-1][1]
+    last = PUSHES[-1][2]
     assert set(last) == set(final) and all(torch.equal(last[k], final[k]) for k in final)
     if how == "directory":
         assert (tmp_path / f"engine-{how}" / "rollout-policy" / "toy.pt").is_file()
@@ -105,7 +105,7 @@ def test_an_unsynced_engine_copy_would_diverge(dare, tmp_path, monkeypatch):
     """The equality above is not vacuous: without the pushes the engine's rollouts differ."""
     PUSHES.clear()
     reference = _run(dare, tmp_path, "inproc", "low_confidence")
-    monkeypatch.setattr(CopyEngine, "load_weights", lambda self, weights: None)
+    monkeypatch.setattr(CopyEngine, "load_weights", lambda self, weights, step: None)
     stale = _run(dare, tmp_path, "stale", "engine_state")
     assert stale[0] == reference[0] and stale[1:] != reference[1:]
 
@@ -118,4 +118,4 @@ def test_lora_policy_is_pushed_merged(dare, tmp_path):
     synced = _run(dare, tmp_path, "engine", "engine_state", adapters)
     assert synced == reference
     names = set(toy.make_toy_wrapper().module.state_dict())
-    assert all(set(state) == names for _, state in PUSHES)  # the base model's names, no lora_ tensors
+    assert all(set(state) == names for _, _, state in PUSHES)  # the base model's names, no lora_ tensors

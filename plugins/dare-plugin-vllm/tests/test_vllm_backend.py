@@ -323,14 +323,14 @@ def test_a_model_without_a_canvas_is_refused():
 def test_load_weights_pushes_every_pair_in_place_and_drops_the_prefix_cache(policy):
     starts = Starts()
     backend = VLLMRollout(VLLMRolloutConfig(gen_length=4), start=starts)
-    backend.load_weights(iter([("never", torch.zeros(1))]))  # no engine yet: nothing to do
+    backend.load_weights(iter([("never", torch.zeros(1))]), 1)  # no engine yet: nothing to do
     assert not starts.llms
     ids, mask, _ = _prompts()
     backend.generate(policy, ids, mask)
     llm = starts.llms[0]
     state = {k: v + 1 for k, v in policy.module.state_dict().items()}
     state["model.decoder.norm.weight"].requires_grad_(True)  # live parameters are handed over detached
-    backend.load_weights(state.items())
+    backend.load_weights(state.items(), 1)
     reload = [c for c in llm.calls if c[:2] == ("rpc", "reload_weights")]
     assert len(reload) == 1 and reload[0][2]["is_checkpoint_format"] is True
     assert llm.calls[-1] == ("reset_prefix_cache",)
@@ -347,7 +347,7 @@ def test_a_tensor_parallel_engine_gets_cpu_tensors(policy):
     backend = VLLMRollout(VLLMRolloutConfig(tensor_parallel_size=2), start=starts)
     ids, mask, _ = _prompts()
     backend.generate(policy, ids, mask)
-    backend.load_weights(policy.module.state_dict().items())
+    backend.load_weights(policy.module.state_dict().items(), 1)
     kwargs = [c for c in starts.llms[0].calls if c[:2] == ("rpc", "reload_weights")][0][2]
     assert isinstance(kwargs["weights_iterator"], list)
     assert all(t.device.type == "cpu" for _, t in kwargs["weights_iterator"])
@@ -369,3 +369,20 @@ def test_a_lora_policy_is_exported_merged_and_left_as_it_is(tmp_path):
     delta = (4 / 2) * q.lora_B["default"].weight @ q.lora_A["default"].weight
     assert torch.allclose(exported[name], w0 + delta, atol=1e-6) and not torch.allclose(delta, torch.zeros_like(delta))
     assert isinstance(wrapper.module, peft.PeftModel) and torch.equal(q.base_layer.weight, w0)
+
+
+def test_a_shared_engine_loads_each_steps_policy_once(policy):
+    starts = Starts()
+    train = VLLMRollout(VLLMRolloutConfig(gen_length=4), start=starts)
+    evaluation = VLLMRollout(VLLMRolloutConfig(gen_length=8), start=starts)
+    ids, mask, _ = _prompts()
+    try:
+        for backend in (train, evaluation):
+            backend.generate(policy, ids, mask)
+        assert len(starts.llms) == 1  # one engine for both backends
+        for step in (1, 2):
+            for backend in (train, evaluation):
+                backend.load_weights(policy.module.state_dict().items(), step)
+        assert len(starts.llms[0].reloaded) == 2
+    finally:
+        train.close()

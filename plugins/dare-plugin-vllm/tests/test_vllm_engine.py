@@ -49,7 +49,7 @@ def test_an_engine_given_new_weights_generates_as_a_fresh_engine_of_them():
     try:
         before = _generate(synced, first)
         again = _generate(synced, first)
-        synced.load_weights(second.module.state_dict().items())
+        synced.load_weights(second.module.state_dict().items(), 1)
         after = _generate(synced, first)  # the engine of `first`, now holding `second`'s weights
     finally:
         synced.close()

@@ -242,6 +242,7 @@ class Engine:
     def __init__(self, llm: Any, make_params: Callable[..., Any], path: str, tensor_parallel_size: int):
         self.llm, self.make_params, self.path = llm, make_params, path
         self.tensor_parallel_size = tensor_parallel_size
+        self.loaded_step: Optional[int] = None  # the training step whose policy was pushed last
         self._remove_export = weakref.finalize(self, shutil.rmtree, path, True)
 
     @property
@@ -330,10 +331,13 @@ class VLLMRollout:
         return to_rollout_batch(prompt_ids, prompt_mask, rows, self.config.gen_length, wrapper.stop_token_ids,
                                 wrapper.pad_token_id, self.config.logprobs)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push the updated policy into the running engine (module docstring, step 4)."""
-        if self._engine is not None and not self._engine.closed:
-            self._engine.load_weights(weights)
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], step: int) -> None:
+        """Push the updated policy into the running engine (module docstring, step 4); an engine
+        shared by the training and the evaluation backend loads each ``step``'s policy once."""
+        engine = self._engine
+        if engine is not None and not engine.closed and engine.loaded_step != step:
+            engine.load_weights(weights)
+            engine.loaded_step = step
 
     def close(self) -> None:
         """Shut this backend's engine down (for every backend sharing it)."""
