@@ -104,3 +104,20 @@ def test_one_step_sft_trains_on_packed_rows(tmp_path, monkeypatch):
                              if "loss" in json.loads(line)]
         assert bool(packed_calls) == (attention == "packed")
     assert losses["packed"] and losses["packed"] == pytest.approx(losses["padded"], rel=1e-5)
+
+
+@pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
+def test_bench_measures_packed_against_padded(monkeypatch, capsys):
+    bench = pytest.importorskip("dare_plugin_bench.train")
+    monkeypatch.setattr(sdar_wrapper, "CAPABILITIES", PACKABLE)
+    rc = bench.main(["--part", "packing", "--model", "sdar", "--batch", "4", "--prompt-length", "16",
+                     "--min-response", "4", "--max-response", "40", "--repeats", "1", "--warmup", "0",
+                     "--threads", "1"], dare=build_for(dare_plugin_sdar))
+    assert rc == 0
+    pk = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["packing"]
+    rows, width = pk["packed_shape"]
+    padded_rows, padded_width = pk["padded_input_shape"]
+    assert padded_rows == 4 and padded_width > pk["padded_shape"][1]  # the [noisy | clean] layout
+    assert rows < padded_rows and rows * width < padded_rows * padded_width
+    assert "attention=packed" in pk["packed"]["path"]
+    assert pk["loss_rel_diff"] < 1e-5 and pk["grad_rel_diff"] < 1e-5
