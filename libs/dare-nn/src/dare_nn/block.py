@@ -234,7 +234,7 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         (:func:`~dare_nn.block_packing.pack_bd3lm`; the same values at valid positions, 0 at
         padding) unless the packed rows hold more than ``packing_max_slots`` of the padded
         layout's slots."""
-        if self.train_attention == "packed" and attention_mask is not None:
+        if self.train_attention == "packed" and attention_mask is not None and attention_mask.dim() == 2:
             from dare_nn.block_packing import pack_bd3lm
 
             pack = pack_bd3lm(noisy_ids, noisy_ids if clean_ids is None else clean_ids, self.block_size,
@@ -249,6 +249,8 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         return gather_logprobs(self.denoise_logits(noisy_ids, attention_mask, clean_ids), targets)
 
     def _packed_bd3lm_logprobs(self, pack, targets: torch.Tensor) -> torch.Tensor:
+        """One forward over the packed rows; ``log p`` of the valid tokens put back at their
+        padded coordinates."""
         kw = dict(attention_mask=pack.mask, position_ids=pack.position_ids)
         if self.fused_ce:
             rows = pack.outputs(self.module.forward_hidden(pack.input_ids, **kw))
