@@ -82,8 +82,8 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
     if train_attention == "packed" and not can_pack:
         raise DareError(
             f"model.train_attention=packed but the {name!r} wrapper cannot pack sequences (it needs "
-            f"the packed_varlen capability, a masked-diffusion layout and a module taking "
-            f"position_ids and 4-D boolean masks); use model.train_attention=padded or auto")
+            f"the packed_varlen capability and a layout that packs: the masked-diffusion one or "
+            f"the block-diffusion BD3LM one); use model.train_attention=padded or auto")
     if cross_entropy == "fused" and not can_fuse:
         raise DareError(
             f"model.cross_entropy=fused but the {name!r} model has no forward_hidden/get_output_embeddings "

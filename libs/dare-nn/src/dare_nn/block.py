@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import HFDiffusionWrapper
+from dare_core.api import DareError, HFDiffusionWrapper, fused_token_logprobs, gather_logprobs
 
 
 def positions_from_mask(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], device=None) -> torch.Tensor:
@@ -204,10 +204,63 @@ def block_causal_inputs(attention_mask: Optional[torch.Tensor], shape: tuple[int
 class BlockDiffusionWrapper(HFDiffusionWrapper):
     """A block-diffusion wrapper whose native module takes 4-D boolean masks, positions and
     the KV-cache contract: block-causal inference (:meth:`logits`), the compact BD3LM
-    ``[noisy | clean]`` training layout (:meth:`denoise_logits`, :meth:`denoise_hidden`) and
-    a cached forward that passes its mask through unchanged. Logits are not shifted."""
+    ``[noisy | clean]`` training layout (:meth:`denoise_logits`, :meth:`denoise_hidden`), its
+    packed form (:meth:`token_logprobs` under ``train_attention = "packed"``) and a cached
+    forward that passes its mask through unchanged. Logits are not shifted."""
 
     logit_shift = 0
+
+    def supports_packing(self) -> bool:
+        """The ``packed_varlen`` capability: the module takes position ids and 4-D boolean masks,
+        all the packed BD3LM rows of :mod:`dare_nn.block_packing` need."""
+        return "packed_varlen" in self.capabilities
+
+    @property
+    def attention_kernel(self) -> str:
+        """Packed BD3LM rows carry a boolean mask through the module's SDPA: ``sdpa_mask`` only."""
+        return "sdpa_mask"
+
+    @attention_kernel.setter
+    def attention_kernel(self, kernel: str) -> None:
+        if kernel != "sdpa_mask":
+            raise DareError(f"model.attention_kernel={kernel}: packed block-diffusion rows use the BD3LM "
+                            f"boolean mask through SDPA only; use model.attention_kernel=sdpa_mask or auto")
+
+    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
+                       attention_mask: Optional[torch.Tensor] = None, clean_ids: Optional[torch.Tensor] = None,
+                       prompt_len: Optional[int] = None) -> torch.Tensor:
+        """``log p(targets | noisy)`` under the BD3LM layout, ``[B, S]`` float32. With
+        ``train_attention = "packed"`` the documents' layouts are packed into rows
+        (:func:`~dare_nn.block_packing.pack_bd3lm`; the same values at valid positions, 0 at
+        padding) unless the packed rows hold more than ``packing_max_slots`` of the padded
+        layout's slots."""
+        if self.train_attention == "packed" and attention_mask is not None and attention_mask.dim() == 2:
+            from dare_nn.block_packing import pack_bd3lm
+
+            pack = pack_bd3lm(noisy_ids, noisy_ids if clean_ids is None else clean_ids, self.block_size,
+                              attention_mask, self.pad_token_id)
+            if pack.slots <= self.packing_max_slots * pack.padded_slots:
+                return self._packed_bd3lm_logprobs(pack, targets)
+        if self.fused_ce:
+            hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
+            weight, bias, scale = self.output_head()
+            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale,
+                                        chunk_elements=self.ce_chunk_elements)
+        return gather_logprobs(self.denoise_logits(noisy_ids, attention_mask, clean_ids), targets)
+
+    def _packed_bd3lm_logprobs(self, pack, targets: torch.Tensor) -> torch.Tensor:
+        """One forward over the packed rows; ``log p`` of the valid tokens put back at their
+        padded coordinates."""
+        kw = dict(attention_mask=pack.mask, position_ids=pack.position_ids)
+        if self.fused_ce:
+            rows = pack.outputs(self.module.forward_hidden(pack.input_ids, **kw))
+            weight, bias, scale = self.output_head()
+            picked = fused_token_logprobs(rows, weight, targets[pack.where], bias, scale=scale,
+                                          chunk_elements=self.ce_chunk_elements)
+        else:
+            rows = pack.outputs(self.module(input_ids=pack.input_ids, **kw).logits)
+            picked = gather_logprobs(rows, targets[pack.where])
+        return picked.new_zeros(targets.shape).index_put(pack.where, picked)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""

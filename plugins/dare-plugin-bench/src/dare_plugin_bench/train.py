@@ -6,8 +6,9 @@ Two parts, each interleaved baseline / accelerated in one run (A, B, A, B, ...):
   ``Σ -log p / p_mask`` over masked tokens / #masked, the same corruption on both sides) on a
   batch whose responses are spread evenly over ``--min-response``..``--max-response`` tokens
   after ragged prompts: ``padded`` rows against ``packed`` rows (document masks, per-document
-  positions). Reported: valid tokens per second, step time, peak memory, and the relative
-  difference of the two losses and gradients.
+  positions; a block family packs each document's ``[noisy | clean]`` BD3LM layout). Reported:
+  valid tokens per second, step time, peak memory, the model input shape of each side (what the
+  first decoder layer receives) and the relative difference of the two losses and gradients.
 * **cross entropy** — ``Σ_n -log p_n / p_mask_n`` from hidden states ``[N, D]`` and a head
   ``[V, D]`` (defaults: N 4096, V 126,464), forward and backward: the naive form (full
   ``[N, V]`` logits, float32 log-softmax) against the chunked logits-free one. Reported: time,
@@ -227,13 +228,23 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
     plan = plan_packing(batch.attention_mask.cpu())
     valid = int(batch.attention_mask.sum())
     padded_slots = batch.input_ids.numel()
-    paths = {}
+    paths, shapes, current = {}, {}, [""]
     kernels = _packed_kernels(a, wrapper)
+    layers = wrapper.decoder_layers()
+
+    def record(_mod, args, kwargs):  # the [rows, width] each side's forward runs on
+        x = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        shapes.setdefault(current[0], list(x.shape[:2]))
+
+    if layers:
+        layers[0].register_forward_pre_hook(record, with_kwargs=True)
+    shapes.update({} if layers else {"padded": list(batch.input_ids.shape), "packed": [plan.rows, plan.width]})
 
     def side(name: str, attention: str, kernel: str = "auto"):
         def fn():
             paths[name] = configure_training_paths(wrapper, attention, a.pack_cross_entropy, a.device,
                                                    attention_kernel=kernel).describe()
+            current[0] = name
             return _nelbo_step(wrapper, batch, corrupted)
         return fn
 
@@ -268,10 +279,12 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
     loss_rel, grad_rel = out["packed"]["loss_rel_diff"], out["packed"]["grad_rel_diff"]
     speedup = ratio(out["packed"]["tokens_per_s"], out["padded"]["tokens_per_s"])
     cpu_speedup = ratio(out["padded"]["cpu_s"], out["packed"]["cpu_s"])
+    (pr, pw), (kr, kw) = shapes["padded"], shapes["packed"]
     print(f"\npacking: {a.batch} sequences, prompts <= {a.prompt_length} (ragged {a.ragged}), responses "
-          f"{a.min_response}-{a.max_response}; model {source}; {valid} valid tokens, padded "
-          f"{tuple(batch.input_ids.shape)} = {padded_slots} slots, packed {plan.rows}x{plan.width} = "
-          f"{plan.rows * plan.width} slots; cross entropy {a.pack_cross_entropy} on both sides")
+          f"{a.min_response}-{a.max_response}; model {source}; {valid} valid tokens in "
+          f"{tuple(batch.input_ids.shape)} = {padded_slots} slots; model input padded {pr}x{pw} = "
+          f"{pr * pw} slots, packed {kr}x{kw} = {kr * kw} slots; cross entropy {a.pack_cross_entropy} "
+          f"on both sides")
     print_table(("attention", "step s (median)", "valid tok/s", "cpu s (median)", "peak MB", "loss"), rows)
     print(f"packed ({kernels[0]})/padded tokens/s = {speedup}x (wall), {cpu_speedup}x (process CPU time); "
           f"loss rel. diff {loss_rel:.2e}, gradient rel. diff {grad_rel:.2e}")
@@ -285,7 +298,8 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
         "response_lengths": lengths.tolist(),
         "valid_tokens": valid,
         "padded_shape": list(batch.input_ids.shape),
-        "packed_shape": [plan.rows, plan.width],
+        "packed_shape": shapes["packed"],
+        "padded_input_shape": shapes["padded"],
         "cross_entropy": a.pack_cross_entropy,
         "padded": out["padded"],
         "packed": out["packed"],

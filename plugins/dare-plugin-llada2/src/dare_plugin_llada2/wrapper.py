@@ -4,7 +4,9 @@ LLaDA2 is a block-diffusion model (``kind = "block"``): at inference a query in 
 the keys of blocks ``<= b`` (blocks of ``block_size`` tokens counted from the first real token),
 and training uses the ``[noisy | clean]`` layout with the BD3LM mask (arXiv:2503.09573,
 arXiv:2512.15745). Both masks come from :mod:`dare_nn.block`; the raw module never
-gets a missing mask. Logits are not shifted.
+gets a missing mask. Logits are not shifted. Inference logits, the packed training rows and
+``token_logprobs`` are the shared :class:`~dare_nn.block.BlockDiffusionWrapper`'s; the padded
+training layout (:meth:`LLaDA2Wrapper._layout`) and the cached forward are LLaDA2's own.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import DareError, HFDiffusionWrapper
+from dare_core.api import DareError
 from dare_nn import layers
-from dare_nn.block import bd3lm_layout, block_causal_inputs, block_causal_mask, block_index, positions_from_mask
+from dare_nn.block import BlockDiffusionWrapper, bd3lm_layout, block_causal_mask, block_index, positions_from_mask
 from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
 from dare_nn.checkpoints import save_new_checkpoint, tiny_params
 
@@ -25,19 +27,14 @@ from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
 from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 
-class LLaDA2Wrapper(HFDiffusionWrapper):
+class LLaDA2Wrapper(BlockDiffusionWrapper):
     """Block-causal, unshifted: position ``i`` of the logits predicts token ``i``."""
 
-    logit_shift = 0
     #: drop noisy-copy blocks that equal their clean blocks from the training layout (exact)
     compact_layout = True
 
     def _module_logits(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-
-    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size, input_ids.device)
-        return self._module_logits(input_ids, mask, pos)
 
     def _layout(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
                 clean_ids: Optional[torch.Tensor]) -> tuple:
