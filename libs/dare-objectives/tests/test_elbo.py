@@ -38,6 +38,9 @@ class UniformWrapper:
     def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -self.c)
 
+    def noise(self, ids, where, generator):  # the absorbing kernel
+        return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
+
 
 @pytest.mark.parametrize("k,L,n,expected", [
     (3, 10, 4, [3, 6, 8, 10]),

@@ -144,7 +144,7 @@ def test_bench_rollout_refuses_a_backend_the_model_cannot_serve(run, monkeypatch
 
     def no_cache(*a, **k):
         w = real(*a, **k)
-        w.capabilities = frozenset({"bidirectional"})
+        w.capabilities = w.capabilities - {"kv_cache"}
         return w
 
     monkeypatch.setattr(toy, "make_toy_wrapper", no_cache)

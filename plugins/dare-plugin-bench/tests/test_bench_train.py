@@ -25,7 +25,7 @@ class _PackableToy:
             return w
 
         register(ModelFamily(name="toy_packable", kind="masked", load=load,
-                             capabilities=frozenset({"bidirectional", "packed_varlen"}),
+                             capabilities=frozenset({"bidirectional", "packed_varlen", "mask_token", "absorbing_elbo"}),
                              default_rollout="low_confidence", rollouts=("low_confidence",)))
 
 

@@ -120,6 +120,9 @@ class UniformBlockWrapper:
         assert clean_ids is not None  # the block layout needs the clean half
         return torch.full(targets.shape, -math.log(3.0))
 
+    def noise(self, ids, where, generator):  # the absorbing kernel
+        return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
+
 
 def test_composite_elbo_uniform_logits_is_minus_L_c():
     comps = _components(mc_num=4, n_l=2)

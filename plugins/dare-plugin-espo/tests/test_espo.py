@@ -102,6 +102,9 @@ class UniformWrapper:
     def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -math.log(2.0))
 
+    def noise(self, ids, where, generator):  # the absorbing kernel
+        return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
+
 
 def test_uniform_logits_oracle():
     comps = _components(mc_num=40)

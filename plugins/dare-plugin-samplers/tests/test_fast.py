@@ -410,7 +410,7 @@ def test_needs_kv_cache_capability_and_masked_kind():
 def test_registered_by_the_samplers_plugin():
     regs = build_for(dare_plugin_samplers).registries
     spec = regs.rollouts.get("fast")
-    assert spec.requires == frozenset({"kv_cache"}) and spec.kinds == frozenset({"masked"})
+    assert spec.requires == frozenset({"kv_cache", "mask_token"}) and spec.kinds == frozenset({"masked"})
     assert spec.records == frozenset({"reveal_step"}) and spec.config_cls is FastConfig
     assert regs.rollouts.owner("fast") == "dare_plugin_samplers"
     assert isinstance(spec.build(FastConfig()), FastSampler)

@@ -70,6 +70,9 @@ class UniformWrapper:
     def token_logprobs(self, noisy, targets, attention_mask=None, clean_ids=None, prompt_len=None):
         return torch.full(targets.shape, -self.c)
 
+    def noise(self, ids, where, generator):  # the absorbing kernel
+        return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
+
 
 def test_elbo_is_exact_on_uniform_logits_and_normalised_by_padded_length():
     w = UniformWrapper()

@@ -29,6 +29,10 @@ Setting. For a prompt ``x`` the rollout samples ``k`` responses ``y_1 … y_k``
    ``E_t[(1/t) Σ_{j∈𝓜} log p_θ(y_j | x̃_t)] ≤ log π(y|x)`` *without* the ``1/t`` weight and
    normalised by the number of masked tokens: a length-normalised, lower-variance likelihood
    surrogate (not a bound). Normaliser: masked response tokens of the sequence, all rows.
+   ``random_ratio`` noises with the family's kernel (``wrapper.noise``); on a uniform-noise family
+   (``uniform_noise``) ``𝓜`` are the positions replaced by random tokens and ``ℓ_i`` is the mean
+   log-probability of recovering the clean tokens there: the same surrogate, with no ELBO weight
+   to lose.
 
 4. **Loss** (this plugin's ``reinforce_rloo_pg``), over a micro-batch of ``B`` sequences,
 

@@ -10,7 +10,9 @@ Setting. For a prompt ``x`` the rollout samples a group of ``n`` responses ``y_1
    .. math:: A_i = r_i - \frac1n \sum_{k=1}^{n} r_k .
 
 2. **Corruption** (this plugin's ``myalgo_mask_response``): every valid response token is
-   replaced by the mask token, the prompt is kept: ``x̃_i = [x | MASK … MASK]``.
+   replaced by the family's forward noise (``wrapper.noise``), the prompt is kept:
+   ``x̃_i = [x | MASK … MASK]`` for an absorbing family, uniform random tokens for a uniform-noise
+   one. Either way the response carries no information about ``y``.
 
 3. **Likelihood** (core ``response_token_logprob``): one forward of ``x̃_i`` gives, for every
    response position ``j``, the one-step mean-field log-probability
@@ -42,26 +44,27 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import agg_loss, Components, Corrupted, mask_tokens, masked_mean, SequenceBatch
+from dare_core.api import agg_loss, Components, Corrupted, masked_mean, SequenceBatch
 from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyAlgoConfig
 
 
 class MaskWholeResponse:
-    """Corruption ``myalgo_mask_response``: mask every valid response token, keep the prompt.
+    """Corruption ``myalgo_mask_response``: noise every valid response token, keep the prompt.
 
-    ``noisy_ids[0, b, i]`` is the mask token where ``i ≥ P`` and the response token is valid,
-    else the clean id; ``masked`` marks those positions; ``p_mask`` is 1 there and 0 elsewhere.
-    Deterministic (the generator is not used), so one row (``M = 1``) is enough. Shapes
-    ``[1, B, S]``. Drawn once per rollout batch by the RL loop and shared by the old and new
-    likelihood evaluations.
+    ``noisy_ids[0, b, i]`` is the family's noise (``wrapper.noise``: the mask token, or a uniform
+    random token) where ``i ≥ P`` and the response token is valid, else the clean id; ``masked``
+    marks those positions; ``p_mask`` is 1 there and 0 elsewhere. One row (``M = 1``) is enough:
+    the positions are fixed and the response carries no information about ``y`` whatever the
+    noise. Shapes ``[1, B, S]``. Drawn once per rollout batch by the RL loop and shared by the
+    old and new likelihood evaluations.
     """
 
     def __call__(self, wrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted:
         ids = batch.input_ids
         masked = torch.zeros_like(ids, dtype=torch.bool)
         masked[:, batch.prompt_len :] = batch.response_mask.bool()
-        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
-        return Corrupted(noisy[None], masked[None], masked[None].to(torch.float32))
+        noisy = wrapper.noise(ids[None], masked[None], generator)
+        return Corrupted(noisy, masked[None], masked[None].to(torch.float32))
 
 
 class ReinforceLoss:

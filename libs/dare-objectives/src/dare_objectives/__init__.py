@@ -3,7 +3,9 @@ sequence ELBO estimator, step replay of a recorded denoising trajectory and its 
 the Monte-Carlo ELBO of a continuation given a context that evaluation scores choices with
 (``dare_objectives.likelihood``).
 Algorithms compose them by name through ``ComponentLookup``; their building blocks are imported
-from the sibling modules. Registering imports none of them (``lazy``)."""
+from the sibling modules. Registering imports none of them (``lazy``). ``sequence_elbo`` requires
+the ``absorbing_elbo`` capability, ``step_replay`` (which rebuilds visited states with MASK tokens)
+``mask_token``; the corruption noises with the family's kernel (``wrapper.noise``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def dare_register_trajectory_builders(register):
         "step_replay", lazy("dare_objectives.trajectory_replay:StepReplay"),
         "replay every recorded denoising step (reveal_step): states before the step, its tokens "
         "as targets; block models replay block-local steps of all blocks at once",
+        requires=frozenset({"mask_token"}),
     ))
 
 
@@ -36,6 +39,7 @@ def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
         "sequence_elbo", lazy("dare_objectives.elbo:SequenceELBO"),
         "per-row ELBO of the response, sum of log p / p_mask over corrupted tokens, [M, B]",
+        requires=frozenset({"absorbing_elbo"}),
     ))
 
 

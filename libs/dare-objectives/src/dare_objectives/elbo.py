@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from dare_core.api import Corrupted, mask_tokens, SequenceBatch
+from dare_core.api import Corrupted, SequenceBatch
 
 #: ``estimate(rows)`` evaluates the algorithm's estimator on the given Monte-Carlo rows only
 #: (with gradients unless the caller disables them) and returns ``[len(rows), B, ...]``.
@@ -67,7 +67,9 @@ class StratifiedCountMasking:
     ``x = ((round(linspace(k, k + (n_l-1)L/n_l, n_l)) − 1) mod L) + 1``; row ``i`` masks a
     uniformly random subset of exactly ``x_i`` valid response tokens (the prompt is never
     masked) and ``p_mask = x_i / L`` on the row's valid response positions. ``[M, B, S]``;
-    ``extras["counts"]`` is ``[M, B]``.
+    ``extras["counts"]`` is ``[M, B]``. The chosen tokens get the family's noise
+    (``wrapper.noise``: the mask token of an absorbing family); the ELBO weights ``1/p_mask`` are
+    the estimator's (:class:`SequenceELBO`, which needs ``absorbing_elbo``).
     """
 
     def __init__(self, mc_num: int = 16, n_l: int = 16):
@@ -93,7 +95,7 @@ class StratifiedCountMasking:
         masked = random_subset(valid[None].expand(M, B, S).cpu(), counts, generator).to(ids.device)
         p = counts.float() / lengths.clamp_min(1).float()[None]
         p_mask = torch.where(valid[None], p.to(ids.device)[:, :, None].expand(M, B, S), torch.zeros(()))
-        return Corrupted(mask_tokens(ids, masked, wrapper.mask_token_id), masked, p_mask,
+        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask,
                          {"counts": counts.to(ids.device)})
 
 
@@ -114,7 +116,9 @@ class SequenceELBO:
 
     .. math:: Ê_{m,b} = \frac{1}{N_b}\sum_{j\in\mathcal M_{m,b}} \frac{\log p_θ(y_{b,j}\mid x̃_{m,b})}{p_{m,b,j}}
 
-    over the corrupted *response* positions ``𝓜`` with their masking probabilities ``p``.
+    over the corrupted *response* positions ``𝓜`` with their masking probabilities ``p``. The
+    bound is the absorbing-state (MASK) ELBO, so the component requires ``absorbing_elbo``: under a
+    uniform-noise kernel the ``1/p``-weighted sum over noised tokens bounds nothing.
     Normaliser ``N_b`` (``norm``): ``none`` → 1; ``padded`` → ``R`` (padded response length);
     ``valid`` → the number of valid response tokens of ``b``; ``auto`` → ``padded`` for
     ``masked`` wrappers and ``valid`` for ``block`` wrappers. Returns ``[M, B]``; one forward

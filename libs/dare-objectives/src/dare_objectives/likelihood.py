@@ -50,7 +50,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dare_core.api import Corrupted, DareError, SequenceBatch, mask_tokens
+from dare_core.api import CapabilityError, Corrupted, DareError, SequenceBatch, mask_tokens
 from dare_objectives.elbo import SequenceELBO, StratifiedCountMasking
 
 #: a (context token ids, continuation token ids) pair
@@ -97,7 +97,9 @@ def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32
     """Monte-Carlo ELBO of ``log p(continuation | context)`` (nats, summed over the continuation's
     tokens) for every pair, with ``samples`` corruption rows each (see the module docstring).
 
-    :param wrapper: a loaded family wrapper (any kind; it supplies ``token_logprobs`` and the mask id).
+    :param wrapper: a loaded family wrapper (any kind; it supplies ``token_logprobs`` and the mask id)
+        with the ``absorbing_elbo`` capability: the bound holds for absorbing-state (MASK) families
+        only, so any other is refused with a :class:`~dare_core.api.CapabilityError`.
     :param pairs: ``(context_ids, continuation_ids)``; an empty continuation scores 0.
     :param batch_size: rows (pairs x samples) per forward.
     :returns: ``[N]`` float32 estimates on the CPU, or ``[N, samples]`` per-row values with
@@ -105,6 +107,10 @@ def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32
     """
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
+    if "absorbing_elbo" not in wrapper.capabilities:
+        raise CapabilityError(f"likelihood scoring (multiple choice, lm-eval loglikelihood) uses the masked-diffusion "
+                              f"ELBO and needs model capability absorbing_elbo which {wrapper.family!r} lacks; "
+                              "evaluate this model on generation tasks")
     out = torch.zeros(len(pairs), samples)
     todo = [i for i, (_, y) in enumerate(pairs) if len(y)]
     todo.sort(key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))  # similar lengths share a batch

@@ -23,6 +23,7 @@ def dare_register_algorithms(register):
         workflow="rl",
         config_cls=BGPOConfig,
         build=lazy("dare_plugin_bgpo.algorithm:build"),
+        requires=frozenset({"absorbing_elbo"}),  # its likelihood is the absorbing-state ELBO (sequence_elbo)
         components={"corruption": "stratified_count_masking", "estimator": "sequence_elbo",
                     "loss": "bgpo", "advantage": "group_norm", "trajectory": "final_sequence"},
         paper="arXiv:2510.11683",

@@ -15,6 +15,7 @@ def dare_register_algorithms(register):
         workflow="rl",
         config_cls=CJConfig,
         build=build,
+        requires=frozenset({"mask_token"}),  # replays the visited states: MASK where not yet revealed
         components={"trajectory": "step_replay", "estimator": "response_token_logprob",
                     "loss": "replay_clipped_pg", "advantage": "group_norm"},
         paper="arXiv:2509.23924",

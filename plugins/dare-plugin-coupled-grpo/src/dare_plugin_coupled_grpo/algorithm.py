@@ -6,6 +6,10 @@ fraction ``t`` of the response is masked in one row, the rest in the other, so e
 token is predicted exactly once at a partial mask level; the fully masked (one-step) estimate is
 added and the two are averaged. The three rows are drawn once per rollout batch and shared by the
 old, reference and new log-likelihoods.
+
+"Masked" means replaced by the family's forward noise (``wrapper.noise``), so the algorithm also
+runs on a uniform-noise family (``uniform_noise``, no MASK token); :class:`CoupledTokenLogProb`
+says what the estimate is there.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, mask_tokens, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch
 from dare_objectives.policy_options import advantage_from_options, build_clipped_objective
 from dare_plugin_coupled_grpo.config import CoupledConfig
 
@@ -29,11 +33,13 @@ class CoupledMasking:
 
     ``u ~ U(0, 1)`` per position. Prompt and padding are never masked (the reference also masks
     padding positions, which its packed forward drops anyway). ``extras["t"]`` is ``[3, B]``.
+    Masked positions get the family's noise (``wrapper.noise``: MASK, or uniform random tokens).
 
     Seeds: ``seed_mode="fixed"`` draws ``t = Random(seed).uniform(t_low, t_high)`` and
     ``u = rand((1, S))`` from a private ``torch.Generator`` seeded with ``seed`` at *every* call, as
     the reference does after its global ``set_seed(42)`` — but without touching any global or run
-    random stream. ``"stream"`` draws ``t`` per sequence and ``u`` per position from ``generator``.
+    random stream (a uniform-noise family's random tokens come from that private generator too).
+    ``"stream"`` draws ``t`` per sequence and ``u`` per position from ``generator``.
     """
 
     def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "fixed",
@@ -69,7 +75,8 @@ class CoupledMasking:
         masked = torch.stack([completion, completion & below, completion & ~below])
         tf = t.to(torch.float32)[:, None].expand(B, S)
         p_mask = torch.stack([torch.ones(B, S, device=dev), tf, 1.0 - tf]) * masked
-        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
+        noise_gen = torch.Generator().manual_seed(self.seed) if self.seed_mode == "fixed" else generator
+        noisy = wrapper.noise(ids.expand(masked.shape), masked, noise_gen)
         return Corrupted(noisy, masked, p_mask, {"t": t.to(torch.float32)[None].expand(3, B).clone()})
 
 
@@ -84,6 +91,17 @@ class CoupledTokenLogProb:
     token gets the full-mask term plus exactly one importance-weighted partial-mask term. The three
     rows go through the model in one batched call; block-diffusion wrappers receive the final
     sequence as the clean half of their ``[noisy | clean]`` layout.
+
+    Token ``j`` lands in ``M_1`` with probability ``t`` and in ``M_2`` with probability ``1 - t``,
+    so ``ℓ^{(1)}_j[j∈M_1]/t`` and ``ℓ^{(2)}_j[j∈M_2]/(1-t)`` are inverse-probability-weighted,
+    unbiased estimates of ``E[log p_θ(y_j | x̃_s) | j noised]`` at noise levels ``s = t`` and
+    ``s = 1 - t``, for any forward kernel. With MASK noise these are the per-token integrands of the
+    absorbing-state ELBO at those levels (the paper's ``1/t`` weights, DiffuCoder §4). With uniform
+    noise (``uniform_noise``) the noised positions hold random tokens and ``ℓ^{(0)}`` predicts ``y``
+    from an uninformative response; the three terms are the same per-token denoising
+    log-likelihoods under that kernel, but not terms of an ELBO (the uniform-state bound weights
+    its terms differently and scores unnoised positions too), so the estimate is a per-token
+    log-likelihood surrogate for GRPO's ratio, not a bound.
     """
 
     granularity = "token"

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 def dare_register_corruptions(register):
     register(ComponentSpec(
         "d1_masking", lazy("dare_plugin_d1.algorithm:D1Masking"),
-        "valid prompt tokens masked with probability p, the whole response masked",
+        "valid prompt tokens noised (wrapper.noise) with probability p, the whole response noised",
         kinds=frozenset({"masked"}), reference="arXiv:2504.12216",
     ))
 

@@ -5,6 +5,13 @@ GRPO where the per-token log-probability of a sampled completion is a one-step m
 estimate: mask the whole completion and a random fraction of the prompt, and read
 ``log p(y_j | ·)`` at every completion position from a single forward. The corruption is drawn
 once per rollout batch and reused for the old and new log-probabilities.
+
+"Mask" is the family's forward noise (``wrapper.noise``). On a uniform-noise family
+(``uniform_noise``, no MASK token) the completion becomes uniform random tokens: the kernel's fully
+noised state, which like the all-MASK completion carries no information about ``y``, so
+``log p(y_j | ·)`` is still the one-step (mean-field) prediction of the clean completion from the
+prompt alone; the prompt gets random tokens at rate ``p`` instead of MASK, the same random
+perturbation per draw that the paper uses as a regulariser.
 """
 
 from __future__ import annotations
@@ -12,15 +19,16 @@ from __future__ import annotations
 
 import torch
 
-from dare_core.api import Components, Corrupted, mask_tokens, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch
 from dare_objectives.policy_options import PenalizedClippedLoss
 from dare_plugin_d1.config import D1Config
 
 
 class D1Masking:
     """The d1 corruption: each valid prompt token is masked i.i.d. with probability ``p``;
-    every valid response token is masked. ``p_mask = p`` on valid prompt tokens, 1 on valid
-    response tokens, 0 on padding. Shapes ``[M, B, S]``."""
+    every valid response token is masked (masked = the family's noise, ``wrapper.noise``).
+    ``p_mask = p`` on valid prompt tokens, 1 on valid response tokens, 0 on padding. Shapes
+    ``[M, B, S]``."""
 
     def __init__(self, p_mask_prompt: float = 0.15, mc_num: int = 1):
         self.p = p_mask_prompt
@@ -36,7 +44,7 @@ class D1Masking:
         is_prompt[:, :P] = True
         draw = torch.rand(self.mc_num, B, S, generator=generator).to(dev)
         masked = valid[None] & (~is_prompt[None] | (draw < self.p))
-        noisy = mask_tokens(ids, masked, wrapper.mask_token_id)
+        noisy = wrapper.noise(ids.expand(masked.shape), masked, generator)
         p_row = torch.where(is_prompt, torch.full((B, S), self.p, device=dev), torch.ones(B, S, device=dev))
         p_mask = torch.where(valid, p_row, torch.zeros((), device=dev))[None].expand(self.mc_num, B, S)
         return Corrupted(noisy, masked, p_mask.clone())

@@ -42,6 +42,7 @@ def dare_register_rollout_backends(register):
         config_cls=DreamSamplerConfig,
         build=lazy("dare_plugin_dream.sampler:DreamSampler"),
         kinds=frozenset({"masked"}),
+        requires=frozenset({"mask_token"}),
         records=SUPPORTED_RECORDS,
         description="Dream's diffusion_generate: whole-window denoising on a linspace(1, eps) schedule "
                     "(origin / maskgit_plus / topk_margin / entropy, top-p, top-k, alg_temp; no cache)",

@@ -9,7 +9,8 @@ import attrs
 
 from dare_core.api import in_range, non_negative, one_of, option, positive
 
-CAPABILITIES = frozenset({"bidirectional", "kv_cache", "packed_varlen"})
+#: ``mask_token`` / ``absorbing_elbo``: an absorbing-state (MASK) diffusion model.
+CAPABILITIES = frozenset({"bidirectional", "kv_cache", "packed_varlen", "mask_token", "absorbing_elbo"})
 BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 #: ``alg`` values of the ``dream_generate`` backend
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")

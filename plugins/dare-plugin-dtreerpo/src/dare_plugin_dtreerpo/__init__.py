@@ -14,7 +14,7 @@ def dare_register_trajectory_builders(register):
         "tree_transitions", lazy("dare_plugin_dtreerpo.algorithm:TreeTransitions"),
         "one training row per tree edge (parent state -> child state) with the sibling-relative "
         "advantage of the child's value (mean leaf reward below it)",
-        reference="arXiv:2512.09675",
+        requires=frozenset({"mask_token"}), reference="arXiv:2512.09675",
     ))
 
 
@@ -36,6 +36,7 @@ def dare_register_algorithms(register):
         config_cls=DTreeConfig,
         build=lazy("dare_plugin_dtreerpo.algorithm:build"),
         kinds=frozenset({"masked", "block"}),
+        requires=frozenset({"mask_token"}),  # the tree starts from an all-MASK response
         components={"trajectory": "tree_transitions", "estimator": "response_token_logprob",
                     "loss": "tree_loss"},
         paper="arXiv:2512.09675",

@@ -32,6 +32,7 @@ def dare_register_algorithms(register):
         config_cls=EBPOConfig,
         build=lazy("dare_plugin_ebpo.algorithm:build"),
         kinds=frozenset({"block"}),
+        requires=frozenset({"absorbing_elbo"}),  # the composite block ELBO is the absorbing-state one
         components={"corruption": "block_elbo_masking", "estimator": "sequence_elbo", "loss": "ebpo",
                     "advantage": "group_norm", "trajectory": "final_sequence"},
         paper="arXiv:2602.08676",

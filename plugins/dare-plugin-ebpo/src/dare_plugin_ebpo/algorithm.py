@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from dare_core.api import Components, Corrupted, DareError, mask_tokens, SequenceBatch
+from dare_core.api import Components, Corrupted, DareError, SequenceBatch
 from dare_nn.block import block_index, positions_from_mask
 from dare_objectives.elbo import (
     RowMeanObjective,
@@ -42,7 +42,8 @@ class BlockELBOMasking:
     cells, ``τ_c = (u + c/N) mod 1`` with one ``u ~ U(0,1)`` per group (cell ``c = row·n_blocks
     + block``). A block of ``n`` tokens gets ``k = min(⌊τ n⌋ + 1, n)`` uniformly chosen tokens
     masked with ``p_mask = k/n``; every block has a masked token in every row; the prompt is never
-    masked. ``extras["levels"]`` is ``[M, B, S]`` (τ of each position's cell, 0 elsewhere).
+    masked; masked tokens get the family's noise (``wrapper.noise``; EBPO itself requires
+    ``absorbing_elbo``). ``extras["levels"]`` is ``[M, B, S]`` (τ of each position's cell, 0 elsewhere).
     The model wrapper builds the block layout (``[noisy | clean]`` for block kinds).
     """
 
@@ -96,7 +97,7 @@ class BlockELBOMasking:
                         levels[i, b, pos] = float(tau[r, j])
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(mask_tokens(ids, masked, wrapper.mask_token_id), masked, p_mask.to(dev),
+        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask.to(dev),
                          {"levels": levels.to(dev)})
 
 

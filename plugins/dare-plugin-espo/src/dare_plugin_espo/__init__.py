@@ -32,6 +32,7 @@ def dare_register_algorithms(register):
         config_cls=ESPOConfig,
         build=lazy("dare_plugin_espo.algorithm:build"),
         kinds=frozenset({"masked", "block"}),
+        requires=frozenset({"absorbing_elbo"}),  # its sequence likelihood is the absorbing-state ELBO
         components={"corruption": "complement_masking", "estimator": "sequence_elbo", "loss": "espo",
                     "advantage": "rloo", "trajectory": "final_sequence"},
         paper="arXiv:2512.03759",

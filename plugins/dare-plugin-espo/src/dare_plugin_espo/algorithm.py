@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dare_core.api import Components, Corrupted, mask_tokens, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch
 from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
@@ -32,7 +32,8 @@ class ComplementMasking:
     and take ``x = round(linspace(k, k + (B−1)(L+1)/B, B)) mod (L+1)`` (stratified across the
     batch, 0 allowed); otherwise ``x_b ~ U{0..L_b}`` independently. Row ``2m`` masks a uniformly
     random ``x_b``-subset of the valid response with ``p_mask = x_b/(L_b+1)``; row ``2m+1`` masks
-    the complement with ``p_mask = (L_b − x_b)/(L_b+1)``. The prompt is never masked.
+    the complement with ``p_mask = (L_b − x_b)/(L_b+1)``. The prompt is never masked. Masked
+    tokens get the family's noise (``wrapper.noise``; ESPO itself requires ``absorbing_elbo``).
     Returns ``[2·mc_num, B, S]``; ``extras["counts"]`` ``[2·mc_num, B]`` masked per row.
     """
 
@@ -63,7 +64,7 @@ class ComplementMasking:
         p_mask = torch.where(valid[None], p, torch.zeros(()))
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(mask_tokens(ids, masked, wrapper.mask_token_id), masked, p_mask.to(dev),
+        return Corrupted(wrapper.noise(ids.expand(masked.shape), masked, generator), masked, p_mask.to(dev),
                          {"counts": torch.stack(counts, 0).to(dev)})
 
 

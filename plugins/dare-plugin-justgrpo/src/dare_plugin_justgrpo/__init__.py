@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
         "tempered_token_logprob", lazy("dare_plugin_justgrpo.algorithm:TemperedTokenLogProb"),
-        "log softmax(logits / T)[y_j] at every response position of every state row",
-        reference="arXiv:2601.15165",
+        "log softmax(logits / T)[y_j] at every response position of every state row (MASK logit removed)",
+        requires=frozenset({"mask_token"}), reference="arXiv:2601.15165",
     ))
 
 
@@ -26,6 +26,7 @@ def dare_register_algorithms(register):
         config_cls=JustConfig,
         build=lazy("dare_plugin_justgrpo.algorithm:build"),
         kinds=frozenset({"masked"}),
+        requires=frozenset({"mask_token"}),  # exact left-to-right probabilities of MASK states
         components={"trajectory": "step_replay", "estimator": "tempered_token_logprob",
                     "loss": "replay_clipped_pg", "advantage": "group_norm"},
         records=STEP_REPLAY_RECORDS,

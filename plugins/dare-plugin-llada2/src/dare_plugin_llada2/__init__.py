@@ -49,6 +49,7 @@ def dare_register_rollout_backends(register):
         config_cls=ThresholdConfig,
         build=lazy("dare_plugin_llada2.sampler:ThresholdSampler"),
         kinds=frozenset({"block"}),
+        requires=frozenset({"mask_token"}),
         records=SUPPORTED_RECORDS,
         description="LLaDA2.0 block decoding: commit tokens above a probability threshold, else the "
                     "quota schedule (optional KV cache of finished blocks)",
@@ -58,6 +59,7 @@ def dare_register_rollout_backends(register):
         config_cls=EditingConfig,
         build=lazy("dare_plugin_llada2.sampler:EditingSampler"),
         kinds=frozenset({"block"}),
+        requires=frozenset({"mask_token"}),
         records=SUPPORTED_RECORDS,
         description="LLaDA2.1 block decoding with token editing (re-writes confident changed tokens "
                     "of the current block)",

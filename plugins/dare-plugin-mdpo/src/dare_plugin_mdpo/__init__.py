@@ -13,7 +13,7 @@ def dare_register_trajectory_builders(register):
         "intermediate_states", lazy("dare_plugin_mdpo.algorithm:StepStateRows"),
         "reward every step's predicted clean response, step-wise advantages, one training row "
         "per (rollout, selected step): state -> predicted tokens",
-        reference="arXiv:2508.13148",
+        requires=frozenset({"mask_token"}), reference="arXiv:2508.13148",
     ))
 
 
@@ -22,7 +22,7 @@ def dare_register_policy_losses(register):
     register(ComponentSpec(
         "mdpo_loss", lazy("dare_plugin_mdpo.algorithm:MDPOLoss"),
         "clipped ratio x R/#masked, confidence-weighted over masked positions (no dual clip)",
-        reference="arXiv:2508.13148",
+        requires=frozenset({"absorbing_elbo"}), reference="arXiv:2508.13148",
     ))
 
 
@@ -34,6 +34,8 @@ def dare_register_algorithms(register):
         config_cls=MDPOConfig,
         build=lazy("dare_plugin_mdpo.algorithm:build"),
         kinds=frozenset({"masked"}),
+        # MASK states of the sampler; the R/#masked weight is the absorbing ELBO's 1/t
+        requires=frozenset({"mask_token", "absorbing_elbo"}),
         components={"trajectory": "intermediate_states", "estimator": "response_token_logprob",
                     "loss": "mdpo_loss", "advantage": "group_norm"},
         paper="arXiv:2508.13148",

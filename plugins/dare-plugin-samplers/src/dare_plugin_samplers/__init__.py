@@ -1,5 +1,6 @@
 """Rollout backends: the reference low-confidence sampler, the cached ``fast`` sampler and the
-block-diffusion sampler (see this plugin's README)."""
+block-diffusion sampler (see this plugin's README). Each starts the response as MASK tokens and
+reveals them, so each requires the ``mask_token`` capability."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def dare_register_rollout_backends(register) -> None:
             config_cls=LowConfidenceConfig,
             build=lazy("dare_plugin_samplers.low_confidence:LowConfidenceSampler"),
             kinds=frozenset({"masked"}),
+            requires=frozenset({"mask_token"}),
             records=LOW_CONFIDENCE_RECORDS,
             methods=RESUMABLE,
             description=(
@@ -39,7 +41,7 @@ def dare_register_rollout_backends(register) -> None:
             build=lazy("dare_plugin_samplers.fast:FastSampler"),
             kinds=frozenset({"masked"}),
             records=FAST_RECORDS,
-            requires=frozenset({"kv_cache"}),
+            requires=frozenset({"kv_cache", "mask_token"}),
             description=(
                 "block-wise masked-diffusion sampler with a prefix or dual KV cache and "
                 "confidence-threshold parallel decoding (needs kv_cache)"
@@ -51,6 +53,7 @@ def dare_register_rollout_backends(register) -> None:
         config_cls=BlockRolloutConfig,
         build=lazy("dare_plugin_samplers.block:BlockSampler"),
         kinds=frozenset({"block"}),
+        requires=frozenset({"mask_token"}),
         records=BLOCK_RECORDS,
         methods=RESUMABLE,
         description=("block-diffusion generation: prompt prefill and per-block denoising with a "

@@ -20,7 +20,7 @@ def dare_register_corruptions(register):
 def dare_register_likelihood_estimators(register):
     register(ComponentSpec(
         "spg_bounds", lazy("dare_plugin_spg.algorithm:SPGBounds"), "masked-token-mean ELBO and Rényi EUBO per sequence",
-        reference="arXiv:2510.09541",
+        requires=frozenset({"absorbing_elbo"}), reference="arXiv:2510.09541",
     ))
 
 
@@ -40,6 +40,7 @@ def dare_register_algorithms(register):
         config_cls=SPGConfig,
         build=lazy("dare_plugin_spg.algorithm:build"),
         kinds=frozenset({"masked"}),
+        requires=frozenset({"absorbing_elbo"}),  # lower and upper bounds of the absorbing-state likelihood
         components={"corruption": "spg_block_masking", "estimator": "spg_bounds", "loss": "spg",
                     "advantage": "group_norm", "trajectory": "final_sequence"},
         paper="arXiv:2510.09541",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.api import Components, Corrupted, mask_tokens, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch
 from dare_objectives.elbo import mc_diagnostics, random_subset, response_valid
 from dare_plugin_spg.config import SPGConfig
 
@@ -34,6 +34,8 @@ class BlockWiseMasking:
     4. Valid tokens before the block (prompt and earlier blocks) are masked i.i.d. with
        probability ``p_mask_prompt`` (``p_mask`` = that probability). Padding is never masked and
        has ``p_mask = 0`` (it is invisible to the model; the reference also masks it).
+
+    Masked tokens get the family's noise (``wrapper.noise``); SPG's bounds require ``absorbing_elbo``.
     """
 
     def __init__(self, mc_num: int = 1, block_length: int = 32, p_mask_prompt: float = 0.15,
@@ -87,7 +89,7 @@ class BlockWiseMasking:
         p_mask = torch.where(after, torch.ones_like(p_mask), p_mask)
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(mask_tokens(ids, masked, wrapper.mask_token_id), masked, p_mask.to(dev),
+        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask.to(dev),
                          {"block_mask_count": counts.to(dev)})
 
 

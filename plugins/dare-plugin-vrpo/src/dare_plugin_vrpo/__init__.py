@@ -24,6 +24,7 @@ def dare_register_algorithms(register):
         config_cls=VRPOConfig,
         build=lazy("dare_plugin_vrpo.algorithm:build"),
         kinds=frozenset({"masked"}),
+        requires=frozenset({"absorbing_elbo"}),  # DPO on absorbing-state ELBOs
         components={"corruption": "stratified_count_masking", "estimator": "sequence_elbo",
                     "loss": "dpo"},
         paper="arXiv:2505.19223",

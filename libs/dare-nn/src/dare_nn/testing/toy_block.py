@@ -37,7 +37,8 @@ __all__ = ["ToyBlockLM", "ToyBlockWrapper", "make_toy_block_wrapper", "BLOCK_SIZ
 
 #: Block size of the ``block_toy`` family.
 BLOCK_SIZE = 4
-CAPABILITIES = frozenset({"kv_cache"})
+#: an absorbing-state (MASK) block-diffusion model with a KV cache
+CAPABILITIES = frozenset({"kv_cache", "mask_token", "absorbing_elbo"})
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
