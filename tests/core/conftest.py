@@ -135,7 +135,8 @@ def recording_load(path, *args, **kwargs):
 def _register_model_wrappers(register):
     register(ModelFamily(
         name="toy_cached", kind="masked", load=recording_load,
-        capabilities=frozenset({"bidirectional", "kv_cache"}), default_rollout="low_confidence",
+        capabilities=frozenset({"bidirectional", "kv_cache", "mask_token", "absorbing_elbo"}),
+        default_rollout="low_confidence",
         rollouts=("low_confidence", "cached"), description="masked test family with a cache",
     ))
     register(ModelFamily(

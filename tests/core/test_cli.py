@@ -71,7 +71,7 @@ def test_list_models(run):
     assert set(rows) == {"toy", "toy_block", "toy_cached"}
     assert rows["toy"][1] == "masked" and rows["toy"][-1] == "dare_core.testing.toy"
     assert rows["toy_block"][1:3] == ["block", "4"]
-    assert "bidirectional,kv_cache" in rows["toy_cached"]
+    assert "absorbing_elbo,bidirectional,kv_cache,mask_token" in rows["toy_cached"]
 
 
 def test_list_algorithms(run):

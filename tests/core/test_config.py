@@ -432,6 +432,7 @@ class _NeedsBackendFeatures:
         from dare_core.interfaces import ModelFamily
 
         register(ModelFamily(name="toy_mini", kind="masked", load=lambda *a, **k: None,
+                             capabilities=frozenset({"mask_token", "absorbing_elbo"}),
                              default_rollout="mini", rollouts=("mini", "low_confidence"),
                              description="family whose default backend is 'mini'"))
 

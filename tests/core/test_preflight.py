@@ -36,12 +36,15 @@ def _load(path, *args, **kwargs):
     raise AssertionError("a refused run loaded a model")
 
 
+ABSORBING = frozenset({"mask_token", "absorbing_elbo"})
+
+
 def _families(register):
     register(ModelFamily(name="hf_toy", kind="masked", load=_load, model_types=("hf_toy",),
-                         config_keys=("vocab_size", "dim"), context_key="max_len",
+                         config_keys=("vocab_size", "dim"), context_key="max_len", capabilities=ABSORBING,
                          default_rollout="low_confidence", rollouts=("low_confidence",)))
     register(ModelFamily(name="other_toy", kind="masked", load=_load, model_types=("other_toy",),
-                         default_rollout="low_confidence", rollouts=("low_confidence",)))
+                         capabilities=ABSORBING, default_rollout="low_confidence", rollouts=("low_confidence",)))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import attrs
 from dare_core.api import in_range, non_negative, one_of, option, positive
 
 #: ``mask_token`` / ``absorbing_elbo``: an absorbing-state (MASK) diffusion model.
-CAPABILITIES = frozenset({"block_diffusion", "kv_cache", "mask_token", "absorbing_elbo"})
+CAPABILITIES = frozenset({"block_diffusion", "kv_cache", "packed_varlen", "mask_token", "absorbing_elbo"})
 BUNDLED = os.path.join(os.path.dirname(__file__), "checkpoints", "tiny-sudoku")
 #: Block size of the published evaluations and SFT trainer (plugin README); a checkpoint may
 #: override it with a ``block_size`` entry in its config.json.
