@@ -40,7 +40,7 @@ stacked weights are cast to the autocast dtype; gradients come back in each tens
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,7 @@ from torch import nn
 
 from dare_core.api import DareError
 
-__all__ = ["IMPLS", "KERNELS", "GroupedExperts", "check_impl", "groupable", "grouped_linear",
+__all__ = ["IMPLS", "KERNELS", "GroupedExperts", "auto_kernel", "check_impl", "groupable", "grouped_linear",
            "grouped_swiglu", "pack_experts", "sort_by_expert"]
 
 IMPLS = ("grouped", "loop")
@@ -165,11 +165,12 @@ def pack_experts(experts: Sequence[nn.Module]) -> bool:
 
 
 # --------------------------------------------------------------------------- grouped GEMMs
-def _fast_kernel(a: torch.Tensor, groups: int, out_features: int, in_features: int) -> bool:
-    if not (a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and groups < 1024):
-        return False
-    return (torch.cuda.get_device_capability(a.device)[0] in (9, 10)
-            and out_features % 8 == 0 and in_features % 8 == 0)
+def auto_kernel(x: torch.Tensor, groups: int, out_features: int, in_features: int) -> str:
+    """The kernel ``kernel="auto"`` picks for ``x`` (device, dtype) and ``groups`` weights ``[out, in]``."""
+    fast = (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and groups < 1024
+            and out_features % 8 == 0 and in_features % 8 == 0
+            and torch.cuda.get_device_capability(x.device)[0] in (9, 10))
+    return "grouped_mm" if fast else "segments"
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -177,29 +178,31 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
-def _mm_segments(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, use_grouped: bool) -> torch.Tensor:
-    """``out[s:e] = a[s:e] @ b[g]`` for the segments ``[s, e)`` of ``offsets``; ``b`` ``[E, K, N]``."""
-    if use_grouped:
+def _mm_segments(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bounds: Optional[list[int]]) -> torch.Tensor:
+    """``out[s:e] = a[s:e] @ b[g]`` over the segments of ``offsets`` (host copy ``bounds``; None:
+    ``torch._grouped_mm``); ``b`` ``[E, K, N]``."""
+    if bounds is None:
         return torch._grouped_mm(_aligned(a), b, offs=offsets)
     out = a.new_empty(a.shape[0], b.shape[-1])
     start = 0
-    for g, end in enumerate(offsets.tolist()):
+    for g, end in enumerate(bounds):
         if end > start:
             torch.mm(a[start:end], b[g], out=out[start:end])
         start = end
     return out
 
 
-def _weight_grads(gy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, use_grouped: bool) -> torch.Tensor:
+def _weight_grads(gy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor,
+                  bounds: Optional[list[int]]) -> torch.Tensor:
     """``[E, out, in]``: ``gy[s:e]ᵀ @ x[s:e]`` per segment, zero for empty segments."""
-    if use_grouped:
+    if bounds is None:
         gw = torch._grouped_mm(_aligned(gy).t(), _aligned(x), offs=offsets)
         counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
         # empty groups: zero whatever the kernel left there (reported non-zero on some GPUs)
         return torch.where((counts > 0)[:, None, None], gw, torch.zeros((), dtype=gw.dtype, device=gw.device))
     gw = gy.new_zeros(offsets.numel(), gy.shape[1], x.shape[1])
     start = 0
-    for g, end in enumerate(offsets.tolist()):
+    for g, end in enumerate(bounds):
         if end > start:
             torch.mm(gy[start:end].t(), x[start:end], out=gw[g])
         start = end
@@ -211,15 +214,13 @@ class _GroupedLinear(torch.autograd.Function):
     (never a stacked copy), differentiable w.r.t. ``x`` and every weight."""
 
     @staticmethod
-    def forward(ctx, x, offsets, kernel, n_parts, *weights):
+    def forward(ctx, x, offsets, bounds, n_parts, *weights):
         n = len(weights) // n_parts
         parts = [weights[j * n:(j + 1) * n] for j in range(n_parts)]
-        rows = sum(p[0].shape[0] for p in parts)
-        use = kernel == "grouped_mm" or (kernel == "auto" and _fast_kernel(x, n, rows, weights[0].shape[1]))
-        w = _stacked(parts, x.dtype, aligned=use)
+        w = _stacked(parts, x.dtype, aligned=bounds is None)
         with torch.autocast(x.device.type, enabled=False):
-            y = _mm_segments(x, w.transpose(1, 2), offsets, use)
-        ctx.use_grouped, ctx.n_parts = use, n_parts
+            y = _mm_segments(x, w.transpose(1, 2), offsets, bounds)
+        ctx.bounds, ctx.n_parts = bounds, n_parts
         ctx.save_for_backward(x, offsets, *weights)
         return y
 
@@ -233,25 +234,31 @@ class _GroupedLinear(torch.autograd.Function):
         gx, gws = None, [None] * len(weights)
         with torch.autocast(x.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
-                gx = _mm_segments(gy, _stacked(parts, gy.dtype, ctx.use_grouped), offsets, ctx.use_grouped)
+                gx = _mm_segments(gy, _stacked(parts, gy.dtype, ctx.bounds is None), offsets, ctx.bounds)
             if any(ctx.needs_input_grad[4:]):
-                gw = _weight_grads(gy, x.to(gy.dtype), offsets, ctx.use_grouped)
+                gw = _weight_grads(gy, x.to(gy.dtype), offsets, ctx.bounds)
                 blocks = gw.split([p[0].shape[0] for p in parts], dim=1)
                 gws = [blocks[i // n][i % n].to(w.dtype) if ctx.needs_input_grad[4 + i] else None
                        for i, w in enumerate(weights)]
         return (gx, None, None, None, *gws)
 
 
-def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, *parts: Sequence[torch.Tensor],
-                   kernel: str = "auto") -> torch.Tensor:
-    """``[M, sum out_j]``: rows ``offsets[g-1]:offsets[g]`` of ``x`` ``[M, in]`` times the
-    transposed weights of expert ``g``; each part is a list of per-expert ``[out_j, in]`` weights
-    (the ``nn.Linear`` layout) and the parts' outputs are concatenated (e.g. gate and up
-    projections in one GEMM). ``offsets`` int32 ``[E]``, the last one ``M``."""
+def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, *parts: Sequence[torch.Tensor], kernel: str = "auto",
+                   bounds: Optional[list[int]] = None) -> torch.Tensor:
+    """``[M, sum out_j]`` in ``x``'s dtype: rows ``offsets[g-1]:offsets[g]`` of ``x`` ``[M, in]``
+    times the transposed weights of expert ``g``; each part is a list of per-expert
+    ``[out_j, in]`` weights (the ``nn.Linear`` layout) and the parts' outputs are concatenated
+    (e.g. gate and up projections in one GEMM). ``offsets`` int32 ``[E]``, the last one ``M``;
+    ``bounds``: ``offsets.tolist()`` when the caller has it (the ``segments`` kernel needs it on
+    the host; one synchronisation per call otherwise)."""
     if kernel not in KERNELS:
         raise DareError(f"grouped GEMM kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if kernel == "auto":
+        kernel = auto_kernel(x, len(parts[0]), sum(p[0].shape[0] for p in parts), parts[0][0].shape[1])
+    if kernel == "segments" and bounds is None:
+        bounds = offsets.tolist()
     flat = [w for part in parts for w in part]
-    return _GroupedLinear.apply(x, offsets, kernel, len(parts), *flat)
+    return _GroupedLinear.apply(x, offsets, bounds if kernel == "segments" else None, len(parts), *flat)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -273,13 +280,18 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
         return x.new_zeros(0, k, out_dim, dtype=dtype)
     order, offsets = sort_by_expert(experts, len(modules))
     xs = x.to(dtype).index_select(0, order // k)
+    inner, e = modules[0].down_proj.in_features, len(modules)
+    if kernel == "auto":
+        fast = auto_kernel(xs, e, 2 * inner, xs.shape[1]) == auto_kernel(xs, e, out_dim, inner) == "grouped_mm"
+        kernel = "grouped_mm" if fast else "segments"
+    bounds = offsets.tolist() if kernel == "segments" else None  # the one host synchronisation
 
     def weights(name: str) -> list[torch.Tensor]:
         return [getattr(m, name).weight for m in modules]
 
-    gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel)
+    gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel, bounds=bounds)
     gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
-    y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel)
+    y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel, bounds=bounds)
     return y.new_empty(n * k, out_dim).index_copy(0, order, y).view(n, k, out_dim)
 
 
