@@ -289,10 +289,14 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
     def weights(name: str) -> list[torch.Tensor]:
         return [getattr(m, name).weight for m in modules]
 
-    gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel, bounds=bounds)
-    gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
+    if kernel == "grouped_mm":  # gate and up in one GEMM
+        gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel)
+        gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
+    else:  # contiguous gate and up (elementwise kernels on CPU are slower on strided halves)
+        gate, up = (grouped_linear(xs, offsets, weights(name), kernel=kernel, bounds=bounds)
+                    for name in ("gate_proj", "up_proj"))
     y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel, bounds=bounds)
-    return y.new_empty(n * k, out_dim).index_copy(0, order, y).view(n, k, out_dim)
+    return torch.empty_like(y).index_copy_(0, order, y).view(n, k, out_dim)
 
 
 class GroupedExperts(nn.Module):
