@@ -5,36 +5,41 @@ over the experts in Python (find the expert's tokens, run its MLP, add the resul
 small kernels and one host synchronisation per expert. :func:`grouped_swiglu` computes the same
 thing as follows:
 
-1. the ``N * k`` (token, slot) assignments are sorted by expert (a stable argsort of the flattened
+1. the ``N * k`` (token, slot) assignments are sorted by expert (a stable sort of the flattened
    top-k indices), so every expert's tokens form one contiguous segment; ``offsets[e]`` is the end
    of expert ``e``'s segment (:func:`sort_by_expert`; no host synchronisation);
-2. the tokens are gathered in that order and each projection (``gate_proj``, ``up_proj``,
-   ``down_proj``) runs as one *grouped* GEMM over the segments, with the experts' weights stacked
-   ``[E, out, in]`` (:func:`grouped_linear`);
+2. the tokens are gathered in that order and each projection runs as one *grouped* GEMM over the
+   segments with the experts' weights stacked ``[E, out, in]`` (:func:`grouped_linear`);
+   ``gate_proj`` and ``up_proj`` share one GEMM on the ``grouped_mm`` kernel;
 3. the outputs go back to their (token, slot) places, ``[N, k, D]``; the caller applies its
    routing weights and sums over the slots (in the order and precision its published model does).
+
+Every step is deterministic (the gather's backward sums the ``k`` copies of a token instead of
+scattering with repeated indices). Experts that received no token get an exactly zero weight
+gradient, where the loop leaves their ``.grad`` untouched (``None`` after ``zero_grad``); an
+optimizer with weight decay or momentum therefore still updates them, as in other grouped-GEMM
+MoE trainers.
 
 The expert modules, their parameter names and the module tree are those of the checkpoint
 (``experts.{e}.{gate,up,down}_proj.weight``, each an ``nn.Linear`` without bias); nothing is
 renamed or re-shaped, so published checkpoints load and save as before.
 
-**Stacked weights.** When one projection's expert weights lie at equal strides in one storage
-(after :func:`pack_experts`, or inside a flat buffer an engine laid out in module order), the
-stack is a strided *view* of them; otherwise it is a copy made for the GEMM and dropped after it
-(never kept for the backward pass, which rebuilds it). :class:`GroupedExperts` packs a block's
-experts when it is built and after every ``.to()`` / ``.cuda()`` / ``.half()`` (``nn.Module._apply``),
-and only weights that own their whole storage: weights that are views into someone else's buffer
-(FSDP, DeepSpeed flat buffers), DTensors, meta or empty tensors are left where they are.
+**Stacked weights.** When the experts' weights of a projection (or of gate and up together) lie
+at equal strides in one storage (after :func:`pack_experts`, or inside a flat buffer an engine
+laid out in module order), the stack is a strided *view* of them; otherwise it is a copy made
+for the GEMM and dropped after it (never kept for the backward pass, which rebuilds it).
+:class:`GroupedExperts` packs a block's experts when it is built and after every ``.to()`` /
+``.cuda()`` / ``.half()`` (``nn.Module._apply``), and only weights that own their whole storage:
+views into someone else's buffer (FSDP, DeepSpeed), DTensors, meta or empty tensors stay put.
 
 **GEMM kernel** (``kernel=``): ``grouped_mm`` is ``torch._grouped_mm`` (one CUTLASS kernel per
-projection, no host synchronisation); ``auto`` uses it on CUDA GPUs of compute capability 9.x and
-10.x in bfloat16 with both GEMM dimensions multiples of 8 (16-byte rows, the kernel's TMA
-alignment) and fewer than 1024 experts, which is where PyTorch runs its fast kernel (elsewhere
-``torch._grouped_mm`` falls back to a per-group loop with a host synchronisation). Otherwise
-``segments``: one host synchronisation for the segment bounds, then one ``mm`` per non-empty
-expert. Weight gradients of experts that received no token are exactly zero on both kernels.
+GEMM, no host synchronisation); ``auto`` picks it on CUDA GPUs of compute capability 9.x and 10.x
+in bfloat16 with every GEMM dimension a multiple of 8 (16-byte rows, the kernel's alignment) and
+fewer than 1024 experts, which is where PyTorch runs that kernel (elsewhere ``torch._grouped_mm``
+falls back to a per-group loop that synchronises with the host). Otherwise ``segments``: one host
+synchronisation per block for the segment bounds, then one ``mm`` per non-empty expert.
 
-Autocast is honoured like ``nn.Linear`` does: under an enabled autocast region the tokens and the
+Autocast is honoured as ``nn.Linear`` does: under an enabled autocast region the tokens and the
 stacked weights are cast to the autocast dtype; gradients come back in each tensor's own dtype.
 """
 
@@ -279,7 +284,9 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
     if n == 0:
         return x.new_zeros(0, k, out_dim, dtype=dtype)
     order, offsets = sort_by_expert(experts, len(modules))
-    xs = x.to(dtype).index_select(0, order // k)
+    # k copies, then a permutation: the backward sums the copies instead of scattering into x with
+    # repeated indices (atomic adds on a GPU), so gradients are deterministic
+    xs = x.to(dtype).repeat_interleave(k, dim=0).index_select(0, order)
     inner, e = modules[0].down_proj.in_features, len(modules)
     if kernel == "auto":
         fast = auto_kernel(xs, e, 2 * inner, xs.shape[1]) == auto_kernel(xs, e, out_dim, inner) == "grouped_mm"
@@ -305,8 +312,9 @@ class GroupedExperts(nn.Module):
     ``experts_impl`` (class attribute, settable per instance): ``"grouped"`` (default) computes
     the experts with :func:`grouped_swiglu`; ``"loop"`` runs the block's reference per-expert
     loop. Blocks whose experts are not plain ``nn.Linear`` layers (e.g. LoRA-wrapped) always
-    loop. The experts are packed (:func:`pack_experts`) by :meth:`pack_experts` and after every
-    ``_apply`` (``.to()``, ``.cuda()``, ``.half()``, ...); the module tree is unchanged.
+    loop. ``experts_kernel``: the ``kernel`` of :func:`grouped_swiglu` (default ``"auto"``). The
+    experts are packed (:func:`pack_experts`) by :meth:`pack_experts` and after every ``_apply``
+    (``.to()``, ``.cuda()``, ``.half()``, ...); the module tree is unchanged.
     """
 
     experts_impl: str = "grouped"
