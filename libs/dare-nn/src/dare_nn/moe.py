@@ -205,11 +205,13 @@ def _weight_grads(gy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor,
         counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
         # empty groups: zero whatever the kernel left there (reported non-zero on some GPUs)
         return torch.where((counts > 0)[:, None, None], gw, torch.zeros((), dtype=gw.dtype, device=gw.device))
-    gw = gy.new_zeros(offsets.numel(), gy.shape[1], x.shape[1])
+    gw = gy.new_empty(offsets.numel(), gy.shape[1], x.shape[1])
     start = 0
     for g, end in enumerate(bounds):
         if end > start:
             torch.mm(gy[start:end].t(), x[start:end], out=gw[g])
+        else:
+            gw[g].zero_()
         start = end
     return gw
 
