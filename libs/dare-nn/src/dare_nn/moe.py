@@ -268,6 +268,57 @@ def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, *parts: Sequence[torc
     return _GroupedLinear.apply(x, offsets, bounds if kernel == "segments" else None, len(parts), *flat)
 
 
+class _SegmentSwiGLU(torch.autograd.Function):
+    """SwiGLU experts over the sorted segments, one expert at a time (gate, up, silu and down on
+    an expert's rows while they are in cache); saves the rows and the gate and up outputs."""
+
+    @staticmethod
+    def forward(ctx, xs, bounds, *weights):
+        n, dt = len(weights) // 3, xs.dtype
+        gate = xs.new_empty(xs.shape[0], weights[0].shape[0])
+        up, y = torch.empty_like(gate), xs.new_empty(xs.shape[0], weights[2 * n].shape[0])
+        start = 0
+        with torch.autocast(xs.device.type, enabled=False):
+            for e, end in enumerate(bounds):
+                if end > start:
+                    rows = xs[start:end]
+                    g = torch.mm(rows, weights[e].to(dt).t(), out=gate[start:end])
+                    u = torch.mm(rows, weights[n + e].to(dt).t(), out=up[start:end])
+                    torch.mm(F.silu(g) * u, weights[2 * n + e].to(dt).t(), out=y[start:end])
+                start = end
+        ctx.bounds = bounds
+        ctx.save_for_backward(xs, gate, up, *weights)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        xs, gate, up, *weights = ctx.saved_tensors
+        n, dt, need = len(weights) // 3, xs.dtype, ctx.needs_input_grad
+        gy = gy.contiguous()
+        gx = torch.empty_like(xs) if need[0] else None  # every row lies in one segment
+        grads: list[Optional[torch.Tensor]] = [None] * len(weights)
+        start = 0
+        with torch.autocast(xs.device.type, enabled=False):
+            for e, end in enumerate(ctx.bounds):
+                wg, wu, wd = (weights[j * n + e] for j in range(3))
+                if end == start:  # no token: zero gradient
+                    for j in range(3):
+                        grads[j * n + e] = torch.zeros_like(weights[j * n + e]) if need[2 + j * n + e] else None
+                    continue
+                rows, g, u, d = xs[start:end], gate[start:end], up[start:end], gy[start:end]
+                act = F.silu(g)
+                dh = d @ wd.to(dt)
+                du, dg = dh * act, torch.ops.aten.silu_backward(dh * u, g)
+                for j, w, a, b in ((0, wg, dg, rows), (1, wu, du, rows), (2, wd, d, act * u)):
+                    if need[2 + j * n + e]:
+                        grads[j * n + e] = (a.t() @ b).to(w.dtype)
+                if gx is not None:
+                    torch.mm(dg, wg.to(dt), out=gx[start:end]).addmm_(du, wu.to(dt))
+                start = end
+        return (gx, None, *grads)
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     dev = x.device.type
     if x.dtype != torch.float64 and torch.is_autocast_enabled(dev):
@@ -293,18 +344,17 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
     if kernel == "auto":
         fast = auto_kernel(xs, e, 2 * inner, xs.shape[1]) == auto_kernel(xs, e, out_dim, inner) == "grouped_mm"
         kernel = "grouped_mm" if fast else "segments"
-    bounds = offsets.tolist() if kernel == "segments" else None  # the one host synchronisation
 
     def weights(name: str) -> list[torch.Tensor]:
         return [getattr(m, name).weight for m in modules]
 
-    if kernel == "grouped_mm":  # gate and up in one GEMM
+    if kernel == "grouped_mm":  # gate and up in one GEMM, then down
         gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel)
         gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
-    else:  # contiguous gate and up (elementwise kernels on CPU are slower on strided halves)
-        gate, up = (grouped_linear(xs, offsets, weights(name), kernel=kernel, bounds=bounds)
-                    for name in ("gate_proj", "up_proj"))
-    y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel, bounds=bounds)
+        y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel)
+    else:
+        y = _SegmentSwiGLU.apply(xs, offsets.tolist(), *weights("gate_proj"), *weights("up_proj"),
+                                 *weights("down_proj"))
     return torch.empty_like(y).index_copy_(0, order, y).view(n, k, out_dim)
 
 
