@@ -14,8 +14,8 @@ thing as follows:
 3. the outputs go back to their (token, slot) places, ``[N, k, D]``; the caller applies its
    routing weights and sums over the slots (in the order and precision its published model does).
 
-Every step is deterministic (the gather's backward sums the ``k`` copies of a token instead of
-scattering with repeated indices). Experts that received no token get an exactly zero weight
+Every step is deterministic (on a GPU the gather's backward sums the ``k`` copies of a token
+instead of scattering them with atomic adds). Experts that received no token get an exactly zero weight
 gradient, where the loop leaves their ``.grad`` untouched (``None`` after ``zero_grad``); an
 optimizer with weight decay or momentum therefore still updates them, as in other grouped-GEMM
 MoE trainers.
@@ -337,9 +337,10 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
     if n == 0:
         return x.new_zeros(0, k, out_dim, dtype=dtype)
     order, offsets = sort_by_expert(experts, len(modules))
-    # k copies, then a permutation: the backward sums the copies instead of scattering into x with
-    # repeated indices (atomic adds on a GPU), so gradients are deterministic
-    xs = x.to(dtype).repeat_interleave(k, dim=0).index_select(0, order)
+    if x.is_cuda:  # k copies, then a permutation: the backward sums the copies (no atomic adds)
+        xs = x.to(dtype).repeat_interleave(k, dim=0).index_select(0, order)
+    else:  # one gather; its backward adds the k copies in order
+        xs = x.to(dtype).index_select(0, order // k)
     inner, e = modules[0].down_proj.in_features, len(modules)
     if kernel == "auto":
         fast = auto_kernel(xs, e, 2 * inner, xs.shape[1]) == auto_kernel(xs, e, out_dim, inner) == "grouped_mm"
