@@ -173,6 +173,11 @@ def test_grouped_experts_repacks_after_to_and_leaves_foreign_buffers_alone():
     block.to(torch.float64)
     assert [p.data_ptr() for p in block.parameters()] == ptrs
     assert _layouts(block.experts) == [3 * 32, 3 * 32]
+    # shared CPU memory (multiprocess training) stays shared
+    for p in block.parameters():
+        p.data = p.data.clone()
+    block.share_memory()
+    assert all(p.is_shared() for p in block.parameters()) and _layouts(block.experts) == [0, 0]
 
 
 def test_backward_keeps_no_stacked_copy():

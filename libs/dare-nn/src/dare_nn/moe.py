@@ -8,26 +8,28 @@ thing as follows:
 1. the ``N * k`` (token, slot) assignments are sorted by expert (a stable sort of the flattened
    top-k indices), so every expert's tokens form one contiguous segment; ``offsets[e]`` is the end
    of expert ``e``'s segment (:func:`sort_by_expert`; no host synchronisation);
-2. the tokens are gathered in that order and each projection runs as one *grouped* GEMM over the
-   segments with the experts' weights stacked ``[E, out, in]`` (:func:`grouped_linear`);
-   ``gate_proj`` and ``up_proj`` share one GEMM on the ``grouped_mm`` kernel;
+2. the tokens are gathered in that order and the experts run over their segments: on the
+   ``grouped_mm`` kernel as two *grouped* GEMMs (``gate_proj`` and ``up_proj`` together, then
+   ``down_proj``) with the experts' weights stacked ``[E, out, in]`` (:func:`grouped_linear`), on
+   the ``segments`` kernel as each expert's whole SwiGLU on its rows;
 3. the outputs go back to their (token, slot) places, ``[N, k, D]``; the caller applies its
    routing weights and sums over the slots (in the order and precision its published model does).
 
 Every step is deterministic (on a GPU the gather's backward sums the ``k`` copies of a token
-instead of scattering them with atomic adds). Experts that received no token get an exactly zero weight
-gradient, where the loop leaves their ``.grad`` untouched (``None`` after ``zero_grad``); an
-optimizer with weight decay or momentum therefore still updates them, as in other grouped-GEMM
-MoE trainers.
+instead of scattering them with atomic adds). Experts that received no token get an exactly zero
+weight gradient, where the loop leaves their ``.grad`` untouched (``None`` after ``zero_grad``);
+an optimizer with weight decay or momentum therefore still updates them, as in other
+grouped-GEMM MoE trainers.
 
 The expert modules, their parameter names and the module tree are those of the checkpoint
 (``experts.{e}.{gate,up,down}_proj.weight``, each an ``nn.Linear`` without bias); nothing is
 renamed or re-shaped, so published checkpoints load and save as before.
 
-**Stacked weights.** When the experts' weights of a projection (or of gate and up together) lie
-at equal strides in one storage (after :func:`pack_experts`, or inside a flat buffer an engine
-laid out in module order), the stack is a strided *view* of them; otherwise it is a copy made
-for the GEMM and dropped after it (never kept for the backward pass, which rebuilds it).
+**Stacked weights** (``grouped_mm``). When the experts' weights of a projection (or of gate and
+up together) lie at equal strides in one storage (after :func:`pack_experts`, or inside a flat
+buffer an engine laid out in module order), the stack is a strided *view* of them; otherwise it
+is a copy made for the GEMM and dropped after it (never kept for the backward pass, which
+rebuilds it). The ``segments`` kernel reads each expert's weights directly.
 :class:`GroupedExperts` packs a block's experts when it is built and after every ``.to()`` /
 ``.cuda()`` / ``.half()`` (``nn.Module._apply``), and only weights that own their whole storage:
 views into someone else's buffer (FSDP, DeepSpeed), DTensors, meta or empty tensors stay put.
@@ -37,10 +39,11 @@ GEMM, no host synchronisation); ``auto`` picks it on CUDA GPUs of compute capabi
 in bfloat16 with every GEMM dimension a multiple of 8 (16-byte rows, the kernel's alignment) and
 fewer than 1024 experts, which is where PyTorch runs that kernel (elsewhere ``torch._grouped_mm``
 falls back to a per-group loop that synchronises with the host). Otherwise ``segments``: one host
-synchronisation per block for the segment bounds, then one ``mm`` per non-empty expert.
+synchronisation per block for the segment bounds, then each non-empty expert's SwiGLU (forward
+and a hand-written backward) on its rows while they are in cache.
 
 Autocast is honoured as ``nn.Linear`` does: under an enabled autocast region the tokens and the
-stacked weights are cast to the autocast dtype; gradients come back in each tensor's own dtype.
+weights are cast to the autocast dtype; gradients come back in each tensor's own dtype.
 """
 
 from __future__ import annotations
@@ -90,8 +93,11 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
 
 # --------------------------------------------------------------------------- stacked weights
 def _owns_storage(w: torch.Tensor) -> bool:
+    """A plain, non-empty tensor alone in its storage (not a view into a buffer someone else
+    manages, not in shared CPU memory)."""
     return (type(w.data) is torch.Tensor and not w.is_meta and w.numel() > 0 and w.storage_offset() == 0
-            and w.is_contiguous() and w.untyped_storage().nbytes() == w.numel() * w.element_size())
+            and w.is_contiguous() and w.untyped_storage().nbytes() == w.numel() * w.element_size()
+            and not (w.device.type == "cpu" and w.is_shared()))
 
 
 def _stride_of(parts: Sequence[Sequence[torch.Tensor]]) -> int:
