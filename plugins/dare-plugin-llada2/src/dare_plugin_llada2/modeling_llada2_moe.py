@@ -32,9 +32,10 @@ Forward semantics (those of the published modeling file; see the plugin README):
   them; weights = the *unbiased* ``s`` of the chosen experts over their sum (+1e-20; only when
   more than one expert is chosen) times ``routed_scaling_factor``; output = Σ weight ·
   expert(x) (products summed in float32, cast back) + the always-on shared expert; the routed
-  experts run grouped (:func:`dare_nn.moe.grouped_swiglu`, one grouped GEMM per projection) unless
-  the block's ``experts_impl`` is ``"loop"`` (the per-expert reference loop; same outputs and
-  gradients, ``tests/test_moe_grouped.py``);
+  experts run grouped (:func:`dare_nn.moe.grouped_swiglu`: tokens sorted by expert, grouped GEMMs
+  on a GPU) unless the block's ``experts_impl`` is ``"loop"`` (the per-expert reference loop;
+  same outputs and gradients, ``tests/test_moe_grouped.py``; an expert that got no token gets a
+  zero gradient instead of none);
 * logits from ``lm_head``, returned as float32, **not shifted**.
 
 Differences from the published code (deliberate):

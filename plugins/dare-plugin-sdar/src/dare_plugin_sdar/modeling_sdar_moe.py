@@ -12,10 +12,11 @@ Router (plugin README): ``softmax(gate(x))`` over all experts in fp32 → top-``
 There is no shared expert. The router auxiliary loss is not computed (``output_router_logits`` is
 rejected).
 
-Experts: computed grouped (:func:`dare_nn.moe.grouped_swiglu`: tokens sorted by expert, one grouped
-GEMM per projection) unless the block's ``experts_impl`` is ``"loop"``, the per-expert reference
-loop (``block.experts_impl = "loop"``, or on the class for every block); both give the same
-outputs and gradients (``tests/test_moe_grouped.py``). Parameter names are unchanged.
+Experts: computed grouped (:func:`dare_nn.moe.grouped_swiglu`: tokens sorted by expert, the experts
+run over contiguous segments, as grouped GEMMs on a GPU) unless the block's ``experts_impl`` is
+``"loop"``, the per-expert reference loop (``block.experts_impl = "loop"``, or on the class for
+every block); both give the same outputs and gradients (``tests/test_moe_grouped.py``; an expert
+that got no token gets a zero gradient instead of none). Parameter names are unchanged.
 """
 
 from __future__ import annotations
