@@ -180,7 +180,8 @@ def test_grouped_experts_repacks_after_to_and_leaves_foreign_buffers_alone():
     assert all(p.is_shared() for p in block.parameters()) and _layouts(block.experts) == [0, 0]
 
 
-def test_backward_keeps_no_stacked_copy():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_backward_keeps_no_stacked_copy(kernel):
     experts = experts_of(6, 16, 8)
     for p in experts.parameters():
         p.data = p.data.clone()  # not packed: the stack is a copy
@@ -194,7 +195,7 @@ def test_backward_keeps_no_stacked_copy():
     x = torch.randn(10, 16, requires_grad=True)
     idx = random_assignment(10, 2, 6, torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = moe.grouped_swiglu(x, idx, experts)
+        y = moe.grouped_swiglu(x, idx, experts, kernel)
     assert shapes and not [s for s in shapes if len(s) == 3 and s[0] == 6]
     y.sum().backward()
     assert all(p.grad is not None for p in experts.parameters())
@@ -226,3 +227,22 @@ def test_wrapped_projections_are_not_groupable_and_bad_impl_is_an_error():
     moe.check_impl("loop")
     with pytest.raises(DareError, match="experts_impl must be one of grouped, loop"):
         moe.check_impl("fast")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_bf16_grouped_mm_matches_segments(packed):
+    """The grouped_mm layouts in bfloat16 (strided views of packed weights, or stacked copies)."""
+    if not _cpu_grouped_mm():
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    experts = experts_of(8, 32, 16).to(torch.bfloat16)
+    if packed:
+        moe.pack_experts(experts)
+    assert (_layouts(experts) != [0, 0]) == packed
+    x = torch.randn(12, 32).to(torch.bfloat16)
+    idx = random_assignment(12, 2, 8, torch.Generator().manual_seed(2))
+    probe = torch.randn(12, 2, 32).to(torch.bfloat16)
+    want = outputs_and_grads(lambda h, i, m: moe.grouped_swiglu(h, i, m, "segments"), x, idx, experts, probe)
+    got = outputs_and_grads(lambda h, i, m: moe.grouped_swiglu(h, i, m, "grouped_mm"), x, idx, experts, probe)
+    assert all(a.dtype == torch.bfloat16 for a in got)
+    for a, b in zip(got, want):
+        assert rel(a, b) <= 2e-2
