@@ -16,6 +16,12 @@ Two parts, each interleaved baseline / accelerated in one run (A, B, A, B, ...):
   call; CUDA: ``max_memory_allocated`` minus the allocated memory before), and the relative
   difference of loss and gradients (hidden and weight).
 
+* **moe** (``--part moe`` only) — forward and backward of one SDAR-MoE sparse block (softmax
+  top-k router, SwiGLU experts) on ``--moe-tokens`` random tokens, for each ``--moe-experts``
+  count: the per-expert ``loop`` against the ``grouped`` experts (:mod:`dare_nn.moe`). Reported:
+  time, peak memory, the loop/grouped time ratio and the relative difference of the output and
+  the gradients (input, router and expert weights).
+
 A table per part, then one JSON line with ratios and machine info. Run as ``dare bench train
 ...`` or ``python -m dare_plugin_bench.train ...``.
 """
@@ -51,8 +57,8 @@ EQUAL_TARGET = 1e-5      # relative difference of loss and gradients
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dare bench train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("all", "packing", "ce"), default="all",
-                   help="Which comparison to run (default: all).")
+    p.add_argument("--part", choices=("all", "packing", "ce", "moe"), default="all",
+                   help="Which comparison to run (default: all = packing and ce).")
     p.add_argument("--model", dest="family", default=None,
                    help="Model family for the packing part (see `dare list models`).")
     p.add_argument("--checkpoint", default=None, help="Checkpoint directory (default: the family's bundled one).")
@@ -79,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ce-dtype", choices=sorted(DTYPES), default="float32",
                    help="CE: dtype of hidden states and head (default float32).")
     p.add_argument("--chunk", type=int, default=0, help="CE: rows per chunk (0 = from the 2**24-logit budget).")
+    p.add_argument("--moe-tokens", type=int, default=512, help="MoE: tokens through the block (default 512).")
+    p.add_argument("--moe-hidden", type=int, default=256, help="MoE: hidden size (default 256).")
+    p.add_argument("--moe-intermediate", type=int, default=128, help="MoE: expert width (default 128).")
+    p.add_argument("--moe-experts", default="16,64", help="MoE: comma list of expert counts (default 16,64).")
+    p.add_argument("--moe-top-k", type=int, default=8, help="MoE: experts per token (default 8).")
+    p.add_argument("--moe-dtype", choices=sorted(DTYPES), default="float32", help="MoE: block dtype.")
     p.add_argument("--repeats", type=int, default=3, help="Timed runs per side, interleaved (default 3).")
     p.add_argument("--warmup", type=int, default=1, help="Untimed runs per side first (default 1).")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="Packing: model dtype.")
@@ -90,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(a: argparse.Namespace) -> None:
     for key in ("batch", "prompt_length", "min_response", "max_response", "tokens", "vocab", "hidden",
-                "repeats"):
+                "repeats", "moe_tokens", "moe_hidden", "moe_intermediate", "moe_top_k"):
         if getattr(a, key) <= 0:
             raise BenchError(f"--{key.replace('_', '-')} must be positive, got {getattr(a, key)}")
     for key in ("ragged", "chunk", "warmup", "threads"):
@@ -104,6 +116,10 @@ def _validate(a: argparse.Namespace) -> None:
         raise BenchError("pass either --checkpoint or --random, not both")
     if a.sizes and not a.random_model:
         raise BenchError("--size only applies to --random models; add --random")
+    counts = a.moe_experts.replace(",", " ").split()
+    if not counts or not all(c.isdigit() and int(c) >= a.moe_top_k for c in counts):
+        raise BenchError(f"--moe-experts must be a comma list of expert counts >= --moe-top-k ({a.moe_top_k}), "
+                         f"got {a.moe_experts!r}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise BenchError(f"--device {a.device} but no CUDA device is available; use --device cpu")
 
@@ -412,6 +428,61 @@ def run_ce(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- MoE experts
+def run_moe(a: argparse.Namespace) -> dict[str, Any]:
+    try:
+        from dare_nn import moe
+        from dare_plugin_sdar.configuration_sdar import SDARMoeConfig
+        from dare_plugin_sdar.modeling_sdar_moe import SDARMoeSparseMoeBlock
+    except ImportError:
+        raise BenchError("--part moe times the SDAR-MoE block: install dare-plugin-sdar") from None
+    dtype, out, rows = DTYPES[a.moe_dtype], {}, []
+    for n_exp in [int(c) for c in a.moe_experts.replace(",", " ").split()]:
+        torch.manual_seed(a.seed)
+        cfg = SDARMoeConfig(hidden_size=a.moe_hidden, num_experts=n_exp, num_experts_per_tok=a.moe_top_k,
+                            moe_intermediate_size=a.moe_intermediate)
+        block = SDARMoeSparseMoeBlock(cfg).to(device=a.device, dtype=dtype)
+        g = torch.Generator().manual_seed(a.seed + 1)
+        x, probe = (torch.randn(1, a.moe_tokens, a.moe_hidden, generator=g).to(a.device, dtype) for _ in range(2))
+
+        def side(impl: str):
+            def fn():
+                block.experts_impl = impl
+                block.zero_grad(set_to_none=True)
+                h = x.detach().requires_grad_(True)
+                y, _ = block(h)
+                loss = (y.float() * probe).sum()
+                loss.backward()
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in block.parameters()]
+                return {"loss": loss.detach(), "out": y.detach(), "grad_x": h.grad,
+                        "grads": torch.cat([q.reshape(-1) for q in grads])}
+            return fn
+
+        runs = _interleaved({"loop": side("loop"), "grouped": side("grouped")}, a.repeats, a.warmup, a.device)
+        res = {name: {"seconds": round(_median([r["seconds"] for r in rs]), 4),
+                      "cpu_s": round(_median([r["cpu"] for r in rs]), 4),
+                      "seconds_each": [round(r["seconds"], 4) for r in rs],
+                      "peak_memory_mb": round(max(r["peak"] for r in rs) / 2**20, 1)} for name, rs in runs.items()}
+        rl, rg = runs["loop"][-1]["result"], runs["grouped"][-1]["result"]
+        res["rel_diff"] = {k: _rel(rg[k], rl[k]) for k in ("out", "grad_x", "grads")}
+        res["loop_over_grouped_time"] = ratio(res["loop"]["seconds"], res["grouped"]["seconds"])
+        res["loop_over_grouped_cpu_time"] = ratio(res["loop"]["cpu_s"], res["grouped"]["cpu_s"])
+        res["grouped_kernel"] = moe.auto_kernel(x, n_exp, 2 * a.moe_intermediate, a.moe_hidden)
+        out[str(n_exp)] = res
+        rows.append((n_exp, f"{res['loop']['seconds']:.4f}", f"{res['grouped']['seconds']:.4f}",
+                     f"{res['loop_over_grouped_time']}x", f"{res['loop_over_grouped_cpu_time']}x",
+                     f"{res['loop']['peak_memory_mb']:.0f}", f"{res['grouped']['peak_memory_mb']:.0f}",
+                     f"{max(res['rel_diff'].values()):.1e}"))
+        del block, runs, rl, rg
+    print(f"\nMoE experts: one SDAR-MoE block, {a.moe_tokens} tokens, hidden {a.moe_hidden}, expert width "
+          f"{a.moe_intermediate}, top-{a.moe_top_k}, {a.moe_dtype}, forward + backward; grouped kernel "
+          f"{next(iter(out.values()))['grouped_kernel']}")
+    print_table(("experts", "loop s", "grouped s", "loop/grouped", "cpu loop/grouped", "loop peak MB",
+                 "grouped peak MB", "max rel. diff"), rows)
+    return {"tokens": a.moe_tokens, "hidden": a.moe_hidden, "intermediate": a.moe_intermediate,
+            "top_k": a.moe_top_k, "dtype": a.moe_dtype, "by_experts": out}
+
+
 def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
     """Entry point of ``dare bench train`` (raises :class:`BenchError` on bad arguments);
     ``dare`` is the plugin manager (default: the installed plugins)."""
@@ -435,6 +506,10 @@ def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
     if a.part in ("all", "ce"):
         payload["cross_entropy"] = run_ce(a)
         ratios["fused_over_naive_peak_memory"] = payload["cross_entropy"]["fused_over_naive_peak_memory"]
+    if a.part == "moe":
+        payload["moe"] = run_moe(a)
+        ratios["moe_loop_over_grouped_time"] = {e: r["loop_over_grouped_time"]
+                                                for e, r in payload["moe"]["by_experts"].items()}
     payload["ratios"] = ratios
     payload["targets"] = {"packed_over_padded_tokens_per_s": f">= {PACKED_TARGET}",
                           "fused_over_naive_peak_memory": f"<= {MEMORY_TARGET}",

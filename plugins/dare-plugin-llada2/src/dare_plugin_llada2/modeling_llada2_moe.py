@@ -31,7 +31,11 @@ Forward semantics (those of the published modeling file; see the plugin README):
   ``topk_group`` groups kept, the top ``num_experts_per_tok`` experts by selection score among
   them; weights = the *unbiased* ``s`` of the chosen experts over their sum (+1e-20; only when
   more than one expert is chosen) times ``routed_scaling_factor``; output = Σ weight ·
-  expert(x) (products summed in float32, cast back) + the always-on shared expert;
+  expert(x) (products summed in float32, cast back) + the always-on shared expert; the routed
+  experts run grouped (:func:`dare_nn.moe.grouped_swiglu`: tokens sorted by expert, grouped GEMMs
+  on a GPU) unless the block's ``experts_impl`` is ``"loop"`` (the per-expert reference loop;
+  same outputs and gradients, ``tests/test_moe_grouped.py``; an expert that got no token gets a
+  zero gradient instead of none);
 * logits from ``lm_head``, returned as float32, **not shifted**.
 
 Differences from the published code (deliberate):
@@ -65,7 +69,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast, MoeModelOutputWithPast
 
 from dare_core.api import DareError
-from dare_nn import layers
+from dare_nn import layers, moe
 
 from .configuration_llada2_moe import LLaDA2MoeConfig
 
@@ -140,7 +144,7 @@ class LLaDA2MoeGate(nn.Module):
         return idx, chosen * self.routed_scaling_factor, logits
 
 
-class LLaDA2MoeSparseMoeBlock(nn.Module):
+class LLaDA2MoeSparseMoeBlock(moe.GroupedExperts):
     """Routed experts plus the always-on shared expert(s)."""
 
     def __init__(self, config: LLaDA2MoeConfig) -> None:
@@ -152,17 +156,21 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         # The published code builds the shared MLP whenever num_shared_experts is not None; with 0
         # its width is 0 and it adds zeros, so skipping it computes the same thing.
         self.shared_experts = LLaDA2MoeMLP(d, inner * shared) if shared else None
+        self.pack_experts()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weight, _ = self.gate(flat)
         k = idx.shape[1]
-        per_slot = flat.new_zeros(flat.shape[0], k, shape[-1])
-        for e in torch.unique(idx).tolist():
-            rows, slots = (idx == e).nonzero(as_tuple=True)
-            # under autocast the experts return the autocast dtype; the buffer keeps x's dtype
-            per_slot[rows, slots] = self.experts[e](flat[rows]).to(per_slot.dtype)
+        if self.grouped():
+            per_slot = moe.grouped_swiglu(flat, idx, self.experts, self.experts_kernel).to(flat.dtype)
+        else:
+            per_slot = flat.new_zeros(flat.shape[0], k, shape[-1])
+            for e in torch.unique(idx).tolist():
+                rows, slots = (idx == e).nonzero(as_tuple=True)
+                # under autocast the experts return the autocast dtype; the buffer keeps x's dtype
+                per_slot[rows, slots] = self.experts[e](flat[rows]).to(per_slot.dtype)
         y = (per_slot.to(weight.dtype) * weight[..., None]).sum(dim=1).to(x.dtype).view(shape)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)

@@ -11,6 +11,12 @@ Router (plugin README): ``softmax(gate(x))`` over all experts in fp32 → top-``
 → renormalised to sum 1 when ``norm_topk_prob`` → cast to the activation dtype → ``Σ w_e · expert_e(x)``.
 There is no shared expert. The router auxiliary loss is not computed (``output_router_logits`` is
 rejected).
+
+Experts: computed grouped (:func:`dare_nn.moe.grouped_swiglu`: tokens sorted by expert, the experts
+run over contiguous segments, as grouped GEMMs on a GPU) unless the block's ``experts_impl`` is
+``"loop"``, the per-expert reference loop (``block.experts_impl = "loop"``, or on the class for
+every block); both give the same outputs and gradients (``tests/test_moe_grouped.py``; an expert
+that got no token gets a zero gradient instead of none). Parameter names are unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dare_nn import moe
 
 from .configuration_sdar import SDARMoeConfig
 from .modeling_sdar import (
@@ -40,7 +48,7 @@ def route(router_logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch
     return weights.to(dtype), experts
 
 
-class SDARMoeSparseMoeBlock(nn.Module):
+class SDARMoeSparseMoeBlock(moe.GroupedExperts):
     def __init__(self, config: SDARMoeConfig) -> None:
         super().__init__()
         self.num_experts = config.num_experts
@@ -49,12 +57,17 @@ class SDARMoeSparseMoeBlock(nn.Module):
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = nn.ModuleList(
             SDARMLP(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts))
+        self.pack_experts()
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, L, D = hidden_states.shape
         x = hidden_states.reshape(-1, D)
         router_logits = self.gate(x)
         weights, experts = route(router_logits, self.top_k, self.norm_topk_prob, x.dtype)
+        if self.grouped():
+            y = moe.grouped_swiglu(x, experts, self.experts, self.experts_kernel)
+            out = (y * weights[..., None]).sum(dim=1).to(x.dtype)
+            return out.reshape(B, L, D), router_logits
         out = torch.zeros_like(x)
         for e in torch.unique(experts).tolist():
             rows, slot = torch.where(experts == e)
