@@ -1,7 +1,7 @@
 """Static-shape decode steps (``graphs``) of the ``fast`` and ``block`` backends, on the CPU.
 
 The static path (``graphs=static``: preallocated buffers, fixed step shapes, what CUDA graphs
-replay) must give the eager path's (``graphs=off``) tokens, reveal steps and forward counts in
+replay) must give the eager path's (``graphs=eager``) tokens, reveal steps and forward counts in
 fp32, on the bundled tiny checkpoints: LLaDA and Dream (masked, Dream with shifted logits) through
 ``fast``, SDAR and LLaDA2 (block diffusion) through ``block``; greedy and sampled with a fixed
 generator, left-padded batches, stop tokens. ``torch.compile`` of the same steps is in the slow
@@ -60,9 +60,9 @@ def random_prompts(w, b: int = 3, p: int = 11, pads=(3, 0, 6)):
 
 
 def same(sampler_cls, config_cls, w, pid, pm, graphs="static", **kw):
-    """Generate with ``graphs=off`` and with ``graphs``; assert equal outputs; return them."""
+    """Generate with ``graphs=eager`` and with ``graphs``; assert equal outputs; return them."""
     outs = [sampler_cls(config_cls(**kw, graphs=g)).generate(
-        w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(7)) for g in ("off", graphs)]
+        w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(7)) for g in ("eager", graphs)]
     eager, static = outs
     assert torch.equal(static.response_ids, eager.response_ids)
     assert torch.equal(static.response_mask, eager.response_mask)
@@ -108,7 +108,7 @@ def test_fast_sessions_are_reused_and_reset():
     sampler = FastSampler(FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0,
                                      decoding="quota", graphs="static", micro_batch_size=2))
     eager = FastSampler(FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0,
-                                   decoding="quota", graphs="off"))
+                                   decoding="quota", graphs="eager"))
     for seed in (0, 1):
         pid, pm = random_prompts(w)
         pid = pid.roll(seed, dims=1).masked_fill(pm == 0, w.pad_token_id)
@@ -199,7 +199,7 @@ def test_block_static_resume_reproduces_the_uninterrupted_run():
 
 # --------------------------------------------------------------------------- settings, errors
 def test_graph_modes_and_errors():
-    assert graph_mode("auto", torch.device("cpu")) == "off"
+    assert graph_mode("auto", torch.device("cpu")) == "eager"
     assert graph_mode("auto", torch.device("cuda", 0)) == "cuda_graph"
     assert graph_mode("static", torch.device("cpu")) == "static"
     with pytest.raises(DareError, match="needs a CUDA device.*graphs=static"):

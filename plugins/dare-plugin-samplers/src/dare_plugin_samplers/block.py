@@ -258,7 +258,7 @@ class BlockSampler(ConfiguredSampler):
 
         cache = None
         static = None
-        if cfg.use_cache and graph_mode(cfg.graphs, device) != "off":
+        if cfg.use_cache and graph_mode(cfg.graphs, device) != "eager":
             key = (weights_key(wrapper.module), id(wrapper), B, prompt_ids.shape[1], bs, str(device))
             sessions = self.__dict__.setdefault("_static_sessions", Sessions())
             static = sessions.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(

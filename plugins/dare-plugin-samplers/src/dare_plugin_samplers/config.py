@@ -111,11 +111,11 @@ class FastConfig(common.BlockCounts):
 
     def __attrs_post_init__(self) -> None:
         common.check_gen_length_blocks(self.gen_length, self.block_length)
-        if self.graphs not in ("auto", "off") and self.cache not in STATIC_CACHES:
+        if self.graphs not in ("auto", "eager") and self.cache not in STATIC_CACHES:
             raise ValueError(
                 f"rollout.graphs '{self.graphs}' needs fixed step shapes, which cache "
                 f"'{self.cache}' does not have (its queries change width); set cache to "
-                f"{' or '.join(STATIC_CACHES)}, or graphs to auto or off")
+                f"{' or '.join(STATIC_CACHES)}, or graphs to auto or eager")
         if self.decoding == "quota" and self.steps % self.num_blocks != 0:
             raise ValueError(
                 f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
@@ -177,6 +177,6 @@ class BlockRolloutConfig:
                          "eager).", one_of(GRAPHS))
 
     def __attrs_post_init__(self) -> None:
-        if self.graphs not in ("auto", "off") and not self.use_cache:
+        if self.graphs not in ("auto", "eager") and not self.use_cache:
             raise ValueError(f"rollout.graphs '{self.graphs}' runs the cached steps, so it needs "
-                             f"rollout.use_cache=true; set use_cache=true or graphs to auto or off")
+                             f"rollout.use_cache=true; set use_cache=true or graphs to auto or eager")

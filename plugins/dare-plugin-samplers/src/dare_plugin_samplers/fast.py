@@ -225,8 +225,8 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
                 f"{prompt_ids.shape[1]}"
             )
 
-        mode = graph_mode(cfg.graphs, prompt_ids.device) if cfg.cache in STATIC_CACHES else "off"
-        chunk = self._generate_chunk if mode == "off" else self._static_chunk
+        mode = graph_mode(cfg.graphs, prompt_ids.device) if cfg.cache in STATIC_CACHES else "eager"
+        chunk = self._generate_chunk if mode == "eager" else self._static_chunk
         parts = common.run_micro_batches(
             wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
             lambda ids, mask: chunk(wrapper, ids, mask, generator, shift))

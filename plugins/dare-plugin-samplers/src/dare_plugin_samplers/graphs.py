@@ -7,18 +7,19 @@ shape fixed for the whole rollout (preallocated KV buffers of fixed capacity, fi
 widths, per-block column indices passed as index tensors), the step reads and writes buffers
 that keep their addresses, and nothing in it waits for the host (no ``.item()``, ``.tolist()``
 or data-dependent shapes; selection by sorting and masks at fixed shapes). Such a step can be
-replayed as one CUDA graph. ``graphs`` chooses how it runs:
+replayed as one CUDA graph. ``graphs`` chooses how it runs (``eager``, not ``off``: YAML reads
+``off`` as a boolean):
 
-* ``off`` — the backend's eager path (no static buffers);
+* ``eager`` — the backend's eager path (no static buffers);
 * ``static`` — the static path, each step called as plain PyTorch (what the captured forms
-  replay; on the CPU the tests compare it with ``off``);
+  replay; on the CPU the tests compare it with ``eager``);
 * ``cuda_graph`` — each step kind captured once as a ``torch.cuda.CUDAGraph`` (after one warm-up
   call on a side stream under ``torch.cuda.set_sync_debug_mode("error")``, so a step that
   synchronises with the host is refused before capture) and replayed;
 * ``compile`` — each step kind through ``torch.compile`` (``mode="reduce-overhead"`` on CUDA,
   i.e. inductor kernels replayed as CUDA graphs where inductor allows them; the default mode
   elsewhere);
-* ``auto`` — ``cuda_graph`` on a CUDA device, ``off`` elsewhere; a model whose forward
+* ``auto`` — ``cuda_graph`` on a CUDA device, ``eager`` elsewhere; a model whose forward
   synchronises with the host (e.g. a mixture of experts that dispatches by ``.tolist()``) runs
   ``static`` with one warning instead.
 
@@ -38,22 +39,22 @@ from dare_core.api import DareError
 __all__ = ["GRAPHS", "GRAPHS_HELP", "graph_mode", "weights_key", "Step", "Sessions"]
 
 #: values of the backends' ``graphs`` field
-GRAPHS = ("auto", "off", "static", "cuda_graph", "compile")
+GRAPHS = ("auto", "eager", "static", "cuda_graph", "compile")
 GRAPHS_HELP = (
-    "How the cached decode steps run: 'off' = eager PyTorch; 'static' = the static-shape steps "
+    "How the cached decode steps run: 'eager' = eager PyTorch; 'static' = the static-shape steps "
     "(preallocated KV buffers, fixed query shapes, no host synchronisation inside a block) run "
     "as plain PyTorch; 'cuda_graph' = those steps captured once as CUDA graphs and replayed "
     "(CUDA only); 'compile' = those steps through torch.compile (mode reduce-overhead on CUDA); "
-    "'auto' = cuda_graph on a CUDA device, off elsewhere (static, with a warning, for a model "
+    "'auto' = cuda_graph on a CUDA device, eager elsewhere (static, with a warning, for a model "
     "whose forward synchronises with the host).")
 
 
 def graph_mode(setting: str, device: Any) -> str:
-    """The mode (``off``, ``static``, ``cuda_graph``, ``compile``) ``setting`` means on ``device``;
-    ``DareError`` for ``cuda_graph`` off CUDA."""
+    """The mode (``eager``, ``static``, ``cuda_graph``, ``compile``) ``setting`` means on ``device``;
+    ``DareError`` for ``cuda_graph`` without CUDA."""
     kind = getattr(device, "type", str(device))
     if setting == "auto":
-        return "cuda_graph" if kind == "cuda" else "off"
+        return "cuda_graph" if kind == "cuda" else "eager"
     if setting == "cuda_graph" and kind != "cuda":
         raise DareError(f"rollout.graphs=cuda_graph needs a CUDA device, the model is on {kind}; "
                         f"use rollout.graphs=static or compile (or auto)")
