@@ -26,17 +26,17 @@ REVEAL = frozenset({"reveal_step"})
 _WRAPPERS: dict = {}
 
 
-def bundled(family: str):
-    """The family's bundled tiny checkpoint, loaded once (skipped without the plugin)."""
-    if family not in _WRAPPERS:
+def bundled(family: str, device: str = "cpu"):
+    """The family's bundled tiny checkpoint on ``device``, loaded once (skipped without the plugin)."""
+    if (family, device) not in _WRAPPERS:
         pytest.importorskip(f"dare_plugin_{family}")
         wrapper = importlib.import_module(f"dare_plugin_{family}.wrapper")
         root = os.path.dirname(importlib.import_module(f"dare_plugin_{family}").__file__)
         paths = glob.glob(os.path.join(root, "checkpoints", "tiny-sudoku"))
         if not paths:
             pytest.skip(f"no bundled {family} checkpoint")
-        _WRAPPERS[family] = wrapper.load(paths[0])
-    return _WRAPPERS[family]
+        _WRAPPERS[family, device] = wrapper.load(paths[0], device=device)
+    return _WRAPPERS[family, device]
 
 
 def sudoku_prompts(w, n: int = 4, cut: int = 5):
@@ -202,6 +202,9 @@ def test_graph_modes_and_errors():
     assert graph_mode("auto", torch.device("cpu")) == "eager"
     assert graph_mode("auto", torch.device("cuda", 0)) == "cuda_graph"
     assert graph_mode("static", torch.device("cpu")) == "static"
+    hooked = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    hooked[0].register_forward_pre_hook(lambda module, args: None)
+    assert graph_mode("auto", torch.device("cuda", 0), hooked) == "eager"  # e.g. FSDP2
     with pytest.raises(DareError, match="needs a CUDA device.*graphs=static"):
         graph_mode("cuda_graph", torch.device("cpu"))
     with pytest.raises(ValueError, match="cache 'prefix'.*cache to dual or none"):
@@ -226,6 +229,61 @@ def test_step_runs_uncaptured_off_cuda_and_sessions_evict():
     for key in "abc":
         sessions.get(key, lambda k=key: k)
     assert list(sessions._items) == ["b", "c"]
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("kw", [FAST[1], FAST[2], FAST[5]], ids=["sampled", "threshold", "refresh"])
+def test_fast_cuda_graphs_give_the_eager_tokens(family, kw):
+    """Captured steps replay the static path: the eager tokens, twice (the second call replays
+    the graphs captured by the first)."""
+    w = bundled(family, "cuda")
+    pid, pm = (t.cuda() for t in random_prompts(w))
+    kw = {"gen_length": 16, "block_length": 8, "steps": 16, "temperature": 0.0, **kw}
+    sampler = FastSampler(FastConfig(**kw, graphs="cuda_graph"))
+    eager = FastSampler(FastConfig(**kw, graphs="eager"))
+    for seed in (1, 2):
+        ref = eager.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
+        out = sampler.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(out.response_ids, ref.response_ids) and torch.equal(out.reveal_step, ref.reveal_step)
+        assert out.nfe == ref.nfe
+    assert all(step.graph is not None for ses in sampler._static_sessions._items.values()
+               for step in (ses.full, ses.cached) if step.inputs)
+
+
+@cuda
+@pytest.mark.parametrize("kw", [BLOCK[0], BLOCK[1], BLOCK[5]], ids=["greedy", "sampled", "stop"])
+def test_block_cuda_graphs_give_the_eager_tokens(kw):
+    w = bundled("sdar", "cuda")
+    pid, pm = (t.cuda() for t in random_prompts(w, p=13, pads=(3, 0, 9)))
+    kw = {"gen_length": 24, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False, **kw}
+    sampler = BlockSampler(BlockRolloutConfig(**kw, graphs="cuda_graph"))
+    eager = BlockSampler(BlockRolloutConfig(**kw, graphs="eager"))
+    for seed in (1, 2):
+        ref = eager.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
+        out = sampler.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(out.response_ids, ref.response_ids) and out.nfe == ref.nfe
+    ses = next(iter(sampler._static_sessions._items.values()))
+    assert ses.logits_step.graph is not None and ses.commit_step.graph is not None
+
+
+@cuda
+def test_cuda_graphs_refuse_a_forward_that_synchronises():
+    """LLaDA2's mixture of experts dispatches by ``.tolist()``: ``auto`` runs the static steps
+    uncaptured with a warning, an explicit ``cuda_graph`` is a one-line error."""
+    w = bundled("llada2", "cuda")
+    pid, pm = (t.cuda() for t in random_prompts(w, p=13, pads=(3, 0, 9)))
+    kw = {"gen_length": 16, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False}
+    ref = BlockSampler(BlockRolloutConfig(**kw, graphs="eager")).generate(w, pid, pm)
+    with pytest.warns(UserWarning, match="cannot be captured, the model.s forward synchronises"):
+        out = BlockSampler(BlockRolloutConfig(**kw, graphs="auto")).generate(w, pid, pm)
+    assert torch.equal(out.response_ids, ref.response_ids)
+    with pytest.raises(DareError, match="cannot be captured.*graphs=static"):
+        BlockSampler(BlockRolloutConfig(**kw, graphs="cuda_graph")).generate(w, pid, pm)
 
 
 # --------------------------------------------------------------------------- torch.compile

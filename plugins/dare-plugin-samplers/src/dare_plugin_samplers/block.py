@@ -258,7 +258,7 @@ class BlockSampler(ConfiguredSampler):
 
         cache = None
         static = None
-        if cfg.use_cache and graph_mode(cfg.graphs, device) != "eager":
+        if cfg.use_cache and graph_mode(cfg.graphs, device, wrapper.module) != "eager":
             key = (weights_key(wrapper.module), id(wrapper), B, prompt_ids.shape[1], bs, str(device))
             sessions = self.__dict__.setdefault("_static_sessions", Sessions())
             static = sessions.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(
@@ -437,7 +437,7 @@ class _StaticBlock:
                    for pair in present for t in pair]
         self.lo = -1
         config = sampler.config
-        mode = graph_mode(config.graphs, device)
+        mode = graph_mode(config.graphs, device, wrapper.module)
         pool = graph_pool(mode)
         auto = config.graphs == "auto"
         self.logits_step = Step(self._logits_step, mode, device, pool, auto)

@@ -225,7 +225,7 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
                 f"{prompt_ids.shape[1]}"
             )
 
-        mode = graph_mode(cfg.graphs, prompt_ids.device) if cfg.cache in STATIC_CACHES else "eager"
+        mode = graph_mode(cfg.graphs, prompt_ids.device, wrapper.module) if cfg.cache in STATIC_CACHES else "eager"
         chunk = self._generate_chunk if mode == "eager" else self._static_chunk
         parts = common.run_micro_batches(
             wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
@@ -429,7 +429,7 @@ class _StaticFast:
                   self.ur, self.stop_ids)
         self.full_args = (self.pos, self.valid, c["lcols"], c["kcols"]) + select
         self.cached_args = (self.pos, self.valid, c["qcols"], self.keys) + select
-        mode = graph_mode(cfg.graphs, device)
+        mode = graph_mode(cfg.graphs, device, wrapper.module)
         pool = graph_pool(mode)
         auto = cfg.graphs == "auto"
         self.full = Step(self._full_step, mode, device, pool, auto)

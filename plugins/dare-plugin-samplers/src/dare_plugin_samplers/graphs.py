@@ -19,8 +19,9 @@ replayed as one CUDA graph. ``graphs`` chooses how it runs (``eager``, not ``off
 * ``compile`` — each step kind through ``torch.compile`` (``mode="reduce-overhead"`` on CUDA,
   i.e. inductor kernels replayed as CUDA graphs where inductor allows them; the default mode
   elsewhere);
-* ``auto`` — ``cuda_graph`` on a CUDA device, ``eager`` elsewhere; a model whose forward
-  synchronises with the host (e.g. a mixture of experts that dispatches by ``.tolist()``) runs
+* ``auto`` — ``cuda_graph`` on a CUDA device, ``eager`` elsewhere and for a module with forward
+  hooks (FSDP2 and ZeRO-3 gather sharded weights in them); a model whose forward synchronises with
+  the host (e.g. a mixture of experts that dispatches by ``.tolist()``) runs
   ``static`` with one warning instead.
 
 Captured steps are kept per sampler (:class:`Sessions`) and reused by later ``generate`` calls
@@ -45,16 +46,20 @@ GRAPHS_HELP = (
     "(preallocated KV buffers, fixed query shapes, no host synchronisation inside a block) run "
     "as plain PyTorch; 'cuda_graph' = those steps captured once as CUDA graphs and replayed "
     "(CUDA only); 'compile' = those steps through torch.compile (mode reduce-overhead on CUDA); "
-    "'auto' = cuda_graph on a CUDA device, eager elsewhere (static, with a warning, for a model "
-    "whose forward synchronises with the host).")
+    "'auto' = cuda_graph on a CUDA device, eager elsewhere and for modules with forward hooks "
+    "(sharding engines); static, with a warning, for a model whose forward synchronises with the "
+    "host.")
 
 
-def graph_mode(setting: str, device: Any) -> str:
-    """The mode (``eager``, ``static``, ``cuda_graph``, ``compile``) ``setting`` means on ``device``;
-    ``DareError`` for ``cuda_graph`` without CUDA."""
+def graph_mode(setting: str, device: Any, module: Any = None) -> str:
+    """The mode (``eager``, ``static``, ``cuda_graph``, ``compile``) ``setting`` means for
+    ``module`` on ``device``; ``DareError`` for ``cuda_graph`` without CUDA. ``auto`` stays eager
+    for a module with forward hooks: sharding engines (FSDP2, ZeRO-3) gather weights in them,
+    which a captured step would not redo."""
     kind = getattr(device, "type", str(device))
     if setting == "auto":
-        return "cuda_graph" if kind == "cuda" else "eager"
+        hooked = module is not None and any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())
+        return "cuda_graph" if kind == "cuda" and not hooked else "eager"
     if setting == "cuda_graph" and kind != "cuda":
         raise DareError(f"rollout.graphs=cuda_graph needs a CUDA device, the model is on {kind}; "
                         f"use rollout.graphs=static or compile (or auto)")
@@ -116,22 +121,29 @@ class Step:
                 torch.cuda.set_sync_debug_mode("error")
                 self.fn(*args)
         except RuntimeError as exc:
-            if not self.auto:
-                raise DareError(f"rollout.graphs=cuda_graph: the decode step cannot be captured, "
-                                f"the model's forward synchronises with the host "
-                                f"({str(exc).splitlines()[0]}); use rollout.graphs=static") from None
-            warnings.warn(f"rollout.graphs=auto: the model's forward synchronises with the host "
-                          f"({str(exc).splitlines()[0]}); running the static steps uncaptured",
-                          stacklevel=3)
-            self.mode = "static"
-            return
+            if "synchroniz" not in str(exc):
+                raise
+            return self._uncapturable("the model's forward synchronises with the host", exc)
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-        torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self.fn(*args)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.fn(*args)
+        except RuntimeError as exc:
+            return self._uncapturable("capturing it failed", exc)
         self.graph, self.inputs, self.outputs = graph, list(args), tuple(outputs)
+
+    def _uncapturable(self, why: str, exc: Exception) -> None:
+        """``auto``: run uncaptured from now on, with a warning; else a one-line error."""
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not self.auto:
+            raise DareError(f"rollout.graphs=cuda_graph: the decode step cannot be captured, {why} "
+                            f"({detail}); use rollout.graphs=static") from None
+        warnings.warn(f"rollout.graphs=auto: the decode step cannot be captured, {why} ({detail}); "
+                      f"running the static steps uncaptured", stacklevel=4)
+        self.mode = "static"
 
 
 class Sessions:
