@@ -70,13 +70,14 @@ def test_static_steps_add_a_cached_side(run, command):
     decodes what the cached side decodes."""
     extra = ["--group-size", "2"] if command == "rl" else []
     res = run("bench", command, "--model", "toy", *SMALL, "--gen-length", "8", "--batch", "4",
-              "-a", "graphs=static", *extra)
+              "-a", "graphs=static", "--warmup", "1", *extra)
     assert res.exit_code == 0, res.output
     data = _json_tail(res.output)
     cached = data["configs"]["cached"]["config"]
     assert (cached["graphs"] if command == "rollout" else cached.split("graphs=")[1].split()[0]) == "eager"
     order = [ln.split("]")[1].split(":")[0].strip() for ln in res.output.splitlines() if ln.startswith("[")]
-    assert order == ["baseline", "cached", "accelerated"]
+    assert order == ["baseline", "cached", "accelerated"]  # the warm-up runs are not reported
+    assert data["setup"]["warmup"] == 1
     if command == "rollout":
         assert data["ratios"]["token_agreement_graphs"] == 1.0
         assert data["ratios"]["tokens_per_s_graphs"] > 0

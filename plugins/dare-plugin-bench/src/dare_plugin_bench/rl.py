@@ -134,8 +134,11 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
                    "cache): group 8, batch 8, block 32, responses 256 and 512 (one comparison "
                    "each, ratios side by side), two tokens per step; options given explicitly "
                    "win, -b/-a add to the preset's side settings.")
+@click.option("--warmup", default=0, show_default=True, type=int,
+              help="Untimed steps of every side before the timed ones (one-time costs such as "
+                   "capturing CUDA graphs stay out of the timing).")
 def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
-           accelerated_train: str, preset: Optional[str], **kw: Any) -> None:
+           accelerated_train: str, preset: Optional[str], warmup: int, **kw: Any) -> None:
     """RL step time (rollout + log-probs + update): eager vs accelerated rollout, interleaved."""
     from dare_plugin_bench.common import BenchError
     from dare_core.api import DareError
@@ -166,6 +169,8 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
         raise BenchError(f"--micro-batch must be >= 0, got {micro_batch}")
     if lr <= 0:
         raise BenchError(f"--lr must be positive, got {lr}")
+    if warmup < 0:
+        raise BenchError(f"--warmup must be >= 0, got {warmup}")
     requested = {}
     for side, text in (("baseline", baseline_train), ("accelerated", accelerated_train)):
         parts = [t.strip() for t in text.split(",")]
@@ -231,6 +236,8 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
             click.echo(f"gen {gen_length} {side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
         runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
                 for side, b in backends.items()}
+        if warmup:
+            interleave(runs, warmup, setup.device, prepare=restore)
         results = interleave(runs, kw["repeats"], setup.device, progress=click.echo, prepare=restore)
         restore("")
         summary = {side: _summarise(rs) for side, rs in results.items()}
@@ -261,7 +268,7 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
         "setup": {"batch": kw["batch"], "group_size": group_size, "micro_batch": micro,
                   "gen_length": lengths if len(lengths) > 1 else lengths[0],
                   "block_length": kw["block_length"], "task": kw["task"], "repeats": kw["repeats"],
-                  "lr": lr, "seed": kw["seed"]},
+                  "warmup": warmup, "lr": lr, "seed": kw["seed"]},
     }
     for gen_length, specs, summary, r in runs_out:
         part = {"configs": {side: {"backend": spec.name, "config": config_text(cfg),

@@ -84,7 +84,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @click.command("rollout")
 @model_options
-def rollout_cmd(**kw: Any) -> None:
+@click.option("--warmup", default=0, show_default=True, type=int,
+              help="Untimed runs of every side before the timed ones (one-time costs such as "
+                   "capturing CUDA graphs stay out of the timing).")
+def rollout_cmd(warmup: int, **kw: Any) -> None:
     """Rollout speed: baseline vs accelerated backend on one checkpoint, interleaved.
 
     Example (the issue's CPU target, a ~50M-parameter random model):
@@ -92,6 +95,10 @@ def rollout_cmd(**kw: Any) -> None:
     """
     from dare_core.api import get_dare
 
+    from dare_plugin_bench.common import BenchError
+
+    if warmup < 0:
+        raise BenchError(f"--warmup must be >= 0, got {warmup}")
     setup = build(get_dare(), kw)
     wrapper = setup.wrapper
     n_params = sum(p.numel() for p in wrapper.module.parameters())
@@ -104,6 +111,8 @@ def rollout_cmd(**kw: Any) -> None:
     for side, (spec, cfg) in specs.items():
         click.echo(f"{side}: {spec.name} {config_text(cfg)}")
     runs = {side: (lambda b=b: _generate_all(setup, b, seed)) for side, b in backends.items()}
+    if warmup:
+        interleave(runs, warmup, setup.device)
     results = interleave(runs, kw["repeats"], setup.device, progress=click.echo)
 
     summary = {side: summarise(rs) for side, rs in results.items()}
@@ -146,7 +155,7 @@ def rollout_cmd(**kw: Any) -> None:
         "setup": {"batch": kw["batch"], "prompt_length": int(setup.prompts[0][0].shape[1]),
                   "gen_length": kw["gen_length"], "block_length": kw["block_length"],
                   "num_prompts": sum(p[0].shape[0] for p in setup.prompts),
-                  "task": kw["task"], "repeats": kw["repeats"], "seed": seed},
+                  "task": kw["task"], "repeats": kw["repeats"], "warmup": warmup, "seed": seed},
         "configs": {side: {"backend": spec.name, "config": _plain(cfg)}
                     for side, (spec, cfg) in specs.items()},
         **summary,
