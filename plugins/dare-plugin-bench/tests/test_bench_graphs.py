@@ -61,7 +61,7 @@ def test_rl_preset_keeps_explicit_options(run):
 def test_rl_block_preset_refuses_a_masked_model(run):
     res = run("bench", "rl", "--model", "toy", "--preset", "paper-block", *SMALL)
     assert res.exit_code == 2
-    assert res.output.startswith("error: ") and "block" in res.output
+    assert res.output.startswith("error: ") and "'block' does not support masked-diffusion models" in res.output, res.output
 
 
 @pytest.mark.parametrize("command", ["rollout", "rl"])
