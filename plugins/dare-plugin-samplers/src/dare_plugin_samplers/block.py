@@ -38,6 +38,11 @@ Bie et al. 2025, arXiv:2512.15745; docs/block_diffusion.md), batched:
 ``use_cache=False`` replaces steps 2-3's cached forwards by a full ``wrapper.logits`` forward of
 the canvas up to the end of the current block (same tokens under greedy decoding).
 
+``graphs`` (:mod:`dare_plugin_samplers.graphs`): with the cache, the block and commit forwards can
+run at fixed shapes on a KV buffer of fixed capacity (:class:`_StaticBlock`), captured as CUDA
+graphs on a GPU (``graphs=auto``); the tokens are the eager cache's up to the rounding of
+attention over the buffer's masked slots.
+
 Random stream (``generator``): per iteration with ``temperature > 0`` one ``torch.multinomial``
 draw over the ``[B * block, V]`` filtered probabilities.
 

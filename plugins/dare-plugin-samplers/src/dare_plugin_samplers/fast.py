@@ -50,6 +50,12 @@ decoding: the running count of executed steps over all blocks, so ``num_steps`` 
 steps the batch took), -1 where the position was EOS-filled. ``nfe`` counts forward calls
 (the block-start full forward is the first step's forward, not an extra one).
 
+**Static steps** (``graphs``, :mod:`dare_plugin_samplers.graphs`). With ``cache`` ``dual`` or
+``none`` the steps can run at fixed shapes on buffers that keep their addresses
+(:class:`_StaticFast`), captured as CUDA graphs on a GPU (``graphs=auto``); they give the eager
+path's tokens, reveal steps and ``nfe`` (tested). ``prefix`` and ``delayed`` change their query
+width from block to block or step to step and always run eager.
+
 Not supported here: classifier-free guidance and the ``step_states`` record (predictions at
 every position each step need full-sequence logits, which the caches avoid); use the reference
 sampler for those.
