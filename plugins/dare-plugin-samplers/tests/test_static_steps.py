@@ -273,8 +273,9 @@ def test_block_cuda_graphs_give_the_eager_tokens(kw):
 
 @cuda
 def test_cuda_graphs_refuse_a_forward_that_synchronises():
-    """LLaDA2's mixture of experts dispatches by ``.tolist()``: ``auto`` runs the static steps
-    uncaptured with a warning, an explicit ``cuda_graph`` is a one-line error."""
+    """LLaDA2's mixture of experts reads its per-expert token counts on the host in fp32:
+    ``auto`` runs the static steps uncaptured with a warning, an explicit ``cuda_graph`` is a
+    one-line error."""
     w = bundled("llada2", "cuda")
     pid, pm = (t.cuda() for t in random_prompts(w, p=13, pads=(3, 0, 9)))
     kw = {"gen_length": 16, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False}

@@ -276,6 +276,7 @@ class BlockSampler(ConfiguredSampler):
             nfe += 1
             if static is not None:
                 static.prefill(cache)
+                cache = None  # the buffer holds it
 
         stop = nblocks * cfg.steps if stop is None else stop
         decoded, halted = 0, False

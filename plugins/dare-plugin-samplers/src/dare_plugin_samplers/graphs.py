@@ -21,8 +21,8 @@ replayed as one CUDA graph. ``graphs`` chooses how it runs (``eager``, not ``off
   elsewhere);
 * ``auto`` — ``cuda_graph`` on a CUDA device, ``eager`` elsewhere and for a module with forward
   hooks (FSDP2 and ZeRO-3 gather sharded weights in them); a model whose forward synchronises with
-  the host (e.g. a mixture of experts that dispatches by ``.tolist()``) runs
-  ``static`` with one warning instead.
+  the host (e.g. a mixture of experts reading its per-expert token counts with ``.tolist()``)
+  runs ``static`` with one warning instead.
 
 Captured steps are kept per sampler (:class:`Sessions`) and reused by later ``generate`` calls
 with the same shapes and the same weight tensors (an optimizer updates weights in place, so an
