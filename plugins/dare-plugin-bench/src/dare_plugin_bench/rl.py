@@ -11,7 +11,14 @@ side the accelerated one; the training half is the same code on both sides excep
 training paths (``--baseline-train``, default ``padded,naive``: padded attention and full
 logits; ``--accelerated-train``, default ``auto,auto``: packed attention and the fused,
 logits-free cross entropy wherever the model supports them; see :mod:`dare_core.ops.paths`). Both sides start every step from the same
-weights and optimizer state (restored outside the timing), interleaved.
+weights and optimizer state (restored outside the timing), interleaved. When the accelerated
+rollout runs static-shape steps (``graphs`` other than ``eager``; ``auto`` on CUDA) a third side,
+*cached*, runs the same backend with ``graphs=eager``, so the gain of the captured steps is read
+beside the gain of the cache.
+
+``--preset paper-masked`` / ``paper-block`` run the paper's RL configuration (:data:`PRESETS`:
+group 8, block 32, responses of 256 and 512 tokens, each length its own interleaved comparison)
+and print the ratios of both lengths side by side.
 """
 
 from __future__ import annotations
@@ -20,13 +27,36 @@ import copy
 import time
 
 import attrs
-from typing import Any
+from typing import Any, Optional
 
 import click
 import torch
 
 from dare_plugin_bench.common import emit_json, interleave, machine_info, print_table, ratio
-from dare_plugin_bench.setup import build, config_text, model_options
+from dare_plugin_bench.rollout import graphs_twin
+from dare_plugin_bench.setup import ACCELERATED_DEFAULTS, build, config_text, model_options, rollout_config
+
+#: ``--preset``: option values (applied where the option is left at its default), the response
+#: lengths, the denoising steps of one length and the rollout settings each side starts from
+#: (its ``-b`` / ``-a`` come after them). Masked: the no-cache reference sampler against the dual
+#: cache, both with two tokens per step; block: the block backend recomputing the prefix against
+#: its block KV cache, 16 iterations per 32-token block. Both sides decode every row to the full
+#: length (no stop), so they do the same work.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper-masked": {
+        "options": {"group_size": 8, "batch": 8, "block_length": 32, "temperature": 0.6,
+                    "baseline_backend": "low_confidence", "accelerated_backend": "fast"},
+        "gen_lengths": (256, 512), "steps": lambda gen_length: gen_length // 2,
+        "baseline": (), "accelerated": ("cache=dual", "decoding=quota"),
+    },
+    "paper-block": {
+        "options": {"group_size": 8, "batch": 8, "block_length": 32, "temperature": 1.0,
+                    "baseline_backend": "block", "accelerated_backend": "block"},
+        "gen_lengths": (256, 512), "steps": lambda gen_length: 16,
+        "baseline": ("use_cache=false", "graphs=eager", "stop_at_stop_token=false"),
+        "accelerated": ("use_cache=true", "stop_at_stop_token=false"),
+    },
+}
 
 
 def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, micro: int,
@@ -98,14 +128,40 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
                    "entropy (naive, fused, auto), comma separated.")
 @click.option("--accelerated-train", default="auto,auto", show_default=True, metavar="ATTENTION,CE",
               help="Training paths of the accelerated side (auto = what the model supports).")
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
+              help="The paper's RL configuration for masked (paper-masked: low_confidence vs fast "
+                   "dual cache) or block diffusion (paper-block: block without vs with its KV "
+                   "cache): group 8, batch 8, block 32, responses 256 and 512 (one comparison "
+                   "each, ratios side by side), two tokens per step; options given explicitly "
+                   "win, -b/-a add to the preset's side settings.")
+@click.option("--warmup", default=0, show_default=True, type=int,
+              help="Untimed steps of every side before the timed ones (one-time costs such as "
+                   "capturing CUDA graphs stay out of the timing).")
 def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
-           accelerated_train: str, **kw: Any) -> None:
+           accelerated_train: str, preset: Optional[str], warmup: int, **kw: Any) -> None:
     """RL step time (rollout + log-probs + update): eager vs accelerated rollout, interleaved."""
     from dare_plugin_bench.common import BenchError
     from dare_core.api import DareError
     from dare_core.api import ComponentLookup
     from dare_core.api import get_dare
 
+    lengths = [kw["gen_length"]]
+    steps_of = None
+    if preset:
+        chosen = PRESETS[preset]
+        ctx = click.get_current_context()
+        given = {name for name in ctx.params
+                 if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+        for name, value in chosen["options"].items():
+            if name not in given:
+                kw[name] = value
+        group_size = kw.pop("group_size", group_size)
+        if "gen_length" not in given:
+            lengths = list(chosen["gen_lengths"])
+        if "steps" not in given:
+            steps_of = chosen["steps"]
+        kw["baseline_overrides"] = chosen["baseline"] + tuple(kw["baseline_overrides"])
+        kw["accelerated_overrides"] = chosen["accelerated"] + tuple(kw["accelerated_overrides"])
     if group_size <= 0 or kw["batch"] % group_size:
         raise BenchError(f"--group-size ({group_size}) must be positive and divide --batch "
                          f"({kw['batch']})")
@@ -113,6 +169,8 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
         raise BenchError(f"--micro-batch must be >= 0, got {micro_batch}")
     if lr <= 0:
         raise BenchError(f"--lr must be positive, got {lr}")
+    if warmup < 0:
+        raise BenchError(f"--warmup must be >= 0, got {warmup}")
     requested = {}
     for side, text in (("baseline", baseline_train), ("accelerated", accelerated_train)):
         parts = [t.strip() for t in text.split(",")]
@@ -120,7 +178,16 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
             raise BenchError(f"--{side}-train takes ATTENTION,CE (e.g. padded,naive), got {text!r}")
         requested[side] = tuple(parts)
     dare = get_dare()
-    setup = build(dare, kw)
+
+    def at_length(gen_length: int) -> dict[str, Any]:
+        return {**kw, "gen_length": gen_length,
+                "steps": steps_of(gen_length) if steps_of else kw["steps"]}
+
+    for gen_length in lengths[1:]:  # every length's one-line errors before any work
+        if gen_length % kw["block_length"]:
+            raise BenchError(f"--gen-length ({gen_length}) must be a multiple of --block-length "
+                             f"({kw['block_length']})")
+    setup = build(dare, at_length(lengths[0]))
     # every prompt batch becomes batch // group_size prompts, each repeated group_size times
     grouped = []
     for pid, pmask, examples in setup.prompts:
@@ -144,6 +211,7 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
                  for side, req in requested.items()}
     except DareError as exc:
         raise BenchError(f"{exc} (set with --baseline-train / --accelerated-train)") from None
+    paths["cached"] = paths["accelerated"]
 
     def restore(name: str) -> None:
         wrapper.module.load_state_dict(weights)
@@ -152,56 +220,104 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
             wrapper.train_attention = paths[name].attention
             wrapper.fused_ce = paths[name].fused_ce
 
-    backends = {side: spec.build(cfg) for side, (spec, cfg) in setup.specs.items()}
-    for side, (spec, cfg) in setup.specs.items():
-        click.echo(f"{side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
-    runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
-            for side, b in backends.items()}
-    results = interleave(runs, kw["repeats"], setup.device, progress=click.echo, prepare=restore)
-    restore("")
+    runs_out = []
+    for gen_length in lengths:
+        args = at_length(gen_length)
+        common = {"gen_length": gen_length, "block_length": args["block_length"],
+                  "steps": args["steps"] or gen_length, "temperature": args["temperature"]}
+        specs = setup.specs if gen_length == lengths[0] else {
+            "baseline": rollout_config(dare, "baseline", args["baseline_backend"], common,
+                                       args["baseline_overrides"]),
+            "accelerated": rollout_config(dare, "accelerated", args["accelerated_backend"], common,
+                                          args["accelerated_overrides"], ACCELERATED_DEFAULTS)}
+        specs = graphs_twin(specs, setup.device)
+        backends = {side: spec.build(cfg) for side, (spec, cfg) in specs.items()}
+        for side, (spec, cfg) in specs.items():
+            click.echo(f"gen {gen_length} {side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
+        runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
+                for side, b in backends.items()}
+        if warmup:
+            interleave(runs, warmup, setup.device, prepare=restore)
+        results = interleave(runs, kw["repeats"], setup.device, progress=click.echo, prepare=restore)
+        restore("")
+        summary = {side: _summarise(rs) for side, rs in results.items()}
+        runs_out.append((gen_length, specs, summary, _ratios(summary)))
 
-    summary: dict[str, dict[str, Any]] = {}
-    for side, rs in results.items():
-        n = len(rs)
-        summary[side] = {
-            "step_time_s": round(sum(r["seconds"] for r in rs) / n, 4),
-            "step_cpu_s": round(sum(r["cpu_seconds"] for r in rs) / n, 4),
-            "rollout_s": round(sum(r["rollout_s"] for r in rs) / n, 4),
-            "logprob_s": round(sum(r["logprob_s"] for r in rs) / n, 4),
-            "update_s": round(sum(r["update_s"] for r in rs) / n, 4),
-            "rollout_tokens_per_s": round(sum(r["tokens"] for r in rs)
-                                          / max(1e-9, sum(r["rollout_s"] for r in rs)), 3),
-            "nfe_per_step": rs[0]["nfe"],
-            "peak_memory_mb": round(max(r["peak_memory_bytes"] for r in rs) / 2**20, 1),
-            "memory_kind": rs[0]["memory_kind"],
-            "seconds_each": [round(r["seconds"], 3) for r in rs],
-        }
-    e, a = summary["baseline"], summary["accelerated"]
-    ratios = {"step_speedup": ratio(e["step_time_s"], a["step_time_s"]),
-              "step_cpu_speedup": ratio(e["step_cpu_s"], a["step_cpu_s"]),
-              "rollout_speedup": ratio(e["rollout_s"], a["rollout_s"]),
-              "peak_memory": ratio(a["peak_memory_mb"], e["peak_memory_mb"])}
     click.echo("")
-    print_table(["config", "backend", "s/step", "cpu-s/step", "rollout s", "log-prob s", "update s", "rollout tok/s",
-                 f"peak MB ({e['memory_kind']})"],
-                [[("eager" if side == "baseline" else "accelerated"), setup.specs[side][0].name,
-                  s["step_time_s"], s["step_cpu_s"], s["rollout_s"], s["logprob_s"], s["update_s"],
-                  s["rollout_tokens_per_s"], s["peak_memory_mb"]] for side, s in summary.items()])
-    click.echo(f"RL step speed-up {ratios['step_speedup']}x wall, {ratios['step_cpu_speedup']}x CPU "
-               f"time (rollout {ratios['rollout_speedup']}x wall)")
-    emit_json({
+    print_table(["gen", "config", "backend", "s/step", "cpu-s/step", "rollout s", "log-prob s", "update s",
+                 "rollout tok/s", "nfe", f"peak MB ({runs_out[0][2]['baseline']['memory_kind']})"],
+                [[gen_length, _label(side), specs[side][0].name, s["step_time_s"], s["step_cpu_s"],
+                  s["rollout_s"], s["logprob_s"], s["update_s"], s["rollout_tokens_per_s"],
+                  s["nfe_per_step"], s["peak_memory_mb"]]
+                 for gen_length, specs, summary, _ in runs_out for side, s in summary.items()])
+    names = list(runs_out[0][3])
+    click.echo("")
+    print_table(["ratio"] + [f"gen {g}" for g, *_ in runs_out],
+                [[name] + [r.get(name) for *_, r in runs_out] for name in names])
+    for gen_length, _, _, r in runs_out:
+        extra = (f"; cached without graphs {r['step_speedup_cached']}x, graphs {r['graphs_speedup']}x "
+                 f"over it" if "graphs_speedup" in r else "")
+        click.echo(f"gen {gen_length}: RL step speed-up {r['step_speedup']}x wall, "
+                   f"{r['step_cpu_speedup']}x CPU time (rollout {r['rollout_speedup']}x wall){extra}")
+    payload: dict[str, Any] = {
         "bench": "rl",
+        "preset": preset,
         "model": {"source": setup.source, "family": wrapper.family,
                   "parameters": sum(p.numel() for p in wrapper.module.parameters()),
                   "dtype": kw["dtype"]},
         "setup": {"batch": kw["batch"], "group_size": group_size, "micro_batch": micro,
-                  "gen_length": kw["gen_length"], "block_length": kw["block_length"],
-                  "task": kw["task"], "repeats": kw["repeats"], "lr": lr, "seed": kw["seed"]},
-        "configs": {side: {"backend": spec.name, "config": config_text(cfg),
-                           "training_paths": paths[side].as_dict()}
-                    for side, (spec, cfg) in setup.specs.items()},
-        "eager": e,
-        "accelerated": a,
-        "ratios": ratios,
-        "machine": machine_info(setup.device),
-    })
+                  "gen_length": lengths if len(lengths) > 1 else lengths[0],
+                  "block_length": kw["block_length"], "task": kw["task"], "repeats": kw["repeats"],
+                  "warmup": warmup, "lr": lr, "seed": kw["seed"]},
+    }
+    for gen_length, specs, summary, r in runs_out:
+        part = {"configs": {side: {"backend": spec.name, "config": config_text(cfg),
+                                   "training_paths": paths[side].as_dict()}
+                            for side, (spec, cfg) in specs.items()},
+                **{_label(side): s for side, s in summary.items()}, "ratios": r}
+        if len(lengths) == 1:
+            payload.update(part)
+        else:
+            payload.setdefault("lengths", []).append({"gen_length": gen_length, **part})
+    if len(lengths) > 1:
+        payload["ratios"] = {str(g): r for g, *_, r in runs_out}
+    payload["machine"] = machine_info(setup.device)
+    emit_json(payload)
+
+
+def _label(side: str) -> str:
+    return "eager" if side == "baseline" else side
+
+
+def _summarise(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rs)
+    return {
+        "step_time_s": round(sum(r["seconds"] for r in rs) / n, 4),
+        "step_cpu_s": round(sum(r["cpu_seconds"] for r in rs) / n, 4),
+        "rollout_s": round(sum(r["rollout_s"] for r in rs) / n, 4),
+        "logprob_s": round(sum(r["logprob_s"] for r in rs) / n, 4),
+        "update_s": round(sum(r["update_s"] for r in rs) / n, 4),
+        "rollout_tokens_per_s": round(sum(r["tokens"] for r in rs)
+                                      / max(1e-9, sum(r["rollout_s"] for r in rs)), 3),
+        "nfe_per_step": rs[0]["nfe"],
+        "peak_memory_mb": round(max(r["peak_memory_bytes"] for r in rs) / 2**20, 1),
+        "memory_kind": rs[0]["memory_kind"],
+        "seconds_each": [round(r["seconds"], 3) for r in rs],
+    }
+
+
+def _ratios(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Speed-ups of the accelerated side over the eager one (and, with a cached side, of that
+    side over eager and of the accelerated side over it: the gain of the static steps)."""
+    e, a = summary["baseline"], summary["accelerated"]
+    out = {"step_speedup": ratio(e["step_time_s"], a["step_time_s"]),
+           "step_cpu_speedup": ratio(e["step_cpu_s"], a["step_cpu_s"]),
+           "rollout_speedup": ratio(e["rollout_s"], a["rollout_s"]),
+           "peak_memory": ratio(a["peak_memory_mb"], e["peak_memory_mb"])}
+    if "cached" in summary:
+        c = summary["cached"]
+        out.update(step_speedup_cached=ratio(e["step_time_s"], c["step_time_s"]),
+                   rollout_speedup_cached=ratio(e["rollout_s"], c["rollout_s"]),
+                   graphs_speedup=ratio(c["step_time_s"], a["step_time_s"]),
+                   graphs_rollout_speedup=ratio(c["rollout_s"], a["rollout_s"]))
+    return out

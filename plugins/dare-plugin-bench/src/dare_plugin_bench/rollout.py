@@ -5,6 +5,9 @@ Both sides generate from the same checkpoint and the same (left-padded) prompts,
 gen_length / wall time), seconds per rollout, forward calls (``nfe``), seconds per forward call,
 response tokens committed per forward call and row, peak memory, and with ``--task`` the
 held-out accuracy; plus the fraction of response tokens both sides agree on and the ratios.
+When the accelerated backend runs static-shape steps (``graphs`` other than ``eager``; ``auto`` on
+CUDA), a third side, *cached*, runs it with ``graphs=eager`` (:func:`graphs_twin`), and the ratios
+add the cached side over the baseline and the accelerated side over the cached one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,20 @@ import torch
 
 from dare_plugin_bench.common import emit_json, interleave, machine_info, print_table, ratio
 from dare_plugin_bench.setup import build, config_text, model_options
+
+
+def graphs_twin(specs: dict[str, Any], device: str) -> dict[str, Any]:
+    """``specs`` (baseline, accelerated), with a ``cached`` side in between when the accelerated
+    config has a ``graphs`` field that runs static steps on ``device`` (not ``eager``; ``auto`` only
+    on CUDA): the same backend and settings with ``graphs=eager``."""
+    import attrs
+
+    spec, cfg = specs["accelerated"]
+    graphs = attrs.asdict(cfg).get("graphs")
+    if graphs in (None, "eager") or (graphs == "auto" and not str(device).startswith("cuda")):
+        return specs
+    return {"baseline": specs["baseline"], "cached": (spec, attrs.evolve(cfg, graphs="eager")),
+            "accelerated": specs["accelerated"]}
 
 
 def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
@@ -67,7 +84,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @click.command("rollout")
 @model_options
-def rollout_cmd(**kw: Any) -> None:
+@click.option("--warmup", default=0, show_default=True, type=int,
+              help="Untimed runs of every side before the timed ones (one-time costs such as "
+                   "capturing CUDA graphs stay out of the timing).")
+def rollout_cmd(warmup: int, **kw: Any) -> None:
     """Rollout speed: baseline vs accelerated backend on one checkpoint, interleaved.
 
     Example (the issue's CPU target, a ~50M-parameter random model):
@@ -75,38 +95,46 @@ def rollout_cmd(**kw: Any) -> None:
     """
     from dare_core.api import get_dare
 
+    from dare_plugin_bench.common import BenchError
+
+    if warmup < 0:
+        raise BenchError(f"--warmup must be >= 0, got {warmup}")
     setup = build(get_dare(), kw)
     wrapper = setup.wrapper
     n_params = sum(p.numel() for p in wrapper.module.parameters())
-    backends = {side: spec.build(cfg) for side, (spec, cfg) in setup.specs.items()}
+    specs = graphs_twin(setup.specs, setup.device)
+    backends = {side: spec.build(cfg) for side, (spec, cfg) in specs.items()}
     seed = kw["seed"]
     click.echo(f"model: {setup.source}, {n_params / 1e6:.1f}M parameters, {kw['dtype']}, "
                f"{setup.device}; {sum(p[0].shape[0] for p in setup.prompts)} prompts of "
                f"{setup.prompts[0][0].shape[1]} tokens (padded), batch {kw['batch']}")
-    for side, (spec, cfg) in setup.specs.items():
+    for side, (spec, cfg) in specs.items():
         click.echo(f"{side}: {spec.name} {config_text(cfg)}")
     runs = {side: (lambda b=b: _generate_all(setup, b, seed)) for side, b in backends.items()}
+    if warmup:
+        interleave(runs, warmup, setup.device)
     results = interleave(runs, kw["repeats"], setup.device, progress=click.echo)
 
     summary = {side: summarise(rs) for side, rs in results.items()}
     base, acc = summary["baseline"], summary["accelerated"]
     same = (results["baseline"][-1]["responses"] == results["accelerated"][-1]["responses"])
     agreement = round(float(same.float().mean()), 4)
-    ratios = {
-        "tokens_per_s": ratio(acc["tokens_per_s"] or 0, base["tokens_per_s"] or 0),
-        "tokens_per_cpu_s": ratio(acc["tokens_per_cpu_s"] or 0, base["tokens_per_cpu_s"] or 0),
-        "seconds_per_run": ratio(base["seconds_per_run"], acc["seconds_per_run"]),
-        "step_time": ratio(acc["step_time_s"] or 0, base["step_time_s"] or 0),
-        "nfe": ratio(acc["nfe_per_run"], base["nfe_per_run"]),
-        "peak_memory": ratio(acc["peak_memory_mb"], base["peak_memory_mb"]),
-    }
+    ratios = _ratios(acc, base)
+    if "cached" in summary:
+        cached = summary["cached"]
+        ratios.update({f"{k}_cached": v for k, v in _ratios(cached, base).items()
+                       if k in ("tokens_per_s", "tokens_per_cpu_s")})
+        ratios.update({f"{k}_graphs": v for k, v in _ratios(acc, cached).items()
+                       if k in ("tokens_per_s", "step_time")})
+        same_cached = results["cached"][-1]["responses"] == results["accelerated"][-1]["responses"]
+        ratios["token_agreement_graphs"] = round(float(same_cached.float().mean()), 4)
     header = ["config", "backend", "tok/s", "tok/cpu-s", "s/run", "nfe", "s/forward", "tok/forward",
               f"peak MB ({base['memory_kind']})"]
     if setup.task is not None:
         header.append("accuracy")
     rows = []
     for side, s in summary.items():
-        row = [side, setup.specs[side][0].name, s["tokens_per_s"], s["tokens_per_cpu_s"],
+        row = [side, specs[side][0].name, s["tokens_per_s"], s["tokens_per_cpu_s"],
                s["seconds_per_run"],
                s["nfe_per_run"], s["step_time_s"], s["tokens_per_forward"], s["peak_memory_mb"]]
         if setup.task is not None:
@@ -116,6 +144,10 @@ def rollout_cmd(**kw: Any) -> None:
     print_table(header, rows)
     click.echo(f"speed-up {ratios['tokens_per_s']}x tokens/s (wall), {ratios['tokens_per_cpu_s']}x "
                f"tokens per CPU second; identical response tokens: {agreement:.1%}")
+    if "cached" in summary:
+        click.echo(f"cached without graphs {ratios['tokens_per_s_cached']}x; static steps over it "
+                   f"{ratios['tokens_per_s_graphs']}x tokens/s (identical tokens "
+                   f"{ratios['token_agreement_graphs']:.1%})")
     emit_json({
         "bench": "rollout",
         "model": {"source": setup.source, "family": wrapper.family, "parameters": n_params,
@@ -123,15 +155,25 @@ def rollout_cmd(**kw: Any) -> None:
         "setup": {"batch": kw["batch"], "prompt_length": int(setup.prompts[0][0].shape[1]),
                   "gen_length": kw["gen_length"], "block_length": kw["block_length"],
                   "num_prompts": sum(p[0].shape[0] for p in setup.prompts),
-                  "task": kw["task"], "repeats": kw["repeats"], "seed": seed},
+                  "task": kw["task"], "repeats": kw["repeats"], "warmup": warmup, "seed": seed},
         "configs": {side: {"backend": spec.name, "config": _plain(cfg)}
-                    for side, (spec, cfg) in setup.specs.items()},
-        "baseline": base,
-        "accelerated": acc,
+                    for side, (spec, cfg) in specs.items()},
+        **summary,
         "ratios": ratios,
         "token_agreement": agreement,
         "machine": machine_info(setup.device),
     })
+
+
+def _ratios(acc: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tokens_per_s": ratio(acc["tokens_per_s"] or 0, base["tokens_per_s"] or 0),
+        "tokens_per_cpu_s": ratio(acc["tokens_per_cpu_s"] or 0, base["tokens_per_cpu_s"] or 0),
+        "seconds_per_run": ratio(base["seconds_per_run"], acc["seconds_per_run"]),
+        "step_time": ratio(acc["step_time_s"] or 0, base["step_time_s"] or 0),
+        "nfe": ratio(acc["nfe_per_run"], base["nfe_per_run"]),
+        "peak_memory": ratio(acc["peak_memory_mb"], base["peak_memory_mb"]),
+    }
 
 
 def _plain(cfg: Any) -> dict[str, Any]:

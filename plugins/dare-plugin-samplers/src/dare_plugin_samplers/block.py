@@ -38,6 +38,11 @@ Bie et al. 2025, arXiv:2512.15745; docs/block_diffusion.md), batched:
 ``use_cache=False`` replaces steps 2-3's cached forwards by a full ``wrapper.logits`` forward of
 the canvas up to the end of the current block (same tokens under greedy decoding).
 
+``graphs`` (:mod:`dare_plugin_samplers.graphs`): with the cache, the block and commit forwards can
+run at fixed shapes on a KV buffer of fixed capacity (:class:`_StaticBlock`), captured as CUDA
+graphs on a GPU (``graphs=auto``); the tokens are the eager cache's up to the rounding of
+attention over the buffer's masked slots.
+
 Random stream (``generator``): per iteration with ``temperature > 0`` one ``torch.multinomial``
 draw over the ``[B * block, V]`` filtered probabilities.
 
@@ -60,6 +65,7 @@ from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
+from dare_plugin_samplers.graphs import Sessions, Step, graph_mode, graph_pool, weights_key
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 
@@ -202,6 +208,12 @@ class BlockSampler(ConfiguredSampler):
         nblocks = -(-(int(tail.max().item()) + self.config.gen_length) // bs) if n.numel() else 0
         return n, full_blocks, c0, tail, nblocks
 
+    def _capacity(self, prompt_width: int, bs: int) -> int:
+        """Canvas columns of any ``generate`` on prompts ``prompt_width`` wide: at most
+        ``prompt_width // bs`` complete prompt blocks, then the blocks a tail of at most ``bs - 1``
+        prompt tokens and ``gen_length`` response tokens need (the static KV capacity)."""
+        return (prompt_width // bs) * bs + -(-(bs - 1 + self.config.gen_length) // bs) * bs
+
     def _stop_ids(self, wrapper: Any, device) -> torch.Tensor:
         ids = {int(t) for t in getattr(wrapper, "stop_token_ids", ())} | {int(wrapper.eos_token_id)}
         return torch.tensor(sorted(ids), dtype=torch.long, device=device)
@@ -250,11 +262,21 @@ class BlockSampler(ConfiguredSampler):
         nfe = 0
 
         cache = None
+        static = None
+        if cfg.use_cache and graph_mode(cfg.graphs, device, wrapper.module) != "eager":
+            key = (weights_key(wrapper.module), id(wrapper), B, prompt_ids.shape[1], bs, str(device))
+            sessions = self.__dict__.setdefault("_static_sessions", Sessions())
+            static = sessions.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(
+                prompt_ids.shape[1], bs), bs, device))
+            static.reset(valid)
         if cfg.use_cache and c0 > 0:
             m = block_causal_mask(blocks[:, :c0], valid[:, :c0].long())
             _, cache = wrapper.forward_cached(canvas[:, :c0], position_ids=pos[:, :c0],
                                               past_key_values=None, attention_mask=m, use_cache=True)
             nfe += 1
+            if static is not None:
+                static.prefill(cache)
+                cache = None  # the buffer holds it
 
         stop = nblocks * cfg.steps if stop is None else stop
         decoded, halted = 0, False
@@ -264,7 +286,10 @@ class BlockSampler(ConfiguredSampler):
             if i >= i0 and i * cfg.steps + first >= stop:
                 halted = True
                 break
-            if i > 0 and cfg.use_cache:  # commit the finished block before to the cache
+            if i > 0 and static is not None:
+                static.commit(canvas, pos, lo - bs)
+                nfe += 1
+            elif i > 0 and cfg.use_cache:  # commit the finished block before to the cache
                 kmask = torch.cat([valid[:, : lo - bs], torch.ones(B, bs, dtype=torch.bool, device=device)], 1)
                 _, cache = wrapper.forward_cached(canvas[:, lo - bs : lo], position_ids=pos[:, lo - bs : lo],
                                                   past_key_values=cache, use_cache=True,
@@ -280,7 +305,10 @@ class BlockSampler(ConfiguredSampler):
                 masked = cur == mask_id
                 if not bool(masked.any()):
                     break
-                logits = self._block_logits(wrapper, canvas, valid, pos, blocks, lo, hi, cache)
+                if static is not None:
+                    logits = static.logits(canvas, pos, lo)
+                else:
+                    logits = self._block_logits(wrapper, canvas, valid, pos, blocks, lo, hi, cache)
                 nfe += 1
                 x0, conf, ent = self._sample(logits, mask_id, generator)
                 commit = self._select(conf, ent, masked, sched[step])
@@ -378,3 +406,89 @@ class BlockSampler(ConfiguredSampler):
         high = masked & (conf > cfg.confidence_threshold)
         use_high = high.sum(1, keepdim=True) >= k
         return torch.where(use_high, high, top)
+
+
+class _StaticBlock:
+    """The static path of :class:`BlockSampler` (``graphs``) for ``b`` rows and a canvas of at
+    most ``cap`` columns: a KV buffer per layer ``[B, n_kv_heads, cap, head_dim]`` whose slot
+    ``c`` holds canvas column ``c`` (zero where nothing was written: such slots are masked out),
+    and two step kinds (:class:`~dare_plugin_samplers.graphs.Step`) of fixed shapes:
+
+    * ``logits``: the block's ``bs`` tokens on the whole buffer, the key mask letting them see the
+      valid slots before the block and the block itself (the eager cache holds exactly those);
+    * ``commit``: the same forward of a finished block with ``use_cache``, its keys/values written
+      into the block's slots (``index_copy_``).
+
+    The prompt prefill (its width depends on the prompts) stays eager and is copied into the
+    buffer. The candidates and the reveal rule run on the step's logits as on the eager path
+    (fixed shapes, no host synchronisation; the sampled draw stays outside the captured step, so
+    the random stream is the eager one). The logits differ from the eager cache's only by the
+    rounding of attention over the masked slots.
+    """
+
+    def __init__(self, sampler: BlockSampler, wrapper: Any, b: int, cap: int, bs: int, device: Any):
+        self.wrapper, self.cap, self.bs = wrapper, cap, bs
+        self.valid = torch.zeros(b, cap, dtype=torch.bool, device=device)
+        self.slots = torch.arange(cap, device=device)
+        self.ids = torch.zeros(b, bs, dtype=torch.long, device=device)
+        self.pos = torch.zeros(b, bs, dtype=torch.long, device=device)
+        self.keys = torch.ones(b, cap + bs, dtype=torch.bool, device=device)
+        self.cids, self.cpos, self.ckeys = self.ids.clone(), self.pos.clone(), self.keys.clone()
+        self.cols = torch.zeros(bs, dtype=torch.long, device=device)
+        # buffer shapes and dtype from a one-token forward
+        _, present = wrapper.forward_cached(
+            self.ids[:, :1], position_ids=self.pos[:, :1], past_key_values=None, use_cache=True,
+            attention_mask=torch.ones(b, 1, 1, 1, dtype=torch.bool, device=device))
+        self.kv = [torch.zeros(*t.shape[:2], cap, t.shape[3], dtype=t.dtype, device=device)
+                   for pair in present for t in pair]
+        self.lo = -1
+        config = sampler.config
+        mode = graph_mode(config.graphs, device, wrapper.module)
+        pool = graph_pool(mode)
+        auto = config.graphs == "auto"
+        self.logits_step = Step(self._logits_step, mode, device, pool, auto)
+        self.commit_step = Step(self._commit_step, mode, device, pool, auto)
+
+    def reset(self, valid: torch.Tensor) -> None:
+        self.valid.zero_()
+        self.valid[:, : valid.shape[1]].copy_(valid)
+        self.lo = -1
+
+    def prefill(self, present: list) -> None:
+        for buf, t in zip(self.kv, (t for pair in present for t in pair)):
+            buf[:, :, : t.shape[2]].copy_(t)
+
+    def _visible(self, keys: torch.Tensor, lo: int) -> None:
+        """``keys``: the valid slots before column ``lo``, then the ``bs`` new tokens."""
+        keys[:, : self.cap] = self.valid & (self.slots < lo)
+
+    def commit(self, canvas: torch.Tensor, pos: torch.Tensor, lo: int) -> None:
+        """Write the keys/values of the finished block at columns ``[lo, lo + bs)``."""
+        self.cids.copy_(canvas[:, lo : lo + self.bs])
+        self.cpos.copy_(pos[:, lo : lo + self.bs])
+        self._visible(self.ckeys, lo)
+        torch.arange(lo, lo + self.bs, out=self.cols)
+        self.commit_step(self.cids, self.cpos, self.ckeys, self.cols, *self.kv)
+
+    def logits(self, canvas: torch.Tensor, pos: torch.Tensor, lo: int) -> torch.Tensor:
+        if lo != self.lo:
+            self.lo = lo
+            self.pos.copy_(pos[:, lo : lo + self.bs])
+            self._visible(self.keys, lo)
+        self.ids.copy_(canvas[:, lo : lo + self.bs])
+        return self.logits_step(self.ids, self.pos, self.keys, *self.kv)[0]
+
+    def _forward(self, ids, pos, keys, kv, use_cache):
+        b, q = ids.shape
+        past = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
+        return self.wrapper.forward_cached(ids, position_ids=pos, past_key_values=past, use_cache=use_cache,
+                                           attention_mask=keys[:, None, None, :].expand(b, 1, q, keys.shape[1]))
+
+    def _logits_step(self, ids, pos, keys, *kv):
+        return (self._forward(ids, pos, keys, kv, False)[0].float(),)
+
+    def _commit_step(self, ids, pos, keys, cols, *kv):
+        _, present = self._forward(ids, pos, keys, kv, True)
+        for buf, t in zip(kv, (t for pair in present for t in pair)):
+            buf.index_copy_(2, cols, t[:, :, self.cap :].to(buf.dtype))
+        return ()

@@ -7,6 +7,7 @@ import attrs
 
 from dare_core.api import in_range, non_negative, one_of, option, positive
 import dare_plugin_samplers.common as common
+from dare_plugin_samplers.graphs import GRAPHS, GRAPHS_HELP
 
 #: the optional methods of LowConfidenceSampler and BlockSampler: resuming partial responses
 RESUMABLE = frozenset({"continue_from", "total_steps"})
@@ -61,6 +62,8 @@ class LowConfidenceConfig(common.BlockCounts):
 FAST_RECORDS = frozenset({"reveal_step"})
 
 _CACHE = ("dual", "delayed", "prefix", "none")
+#: the caches whose steps have fixed shapes (the static path of ``graphs``)
+STATIC_CACHES = ("dual", "none")
 _DECODING = ("threshold", "quota")
 
 
@@ -103,9 +106,16 @@ class FastConfig(common.BlockCounts):
     truncate_at_eos: bool = common.truncate_at_eos_option()
     micro_batch_size: int = common.micro_batch_size_option(
         " (sampled outputs depend on the chunking, greedy ones do not).")
+    graphs: str = option("auto", GRAPHS_HELP + " Static steps need cache 'dual' or 'none' (auto: "
+                         "the other caches run eager).", one_of(GRAPHS))
 
     def __attrs_post_init__(self) -> None:
         common.check_gen_length_blocks(self.gen_length, self.block_length)
+        if self.graphs not in ("auto", "eager") and self.cache not in STATIC_CACHES:
+            raise ValueError(
+                f"rollout.graphs '{self.graphs}' needs fixed step shapes, which cache "
+                f"'{self.cache}' does not have (its queries change width); set cache to "
+                f"{' or '.join(STATIC_CACHES)}, or graphs to auto or eager")
         if self.decoding == "quota" and self.steps % self.num_blocks != 0:
             raise ValueError(
                 f"rollout.steps ({self.steps}) must be a multiple of the number of blocks "
@@ -163,3 +173,10 @@ class BlockRolloutConfig:
     truncate_at_eos: bool = option(
         True, "Response mask rule: true = positions up to and including the first stop token "
         "count; false = every generated position counts.")
+    graphs: str = option("auto", GRAPHS_HELP + " Static steps need use_cache (auto without it: "
+                         "eager).", one_of(GRAPHS))
+
+    def __attrs_post_init__(self) -> None:
+        if self.graphs not in ("auto", "eager") and not self.use_cache:
+            raise ValueError(f"rollout.graphs '{self.graphs}' runs the cached steps, so it needs "
+                             f"rollout.use_cache=true; set use_cache=true or graphs to auto or eager")

@@ -50,6 +50,12 @@ decoding: the running count of executed steps over all blocks, so ``num_steps`` 
 steps the batch took), -1 where the position was EOS-filled. ``nfe`` counts forward calls
 (the block-start full forward is the first step's forward, not an extra one).
 
+**Static steps** (``graphs``, :mod:`dare_plugin_samplers.graphs`). With ``cache`` ``dual`` or
+``none`` the steps can run at fixed shapes on buffers that keep their addresses
+(:class:`_StaticFast`), captured as CUDA graphs on a GPU (``graphs=auto``); they give the eager
+path's tokens, reveal steps and ``nfe`` (tested). ``prefix`` and ``delayed`` change their query
+width from block to block or step to step and always run eager.
+
 Not supported here: classifier-free guidance and the ``step_states`` record (predictions at
 every position each step need full-sequence logits, which the caches avoid); use the reference
 sampler for those.
@@ -64,7 +70,8 @@ import torch
 
 from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
-from dare_plugin_samplers.config import FAST_RECORDS, FastConfig
+from dare_plugin_samplers.config import FAST_RECORDS, STATIC_CACHES, FastConfig
+from dare_plugin_samplers.graphs import Sessions, Step, graph_mode, graph_pool, weights_key
 from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
 
 __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
@@ -224,9 +231,11 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
                 f"{prompt_ids.shape[1]}"
             )
 
+        mode = graph_mode(cfg.graphs, prompt_ids.device, wrapper.module) if cfg.cache in STATIC_CACHES else "eager"
+        chunk = self._generate_chunk if mode == "eager" else self._static_chunk
         parts = common.run_micro_batches(
             wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
-            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator, shift))
+            lambda ids, mask: chunk(wrapper, ids, mask, generator, shift))
         response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
         taken = max((p[3] for p in parts), default=0)
         return RolloutBatch(
@@ -315,6 +324,193 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
                 reveal[:, lo:hi] = reveal[:, lo:hi].masked_fill(commit, at)
         response = x[:, p:].masked_fill(pending, eos_id)
         return response, reveal, nfe, executed
+
+
+    def _static_chunk(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      generator: Optional[torch.Generator], shift: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """:meth:`_generate_chunk` through the static steps of :class:`_StaticFast` (``graphs``):
+        the same blocks, steps, random draws and commits; the host only counts steps and, with
+        threshold decoding, reads whether the block is complete after each step."""
+        cfg = self.config
+        b, p = prompt_ids.shape
+        valid_prompt = prompt_mask.bool()
+        padded = not bool(valid_prompt.all())
+        key = (weights_key(wrapper.module), id(wrapper), b, p, shift, padded, str(prompt_ids.device))
+        sessions = self.__dict__.setdefault("_static_sessions", Sessions())
+        ses = sessions.get(key, lambda: _StaticFast(self, wrapper, b, p, shift, padded, prompt_ids.device))
+        ses.reset(prompt_ids, valid_prompt)
+        width, quota_mode = cfg.block_length, cfg.decoding == "quota"
+        # a block starts with every position pending, so every row has the same quota schedule
+        quota = num_transfer_tokens(torch.tensor([width]), cfg.steps_per_block)[0].tolist() if quota_mode else []
+        nfe = executed = 0
+        for blk in range(cfg.num_blocks):
+            lo, hi = blk * width, (blk + 1) * width
+            ses.enter(blk)
+            calls, past = 0, None
+            for step in range(cfg.steps_per_block if quota_mode else width):
+                if quota_mode:
+                    if quota[step] == 0:
+                        continue  # nobody commits: the forward would change nothing
+                    ses.k.fill_(quota[step])
+                    ses.at.fill_(blk * cfg.steps_per_block + step)
+                elif not bool(ses.pending[:, lo:hi].any()):
+                    break  # the block is complete in every row
+                else:
+                    ses.at.fill_(executed)
+                ses.draw(generator)
+                refresh = cfg.refresh_every > 0 and calls % cfg.refresh_every == 0
+                calls += 1
+                if cfg.cache == "none" or past is None or refresh:
+                    out = ses.full(*ses.full_args)
+                    past = out[3:] if cfg.cache != "none" else None
+                else:
+                    out = ses.cached(*ses.cached_args, *past)
+                nfe += 1
+                executed += 1
+                ses.x[:, p + lo : p + hi].copy_(out[0])
+                ses.pending[:, lo:hi].copy_(out[1])
+                ses.reveal[:, lo:hi].copy_(out[2])
+        response = ses.x[:, p:].masked_fill(ses.pending, int(wrapper.eos_token_id))
+        return response, ses.reveal.clone(), nfe, executed
+
+
+class _StaticFast:
+    """The static path of :class:`FastSampler` for one chunk shape (``b`` rows, ``p`` prompt
+    columns, ``shift``, padded or not): buffers that keep their addresses across blocks, steps
+    and ``generate`` calls, and two step kinds (:class:`~dare_plugin_samplers.graphs.Step`).
+
+    * ``full``: the full forward ``[B, P + R]`` (the uncached computation), the block's logits
+      picked by the index tensor ``lcols``, and with a cache the dual cache built by
+      ``index_select`` of the columns ``kcols`` (fixed count ``P + R - W - shift`` in every block);
+    * ``cached``: the forward of the ``W + shift`` query columns ``qcols`` on that cache, the key
+      mask listing ``kcols`` then ``qcols`` (the eager dual cache's order, so its logits are the
+      same);
+
+    both followed by the same candidate / confidence / commit computation as the eager path, on
+    random numbers drawn beforehand into ``u`` / ``ur`` by the same calls. Each returns the
+    block's new tokens, pending flags and reveal steps (and ``full`` the cache), which the caller
+    writes back.
+    """
+
+    def __init__(self, sampler: "FastSampler", wrapper: Any, b: int, p: int, shift: int, padded: bool,
+                 device: torch.device):
+        cfg = sampler.config
+        self.sampler, self.wrapper, self.padded, self.shift = sampler, wrapper, padded, shift
+        self.mask_id, self.eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
+        r, width, s = cfg.gen_length, cfg.block_length, shift
+        length = p + r
+        self.p = p
+        self.x = torch.zeros(b, length, dtype=torch.long, device=device)
+        self.valid = torch.ones(b, length, dtype=torch.bool, device=device)
+        self.pos = torch.arange(length, device=device)[None].expand(b, length).contiguous()
+        self.pending = torch.ones(b, r, dtype=torch.bool, device=device)
+        self.reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
+        self.k = torch.zeros(b, dtype=torch.long, device=device)
+        self.at = torch.zeros((), dtype=torch.long, device=device)
+        self.stop_ids = torch.tensor(sorted({int(t) for t in wrapper.stop_token_ids} | {self.eos_id}),
+                                     dtype=torch.long, device=device)
+        self.u = self.ur = None
+        if cfg.temperature > 0:  # the vocabulary size, from a one-token forward
+            probe = torch.zeros(b, s + 1, dtype=torch.long, device=device)
+            logits, _ = wrapper.forward_cached(probe, position_ids=self.pos[:, : s + 1], use_cache=False)
+            self.u = torch.empty(b, width, logits.shape[-1], dtype=torch.float64, device=device)
+        if cfg.remasking == "random":
+            self.ur = torch.empty(b, width, dtype=torch.float64, device=device)
+        # per-block column indices: the tables, and the buffers the steps read (``enter``)
+        tables: dict[str, list] = {"bcols": [], "rcols": [], "lcols": [], "qcols": [], "kcols": []}
+        for blk in range(cfg.num_blocks):
+            lo, hi = p + blk * width, p + (blk + 1) * width
+            block = torch.arange(lo, hi, device=device)
+            tables["bcols"].append(block)
+            tables["rcols"].append(block - p)
+            tables["lcols"].append(block - s)
+            tables["qcols"].append(torch.arange(lo - s, hi, device=device))
+            tables["kcols"].append(torch.cat([torch.arange(0, lo - s, device=device),
+                                              torch.arange(hi, length, device=device)]))
+        self.tables = {name: torch.stack(rows) for name, rows in tables.items()}
+        self.cur = {name: rows[0].clone() for name, rows in self.tables.items()}
+        self.keys = torch.cat([self.cur["kcols"], self.cur["qcols"]])
+        c = self.cur
+        select = (self.x, self.pending, self.reveal, c["bcols"], c["rcols"], self.k, self.at, self.u,
+                  self.ur, self.stop_ids)
+        self.full_args = (self.pos, self.valid, c["lcols"], c["kcols"]) + select
+        self.cached_args = (self.pos, self.valid, c["qcols"], self.keys) + select
+        mode = graph_mode(cfg.graphs, device, wrapper.module)
+        pool = graph_pool(mode)
+        auto = cfg.graphs == "auto"
+        self.full = Step(self._full_step, mode, device, pool, auto)
+        self.cached = Step(self._cached_step, mode, device, pool, auto)
+
+    def reset(self, prompt_ids: torch.Tensor, valid_prompt: torch.Tensor) -> None:
+        self.x[:, : self.p].copy_(prompt_ids)
+        self.x[:, self.p :].fill_(self.mask_id)
+        self.valid[:, : self.p].copy_(valid_prompt)
+        self.pending.fill_(True)
+        self.reveal.fill_(-1)
+
+    def enter(self, blk: int) -> None:
+        for name, rows in self.tables.items():
+            self.cur[name].copy_(rows[blk])
+        self.keys.copy_(torch.cat([self.cur["kcols"], self.cur["qcols"]]))
+
+    def draw(self, generator: Optional[torch.Generator]) -> None:
+        """The eager step's random draws, in its order: the candidates' uniforms, then the
+        'random' confidences."""
+        from dare_core.api import for_device
+
+        for buf in (self.u, self.ur):
+            if buf is not None:
+                torch.rand(buf.shape, generator=for_device(generator, buf.device), dtype=torch.float64,
+                           device=buf.device, out=buf)
+
+    def _mask(self, valid: torch.Tensor, keys: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        if not self.padded:
+            return None
+        return (valid if keys is None else valid.index_select(1, keys))[:, None, None, :]
+
+    def _full_step(self, pos, valid, lcols, kcols, *select):
+        want = self.sampler.config.cache != "none"
+        logits, present = self.wrapper.forward_cached(
+            select[0], position_ids=pos, past_key_values=None, attention_mask=self._mask(valid),
+            use_cache=want)
+        out = self._select(logits.index_select(1, lcols).float(), *select)
+        if not want:
+            return out
+        return out + tuple(t.index_select(2, kcols) for kv in present for t in kv)
+
+    def _cached_step(self, pos, valid, qcols, keys, *rest):
+        select, flat = rest[:10], rest[10:]
+        past = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        logits, _ = self.wrapper.forward_cached(
+            select[0].index_select(1, qcols), position_ids=pos.index_select(1, qcols),
+            past_key_values=past, attention_mask=self._mask(valid, keys), use_cache=False)
+        return self._select(logits.float(), *select)
+
+    def _select(self, logits, x, pending, reveal, bcols, rcols, k, at, u, ur, stop_ids):
+        """The eager step's candidates, confidences and commits at fixed shapes."""
+        sampler, cfg = self.sampler, self.sampler.config
+        logits = logits.masked_fill(sampler._ban_mask(logits.shape[-1], self.mask_id, self.eos_id,
+                                                      logits.device), -math.inf)
+        if u is None:
+            x0 = logits.argmax(dim=-1)
+        else:  # the Gumbel-max draw of CandidateScoring._candidates
+            z = logits.double()
+            z = (z - z.amax(dim=-1, keepdim=True)).exp()
+            x0 = (z / (-torch.log(u)) ** float(cfg.temperature)).argmax(dim=-1)
+        if ur is None:
+            conf = sampler._confidence(logits, x0, None, stop_ids)
+        else:  # 'random' confidences, stop handling of CandidateScoring._confidence
+            conf = ur
+            if cfg.stop_confidence != "keep":
+                value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
+                conf = conf.masked_fill(torch.isin(x0, stop_ids), value)
+        eligible = pending.index_select(1, rcols)
+        if cfg.decoding == "quota":
+            commit = _commit_mask(conf, eligible, k)
+        else:
+            commit = _commit_mask(conf, eligible, torch.ones_like(k)) | (eligible & (conf >= cfg.threshold))
+        block = torch.where(commit, x0, x.index_select(1, bcols))
+        return block, eligible & ~commit, torch.where(commit, at, reveal.index_select(1, rcols))
 
 
 # --------------------------------------------------------------------------- registration
