@@ -46,6 +46,20 @@ def test_null_settings_take_the_checkpoint_generation_config(wrapper):
     assert wrapper.module.generation_config.max_denoising_steps == 6  # the model's own is not changed
 
 
+def test_temperature_scales_the_schedule(wrapper, prompts):
+    assert EntropyBoundSampler(EntropyBoundConfig(gen_length=4)).logits_processor() is None
+    scores = torch.randn(2, 4, 7, generator=torch.Generator().manual_seed(0))
+    half = EntropyBoundSampler(EntropyBoundConfig(gen_length=4, temperature=0.5)).logits_processor()
+    torch.testing.assert_close(half(None, scores), scores / 0.5)
+    zero = EntropyBoundSampler(EntropyBoundConfig(gen_length=4, temperature=0.0))
+    probs = torch.softmax(zero.logits_processor()(None, scores), -1)
+    assert torch.equal(probs.argmax(-1), scores.argmax(-1)) and (probs.max(-1).values == 1).all()
+    # argmax proposals (zero entropy): each step accepts its whole canvas, iterated to a fixed point
+    out = EntropyBoundSampler(EntropyBoundConfig(gen_length=8, temperature=0.0)).generate(
+        wrapper, *prompts, generator=torch.Generator().manual_seed(0))
+    assert out.response_ids.shape == (2, 8) and (out.response_ids >= 0).all() and out.num_steps <= 2 * 6
+
+
 def test_config_is_checked_and_documented():
     import attrs
 
@@ -67,7 +81,7 @@ class _Scripted(torch.nn.Module):
         [torch.tensor([[8, 1, 3, 3], [2, 2, 2, 2]]), torch.tensor([[8, 1, 0, 0], [2, 4, 2, 2]])],
     ]
 
-    def generate(self, input_ids, attention_mask, generation_config, streamer):
+    def generate(self, input_ids, attention_mask, generation_config, logits_processor, streamer):
         streamer.put(input_ids)
         seq = input_ids
         for canvas in self.drafts:

@@ -29,6 +29,11 @@ class EntropyBoundConfig:
     gen_length: int = option(
         256, "Response length R: generation runs ceil(R / canvas_length) canvases (transformers' "
              "max_new_tokens = R) and the response is cut to R tokens.", positive)
+    temperature: float = option(
+        1.0, "Multiplies the schedule's temperatures (1 = the checkpoint's schedule); 0 = every proposal "
+             "is its argmax token, so each step accepts the whole canvas and the canvas is iterated to its "
+             "argmax fixed point (deterministic given the initial noise). DARE's commands and recipes set "
+             "it (dare generate and evaluation: eval.temperature; group-RL recipes: 0.6).", non_negative)
     max_denoising_steps: Optional[int] = option(
         None, "Denoising steps per canvas at most (adaptive stopping may end a canvas earlier)."
               + _FROM_CHECKPOINT, optional(positive))

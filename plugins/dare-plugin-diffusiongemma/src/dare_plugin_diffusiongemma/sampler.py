@@ -10,6 +10,9 @@ The rollout config's ``null`` fields take the checkpoint's ``generation_config.j
 
 What this backend adds:
 
+* ``temperature`` (DARE's rollout knob) scales the schedule through generate's own
+  ``logits_processor`` argument (applied before the schedule): transformers'
+  ``TemperatureLogitsWarper`` for ``T > 0``, :class:`ArgmaxProposals` for ``T = 0`` (nothing at 1);
 * **determinism**: generate draws with ``torch.randint`` / ``torch.multinomial`` from the global
   RNG, so the call runs in a forked RNG state (CPU and the model's CUDA device) seeded with one
   63-bit draw of ``generator``: the same generator state gives the same rollout, and the caller's
@@ -35,6 +38,15 @@ from dare_core.api import RolloutBatch
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_diffusiongemma.config import RECORDS, EntropyBoundConfig
+
+
+class ArgmaxProposals:
+    """A logits processor leaving only each position's argmax token (``T = 0``): the proposal is the
+    argmax, its entropy 0, so the entropy-bound sampler accepts the whole canvas."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        low = torch.full_like(scores, torch.finfo(scores.dtype).min)
+        return low.scatter(-1, scores.argmax(-1, keepdim=True), 0.0)
 
 
 class DraftRecorder:
@@ -97,6 +109,15 @@ class EntropyBoundSampler(ConfiguredSampler):
         gen.return_dict_in_generate = True
         return gen
 
+    def logits_processor(self) -> Any:
+        """The processors that scale the schedule by ``temperature`` (``None`` at 1)."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+        t = float(self.config.temperature)
+        if t == 1.0:
+            return None
+        return LogitsProcessorList([TemperatureLogitsWarper(t) if t > 0 else ArgmaxProposals()])
+
     def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch:
         record = check_records("the entropy_bound rollout", record, RECORDS)
@@ -111,7 +132,8 @@ class EntropyBoundSampler(ConfiguredSampler):
         device = prompt_ids.device
         with eval_mode(wrapper.module), _forked_rng(generator):
             out = wrapper.module.generate(input_ids=prompt_ids.long(), attention_mask=prompt_mask.long(),
-                                          generation_config=gen, streamer=recorder)
+                                          generation_config=gen, logits_processor=self.logits_processor(),
+                                          streamer=recorder)
         response = out.sequences[:, P:P + R]
         if response.shape[1] < R:
             fill = torch.full((B, R - response.shape[1]), wrapper.pad_token_id, dtype=response.dtype, device=device)
