@@ -20,9 +20,10 @@ For a model of kind ``block`` the SFT step is:
    the SDAR trainer's ``Σ CE/p / answer_len``), or the plain mean CE over masked tokens
    (``weighting="none"``, ``Σ CE / #masked``).
 
-:class:`KindDispatch` picks the masked-diffusion or the block-diffusion object at call time from
-``wrapper.kind`` (the corruption) or from the corruption's record (the loss), so ``--algo sft``
-serves every family without naming one.
+:class:`KindDispatch` picks the masked-diffusion, block-diffusion or uniform-noise object
+(:mod:`dare_plugin_sft.uniform`) at call time from the wrapper's declared ``uniform_noise``
+capability and ``wrapper.kind`` (corruption, estimator) or from the corruption's record (the loss),
+so ``--algo sft`` serves every family without naming one.
 """
 
 from __future__ import annotations
@@ -131,22 +132,27 @@ class BlockDiffusionNELBO:
 
 
 class KindDispatch:
-    """Calls ``block`` for block-diffusion wrappers / corruptions, ``masked`` otherwise.
+    """Calls the ``uniform``, ``block`` or ``masked`` object of one role.
 
-    As a corruption it reads ``wrapper.kind``; as a loss it reads whether the corruption recorded
-    the block normaliser (``extras["answer_len"]``).
+    As a corruption or an estimator it reads the wrapper: the ``uniform_noise`` capability picks
+    ``uniform`` (when given), else ``wrapper.kind == "block"`` picks ``block``. As a loss it reads
+    the corruption's record: ``extras["target_tokens"]`` (:class:`~dare_plugin_sft.uniform.TargetTokens`)
+    picks ``uniform``, ``extras["answer_len"]`` (the block normaliser) picks ``block``.
     """
 
-    def __init__(self, masked: Any, block: Any, role: str):
-        if role not in ("corruption", "loss"):
-            raise ValueError(f"role must be 'corruption' or 'loss', got {role!r}")
-        self.masked, self.block, self.role = masked, block, role
+    def __init__(self, masked: Any, block: Any, role: str, uniform: Any = None):
+        if role not in ("corruption", "estimator", "loss"):
+            raise ValueError(f"role must be 'corruption', 'estimator' or 'loss', got {role!r}")
+        self.masked, self.block, self.role, self.uniform = masked, block, role, uniform
 
     def __call__(self, *args: Any, **kwargs: Any):
-        if self.role == "corruption":
-            wrapper = args[0] if args else kwargs["wrapper"]
-            use_block = getattr(wrapper, "kind", "masked") == "block"
+        if self.role == "loss":
+            extras = (args[1] if len(args) > 1 else kwargs["corrupted"]).extras
+            pick = "uniform" if "target_tokens" in extras else "block" if "answer_len" in extras else "masked"
         else:
-            corrupted = args[1] if len(args) > 1 else kwargs["corrupted"]
-            use_block = "answer_len" in corrupted.extras
-        return (self.block if use_block else self.masked)(*args, **kwargs)
+            wrapper = args[0] if args else kwargs["wrapper"]
+            if self.uniform is not None and "uniform_noise" in getattr(wrapper, "capabilities", ()):
+                pick = "uniform"
+            else:
+                pick = "block" if getattr(wrapper, "kind", "masked") == "block" else "masked"
+        return getattr(self, pick)(*args, **kwargs)

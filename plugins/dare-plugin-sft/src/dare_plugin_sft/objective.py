@@ -2,7 +2,8 @@
 
 Nie et al. 2025, "Large Language Diffusion Models" (arXiv:2502.09992), SFT recipe; the block
 variant is Arriola et al. 2025, "Block Diffusion" (arXiv:2503.09573), reached through the model
-wrapper's training layout.
+wrapper's training layout; uniform-noise models train the flat cross entropy of
+:mod:`dare_plugin_sft.uniform`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dare_core.api import Components, Corrupted, default_collate, SequenceBatch
 
 from dare_plugin_sft.block import KindDispatch
 from dare_plugin_sft.config import SFTConfig
+from dare_plugin_sft.uniform import TargetTokens
 
 
 class NELBOLoss:
@@ -52,16 +54,22 @@ def make_collate(cfg: SFTConfig):
 
 
 def build(cfg: SFTConfig, lookup) -> Components:
-    """Masked-diffusion NELBO for ``masked`` models, block-diffusion NELBO for ``block`` models
-    (chosen per call from ``wrapper.kind``; :class:`~dare_plugin_sft.block.KindDispatch`)."""
+    """Masked-diffusion NELBO for ``masked`` models, block-diffusion NELBO for ``block`` models,
+    the flat uniform-noise cross entropy for ``uniform_noise`` models (chosen per call from the
+    wrapper; :class:`~dare_plugin_sft.block.KindDispatch`)."""
     masked_corruption = lookup.corruption("random_ratio", eps=cfg.eps, mc_num=cfg.mc_num)
     block_corruption = lookup.corruption("block_diffusion_masking", eps=cfg.eps, mc_num=cfg.mc_num,
                                          low=cfg.block_t_low, high=cfg.block_t_high)
+    masked_estimator = lookup.estimator("masked_token_logprob")
     return Components(
-        corruption=KindDispatch(masked_corruption, block_corruption, "corruption"),
+        # random_ratio draws the wrapper's own noise: uniform tokens for uniform-noise models
+        corruption=KindDispatch(masked_corruption, block_corruption, "corruption",
+                                uniform=TargetTokens(masked_corruption)),
         trajectory=None,
-        estimator=lookup.estimator("masked_token_logprob"),
+        estimator=KindDispatch(masked_estimator, masked_estimator, "estimator",
+                               uniform=lookup.estimator("response_token_logprob")),
         loss=KindDispatch(lookup.loss("nelbo"),
-                          lookup.loss("block_diffusion_nelbo", weighting=cfg.block_weighting), "loss"),
+                          lookup.loss("block_diffusion_nelbo", weighting=cfg.block_weighting), "loss",
+                          uniform=lookup.loss("uniform_diffusion_ce")),
         collate=make_collate(cfg),
     )
