@@ -12,6 +12,7 @@ from dare_core.api import DareError
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM, LLaDA2MoeSparseMoeBlock
+from dare_nn.testing.equality import all_grads, rel, run_experts
 
 register_auto_classes()
 
@@ -28,23 +29,8 @@ def config(**kw):
     return LLaDA2MoeConfig(**base)
 
 
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
 def run(module, impl, fn):
-    """``(outputs, {name: gradient (None as 0)})`` of ``fn(module)`` under ``impl``."""
-    for m in module.modules():
-        if isinstance(m, LLaDA2MoeSparseMoeBlock):
-            m.experts_impl = impl
-    module.zero_grad(set_to_none=True)
-    outs = fn(module)
-    return outs, {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in module.named_parameters()}
-
-
-def all_grads(grads):
-    return torch.cat([g.reshape(-1) for g in grads.values()])
+    return run_experts(module, LLaDA2MoeSparseMoeBlock, impl, fn)
 
 
 @pytest.mark.parametrize("experts,groups,top_groups,top_k,tokens,shared", [

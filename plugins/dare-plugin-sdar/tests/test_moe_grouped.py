@@ -12,6 +12,7 @@ from dare_nn import moe
 from dare_plugin_sdar.configuration_sdar import SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM, SDARMoeSparseMoeBlock
+from dare_nn.testing.equality import all_grads, rel, run_experts
 
 register_auto_classes()
 
@@ -21,23 +22,8 @@ BASE = dict(vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_laye
             bos_token_id=1, moe_intermediate_size=24)
 
 
-def rel(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
 def run(module, impl, fn):
-    """``(outputs, {name: gradient (None as 0)})`` of ``fn(module)`` under ``impl``."""
-    for m in module.modules():
-        if isinstance(m, SDARMoeSparseMoeBlock):
-            m.experts_impl = impl
-    module.zero_grad(set_to_none=True)
-    outs = fn(module)
-    return outs, {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in module.named_parameters()}
-
-
-def all_grads(grads):
-    return torch.cat([g.reshape(-1) for g in grads.values()])
+    return run_experts(module, SDARMoeSparseMoeBlock, impl, fn)
 
 
 @pytest.mark.parametrize("experts,top_k,tokens,norm", [(4, 1, 1, True), (8, 2, 9, True), (16, 8, 5, False),

@@ -12,10 +12,11 @@ import torch
 
 import dare_plugin_sdar
 import dare_plugin_sft
-from dare_core.api import MaskedTokenLogProb, RandomRatioMasking, SequenceBatch, configure_training_paths
+from dare_core.api import SequenceBatch, configure_training_paths
 from dare_core.config import resolve
 from dare_core.testing.registries import build_for
 from dare_core.train import train
+from dare_nn.testing.equality import nelbo_step, ragged_batch
 from dare_plugin_sdar import wrapper as sdar_wrapper
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
@@ -45,25 +46,10 @@ def _wrapper(moe: bool, attention: str, cross_entropy: str) -> SDARWrapper:
 
 
 def _batch() -> SequenceBatch:
-    g = torch.Generator().manual_seed(2)
-    p, r = max(a for a, _ in LENGTHS), max(b for _, b in LENGTHS)
-    ids = torch.full((len(LENGTHS), p + r), V - 2)
-    mask = torch.zeros_like(ids)
-    for i, (a, b) in enumerate(LENGTHS):
-        ids[i, p - a:p + b] = torch.randint(0, V - 3, (a + b,), generator=g)
-        mask[i, p - a:p + b] = 1
-    return SequenceBatch(ids, mask, p)
+    return ragged_batch(LENGTHS, V, pad=V - 2)
 
 
-def _nelbo(w, batch):
-    inputs = []
-    w.decoder_layers()[0].register_forward_pre_hook(lambda m, args: inputs.append(tuple(args[0].shape[:2])))
-    corr = RandomRatioMasking(mc_num=2)(w, batch, torch.Generator().manual_seed(0))
-    logp = MaskedTokenLogProb()(w, batch, corr)
-    weight = torch.where(corr.masked, 1.0 / corr.p_mask, torch.zeros(()))
-    loss = (-logp * weight).sum() / corr.masked.sum()
-    loss.backward()
-    return loss.detach(), logp.detach(), {k: p.grad.clone() for k, p in w.module.named_parameters()}, inputs
+_nelbo = nelbo_step
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["sdar", "sdar_moe"])

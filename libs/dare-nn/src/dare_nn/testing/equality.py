@@ -1,0 +1,58 @@
+"""Helpers of the equality tests that compare an accelerated path with its reference on the same
+module: grouped MoE experts against the per-expert loop, packed BD3LM rows against padded ones."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from dare_core.api import MaskedTokenLogProb, RandomRatioMasking, SequenceBatch
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative difference ``|a - b| / |b|`` in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def run_experts(module: torch.nn.Module, block_cls: type, impl: str, fn: Callable[[Any], Any]):
+    """``(fn(module), {name: gradient (None as 0)})`` with every ``block_cls`` MoE block set to
+    ``experts_impl = impl`` (``loop`` or ``grouped``)."""
+    for m in module.modules():
+        if isinstance(m, block_cls):
+            m.experts_impl = impl
+    module.zero_grad(set_to_none=True)
+    outs = fn(module)
+    return outs, {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in module.named_parameters()}
+
+
+def all_grads(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in grads.values()])
+
+
+def ragged_batch(lengths: tuple[tuple[int, int], ...], vocab: int, pad: int, seed: int = 2) -> SequenceBatch:
+    """``[left-padded prompt | right-padded response]`` rows of random ids below ``vocab - 3`` with
+    the (prompt, response) ``lengths``."""
+    g = torch.Generator().manual_seed(seed)
+    p, r = max(a for a, _ in lengths), max(b for _, b in lengths)
+    ids = torch.full((len(lengths), p + r), pad)
+    mask = torch.zeros_like(ids)
+    for i, (a, b) in enumerate(lengths):
+        ids[i, p - a:p + b] = torch.randint(0, vocab - 3, (a + b,), generator=g)
+        mask[i, p - a:p + b] = 1
+    return SequenceBatch(ids, mask, p)
+
+
+def nelbo_step(wrapper: Any, batch: SequenceBatch):
+    """One NELBO forward/backward on two masking draws: ``(loss, per-token log-probs, {name:
+    gradient}, [rows, width] the first decoder layer received per forward)``."""
+    inputs = []
+    wrapper.decoder_layers()[0].register_forward_pre_hook(lambda m, args: inputs.append(tuple(args[0].shape[:2])))
+    corr = RandomRatioMasking(mc_num=2)(wrapper, batch, torch.Generator().manual_seed(0))
+    logp = MaskedTokenLogProb()(wrapper, batch, corr)
+    weight = torch.where(corr.masked, 1.0 / corr.p_mask, torch.zeros(()))
+    loss = (-logp * weight).sum() / corr.masked.sum()
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in wrapper.module.named_parameters() if p.grad is not None}
+    return loss.detach(), logp.detach(), grads, inputs
