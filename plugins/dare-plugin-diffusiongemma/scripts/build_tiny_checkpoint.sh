@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the bundled tiny DiffusionGemma checkpoint from scratch (about 6 min on 2 busy CPU cores;
+# Rebuild the bundled tiny DiffusionGemma checkpoint from scratch (5-13 min on 2 shared CPU cores;
 # one thread per process is the fastest on a shared machine).
 #   bash plugins/dare-plugin-diffusiongemma/scripts/build_tiny_checkpoint.sh [OUT_DIR]
 set -euo pipefail

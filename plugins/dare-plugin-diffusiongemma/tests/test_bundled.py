@@ -41,6 +41,8 @@ def test_preset_applies_below_overrides(dare):
     assert cfg.model.path == BUNDLED and cfg.task.name == "sudoku" and cfg.rollout_backend == "entropy_bound"
     assert cfg.rollout.gen_length == 40 and cfg.eval.temperature == 1.0
     assert resolve(dare, algo="sft", model="diffusiongemma", overrides=["trainer.lr=1e-6"]).trainer.lr == 1e-6
+    rl = resolve(dare, algo="reinforce_rloo", model="diffusiongemma")
+    assert (rl.trainer.batch_size, rl.trainer.group_size, rl.algorithm.mc_num, rl.rollout.temperature) == (16, 8, 4, 1.0)
 
 
 def test_generate_answers_in_the_trained_format(dare, monkeypatch):
