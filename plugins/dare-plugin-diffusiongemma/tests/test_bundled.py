@@ -19,9 +19,10 @@ COMMON = ["task.num_eval=2", "eval.batch_size=2", "trainer.steps=1", "progress=f
 
 @pytest.fixture(scope="module")
 def dare(registries):
+    import dare_plugin_coupled_grpo
     import dare_plugin_reinforce_rloo
 
-    return registries(dare_plugin_sft, dare_plugin_reinforce_rloo)
+    return registries(dare_plugin_sft, dare_plugin_reinforce_rloo, dare_plugin_coupled_grpo)
 
 
 def test_layout_and_published_names():
@@ -50,7 +51,7 @@ def test_generate_answers_in_the_trained_format(dare, monkeypatch):
     assert "<answer>" in output and "</answer>" in output
 
 
-@pytest.mark.parametrize("algo", ["sft", "reinforce_rloo"])
+@pytest.mark.parametrize("algo", ["sft", "reinforce_rloo", "coupled_grpo"])
 def test_one_step_runs(dare, tmp_path, algo):
     extra = ["trainer.group_size=2"] if algo != "sft" else []
     summary = train(dare, resolve(dare, algo=algo, model="diffusiongemma",
