@@ -4,7 +4,6 @@ fused head; a one-step SFT run with model.train_attention=packed has the padded 
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -13,10 +12,8 @@ import torch
 import dare_plugin_llada2
 import dare_plugin_sft
 from dare_core.api import SequenceBatch, configure_training_paths
-from dare_core.config import resolve
 from dare_core.testing.registries import build_for
-from dare_core.train import train
-from dare_nn.testing.equality import nelbo_step, ragged_batch
+from dare_nn.testing.equality import nelbo_step, packed_sft_losses, ragged_batch
 from dare_plugin_llada2 import wrapper as llada2_wrapper
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
@@ -80,23 +77,6 @@ def test_inference_logits_stay_block_causal_and_unpadded():
 
 @pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
 def test_one_step_sft_trains_on_packed_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(llada2_wrapper, "CAPABILITIES", PACKABLE)
-    # sudoku rows are all of one length: packing saves no slots, run it packed all the same
-    monkeypatch.setattr(LLaDA2Wrapper, "packing_max_slots", 1.0)
-    packed_calls = []
-    run_packed = LLaDA2Wrapper._packed_bd3lm_logprobs
-    monkeypatch.setattr(LLaDA2Wrapper, "_packed_bd3lm_logprobs",
-                        lambda self, *a: packed_calls.append(1) or run_packed(self, *a))
     dare = build_for(dare_plugin_llada2, dare_plugin_sft)
-    losses = {}
-    for attention in ("padded", "packed"):
-        overrides = ["trainer.steps=1", "progress=false", f"output_dir={tmp_path}", "trainer.batch_size=4",
-                     "trainer.micro_batch_size=4", f"run_name={attention}", "eval.before=false",
-                     "eval.after=false", "trainer.save_final=false", f"model.train_attention={attention}"]
-        train(dare, resolve(dare, algo="sft", model="llada2", overrides=overrides))
-        run = tmp_path / attention
-        assert json.loads((run / "training_paths.json").read_text())["attention"] == attention
-        assert bool(packed_calls) == (attention == "packed")
-        losses[attention] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-                             if "loss" in json.loads(line)]
+    losses = packed_sft_losses(dare, "llada2", LLaDA2Wrapper, tmp_path, monkeypatch)
     assert losses["packed"] and losses["packed"] == pytest.approx(losses["padded"], rel=1e-5)

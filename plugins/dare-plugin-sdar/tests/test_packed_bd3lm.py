@@ -13,10 +13,8 @@ import torch
 import dare_plugin_sdar
 import dare_plugin_sft
 from dare_core.api import SequenceBatch, configure_training_paths
-from dare_core.config import resolve
 from dare_core.testing.registries import build_for
-from dare_core.train import train
-from dare_nn.testing.equality import nelbo_step, ragged_batch
+from dare_nn.testing.equality import nelbo_step, packed_sft_losses, ragged_batch
 from dare_plugin_sdar import wrapper as sdar_wrapper
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
@@ -70,25 +68,8 @@ def test_packed_equals_padded(moe, cross_entropy):
 
 @pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
 def test_one_step_sft_trains_on_packed_rows(tmp_path, monkeypatch):
-    monkeypatch.setattr(sdar_wrapper, "CAPABILITIES", PACKABLE)
-    # sudoku rows are all of one length: packing saves no slots, run it packed all the same
-    monkeypatch.setattr(SDARWrapper, "packing_max_slots", 1.0)
-    packed_calls = []
-    run_packed = SDARWrapper._packed_bd3lm_logprobs
-    monkeypatch.setattr(SDARWrapper, "_packed_bd3lm_logprobs",
-                        lambda self, *a: packed_calls.append(1) or run_packed(self, *a))
     dare = build_for(dare_plugin_sdar, dare_plugin_sft)
-    losses = {}
-    for attention in ("padded", "packed"):
-        overrides = ["trainer.steps=1", "progress=false", f"output_dir={tmp_path}", "trainer.batch_size=4",
-                     "trainer.micro_batch_size=4", f"run_name={attention}", "eval.before=false",
-                     "eval.after=false", "trainer.save_final=false", f"model.train_attention={attention}"]
-        train(dare, resolve(dare, algo="sft", model="sdar", overrides=overrides))
-        run = tmp_path / attention
-        assert json.loads((run / "training_paths.json").read_text())["attention"] == attention
-        losses[attention] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-                             if "loss" in json.loads(line)]
-        assert bool(packed_calls) == (attention == "packed")
+    losses = packed_sft_losses(dare, "sdar", SDARWrapper, tmp_path, monkeypatch)
     assert losses["packed"] and losses["packed"] == pytest.approx(losses["padded"], rel=1e-5)
 
 

@@ -56,3 +56,30 @@ def nelbo_step(wrapper: Any, batch: SequenceBatch):
     loss.backward()
     grads = {k: p.grad.clone() for k, p in wrapper.module.named_parameters() if p.grad is not None}
     return loss.detach(), logp.detach(), grads, inputs
+
+
+def packed_sft_losses(dare: Any, family: str, wrapper_cls: type, tmp_path: Any, monkeypatch: Any) -> dict:
+    """One-step SFT runs of the bundled ``family`` checkpoint with ``model.train_attention`` padded
+    and packed: ``{attention: [loss per step]}``; checks each run took the path it names (packed
+    rows forced even where packing saves no slots)."""
+    import json
+
+    from dare_core.config import resolve
+    from dare_core.train import train
+
+    monkeypatch.setattr(wrapper_cls, "packing_max_slots", 1.0)
+    calls = []
+    run_packed = wrapper_cls._packed_bd3lm_logprobs
+    monkeypatch.setattr(wrapper_cls, "_packed_bd3lm_logprobs", lambda self, *a: calls.append(1) or run_packed(self, *a))
+    losses = {}
+    for attention in ("padded", "packed"):
+        overrides = ["trainer.steps=1", "progress=false", f"output_dir={tmp_path}", "trainer.batch_size=4",
+                     "trainer.micro_batch_size=4", f"run_name={attention}", "eval.before=false",
+                     "eval.after=false", "trainer.save_final=false", f"model.train_attention={attention}"]
+        train(dare, resolve(dare, algo="sft", model=family, overrides=overrides))
+        run = tmp_path / attention
+        assert json.loads((run / "training_paths.json").read_text())["attention"] == attention
+        assert bool(calls) == (attention == "packed")
+        losses[attention] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                             if "loss" in json.loads(line)]
+    return losses
