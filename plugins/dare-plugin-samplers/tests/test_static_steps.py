@@ -20,7 +20,7 @@ import torch
 from dare_core.api import DareError
 from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_plugin_samplers.fast import FastConfig, FastSampler
-from dare_plugin_samplers.graphs import Sessions, Step, graph_mode
+from dare_plugin_samplers.graphs import Captures, Step, graph_mode
 
 REVEAL = frozenset({"reveal_step"})
 _WRAPPERS: dict = {}
@@ -101,9 +101,9 @@ def test_fast_static_on_sudoku_prompts_with_stop_tokens(family):
     assert int(eager.response_mask.sum()) < eager.response_mask.numel()
 
 
-def test_fast_sessions_are_reused_and_reset():
+def test_fast_captures_are_reused_and_reset():
     """A second call with other prompts of the same shape reuses the buffers and still gives
-    the eager tokens; micro-batches of two shapes get one session each."""
+    the eager tokens; micro-batches of two shapes get one capture each."""
     w = bundled("llada")
     sampler = FastSampler(FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0,
                                      decoding="quota", graphs="static", micro_batch_size=2))
@@ -113,7 +113,7 @@ def test_fast_sessions_are_reused_and_reset():
         pid, pm = random_prompts(w)
         pid = pid.roll(seed, dims=1).masked_fill(pm == 0, w.pad_token_id)
         assert torch.equal(sampler.generate(w, pid, pm).response_ids, eager.generate(w, pid, pm).response_ids)
-    assert len(sampler._static_sessions._items) == 2  # a 2-row and a 1-row chunk
+    assert len(sampler._static_captures._items) == 2  # a 2-row and a 1-row chunk
 
 
 class Spy:
@@ -221,14 +221,14 @@ def test_cuda_graph_on_cpu_is_one_line_before_work():
         FastSampler(FastConfig(gen_length=8, block_length=8, steps=8, graphs="cuda_graph")).generate(w, pid, pm)
 
 
-def test_step_runs_uncaptured_off_cuda_and_sessions_evict():
+def test_step_runs_uncaptured_off_cuda_and_captures_evict():
     calls = []
     step = Step(lambda a: (calls.append(1) or a + 1,), "static", torch.device("cpu"))
     assert step(torch.zeros(2))[0].tolist() == [1.0, 1.0] and len(calls) == 1
-    sessions = Sessions(size=2)
+    captures = Captures(size=2)
     for key in "abc":
-        sessions.get(key, lambda k=key: k)
-    assert list(sessions._items) == ["b", "c"]
+        captures.get(key, lambda k=key: k)
+    assert list(captures._items) == ["b", "c"]
 
 
 # --------------------------------------------------------------------------- CUDA graphs
@@ -251,7 +251,7 @@ def test_fast_cuda_graphs_give_the_eager_tokens(family, kw):
         out = sampler.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(out.response_ids, ref.response_ids) and torch.equal(out.reveal_step, ref.reveal_step)
         assert out.nfe == ref.nfe
-    assert all(step.graph is not None for ses in sampler._static_sessions._items.values()
+    assert all(step.graph is not None for ses in sampler._static_captures._items.values()
                for step in (ses.full, ses.cached) if step.inputs)
 
 
@@ -267,7 +267,7 @@ def test_block_cuda_graphs_give_the_eager_tokens(kw):
         ref = eager.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
         out = sampler.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(out.response_ids, ref.response_ids) and out.nfe == ref.nfe
-    ses = next(iter(sampler._static_sessions._items.values()))
+    ses = next(iter(sampler._static_captures._items.values()))
     assert ses.logits_step.graph is not None and ses.commit_step.graph is not None
 
 

@@ -96,7 +96,7 @@ class CoupledTokenLogProb:
     so ``ℓ^{(1)}_j[j∈M_1]/t`` and ``ℓ^{(2)}_j[j∈M_2]/(1-t)`` are inverse-probability-weighted,
     unbiased estimates of ``E[log p_θ(y_j | x̃_s) | j noised]`` at noise levels ``s = t`` and
     ``s = 1 - t``, for any forward kernel. With MASK noise these are the per-token integrands of the
-    absorbing-state ELBO at those levels (the paper's ``1/t`` weights, DiffuCoder §4). With uniform
+    absorbing-state ELBO at those levels (the paper's ``1/t`` weights, DiffuCoder arXiv:2506.20639, Sec. 4). With uniform
     noise (``uniform_noise``) the noised positions hold random tokens and ``ℓ^{(0)}`` predicts ``y``
     from an uninformative response; the three terms are the same per-token denoising
     log-likelihoods under that kernel, but not terms of an ELBO (the uniform-state bound weights

@@ -65,7 +65,7 @@ from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
-from dare_plugin_samplers.graphs import Sessions, Step, graph_mode, graph_pool, weights_key
+from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 
@@ -265,8 +265,8 @@ class BlockSampler(ConfiguredSampler):
         static = None
         if cfg.use_cache and graph_mode(cfg.graphs, device, wrapper.module) != "eager":
             key = (weights_key(wrapper.module), id(wrapper), B, prompt_ids.shape[1], bs, str(device))
-            sessions = self.__dict__.setdefault("_static_sessions", Sessions())
-            static = sessions.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(
+            captures = self.__dict__.setdefault("_static_captures", Captures())
+            static = captures.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(
                 prompt_ids.shape[1], bs), bs, device))
             static.reset(valid)
         if cfg.use_cache and c0 > 0:

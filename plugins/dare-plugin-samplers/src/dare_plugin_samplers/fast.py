@@ -71,7 +71,7 @@ import torch
 from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
 from dare_plugin_samplers.config import FAST_RECORDS, STATIC_CACHES, FastConfig
-from dare_plugin_samplers.graphs import Sessions, Step, graph_mode, graph_pool, weights_key
+from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
 from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
 
 __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
@@ -336,8 +336,8 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
         valid_prompt = prompt_mask.bool()
         padded = not bool(valid_prompt.all())
         key = (weights_key(wrapper.module), id(wrapper), b, p, shift, padded, str(prompt_ids.device))
-        sessions = self.__dict__.setdefault("_static_sessions", Sessions())
-        ses = sessions.get(key, lambda: _StaticFast(self, wrapper, b, p, shift, padded, prompt_ids.device))
+        captures = self.__dict__.setdefault("_static_captures", Captures())
+        ses = captures.get(key, lambda: _StaticFast(self, wrapper, b, p, shift, padded, prompt_ids.device))
         ses.reset(prompt_ids, valid_prompt)
         width, quota_mode = cfg.block_length, cfg.decoding == "quota"
         # a block starts with every position pending, so every row has the same quota schedule

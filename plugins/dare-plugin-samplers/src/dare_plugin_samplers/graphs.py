@@ -24,9 +24,9 @@ replayed as one CUDA graph. ``graphs`` chooses how it runs (``eager``, not ``off
   the host (e.g. a mixture of experts reading its per-expert token counts with ``.tolist()``)
   runs ``static`` with one warning instead.
 
-Captured steps are kept per sampler (:class:`Sessions`) and reused by later ``generate`` calls
+Captured steps are kept per sampler (:class:`Captures`) and reused by later ``generate`` calls
 with the same shapes and the same weight tensors (an optimizer updates weights in place, so an
-RL loop captures once); anything else builds a new session.
+RL loop captures once); anything else builds a new capture.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 
 from dare_core.api import DareError
 
-__all__ = ["GRAPHS", "GRAPHS_HELP", "graph_mode", "weights_key", "Step", "Sessions"]
+__all__ = ["GRAPHS", "GRAPHS_HELP", "graph_mode", "weights_key", "Step", "Captures"]
 
 #: values of the backends' ``graphs`` field
 GRAPHS = ("auto", "eager", "static", "cuda_graph", "compile")
@@ -146,8 +146,8 @@ class Step:
         self.mode = "static"
 
 
-class Sessions:
-    """The last ``size`` sessions (static buffers and captured steps) of a sampler, by key."""
+class Captures:
+    """The last ``size`` captures (static buffers and captured steps) of a sampler, by key."""
 
     def __init__(self, size: int = 2):
         self.size = size
@@ -164,7 +164,7 @@ class Sessions:
 
 
 def graph_pool(mode: str) -> Optional[Any]:
-    """A CUDA graph memory pool the steps of one session share (they never run concurrently)."""
+    """A CUDA graph memory pool the steps of one capture share (they never run concurrently)."""
     if mode != "cuda_graph":
         return None
     import torch
