@@ -83,3 +83,20 @@ def packed_sft_losses(dare: Any, family: str, wrapper_cls: type, tmp_path: Any, 
         losses[attention] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
                              if "loss" in json.loads(line)]
     return losses
+
+
+def assert_packed_equals_padded(padded: Any, packed: Any, batch: SequenceBatch) -> dict:
+    """:func:`nelbo_step` of a padded-path and a packed-path wrapper of the same weights: packed
+    rows ran (fewer, and fewer slots), log-probs equal at valid positions and 0 at padding, loss
+    and every gradient equal (fp32 tolerances). Returns the padded side's gradients."""
+    l0, lp0, g0, in0 = nelbo_step(padded, batch)
+    l1, lp1, g1, in1 = nelbo_step(packed, batch)
+    assert in1[0][0] < in0[0][0] and in1[0][0] * in1[0][1] < in0[0][0] * in0[0][1]  # packed rows ran
+    valid = batch.attention_mask.bool()[None].expand_as(lp0)
+    torch.testing.assert_close(lp1[valid], lp0[valid], rtol=1e-5, atol=1e-5)
+    assert bool((lp1[~valid] == 0).all())
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    assert set(g1) == set(g0)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-5, msg=k)
+    return g0
