@@ -51,8 +51,8 @@ def _batch() -> SequenceBatch:
 @pytest.mark.parametrize("cross_entropy", ["naive", "fused"])
 def test_packed_equals_padded(compact, cross_entropy):
     batch = _batch()
-    grads = assert_packed_equals_padded(_wrapper("padded", "naive", compact), _wrapper("packed", cross_entropy, compact),
-                                        batch)
+    padded, packed = _wrapper("padded", "naive", compact), _wrapper("packed", cross_entropy, compact)
+    grads = assert_packed_equals_padded(padded, packed, batch)
     assert len(grads) > 10
 
 
