@@ -34,16 +34,18 @@ class GroupNormAdvantage:
 
 
 class RLOOAdvantage:
-    r"""Leave-one-out baseline (Ahmadian et al. 2024, RLOO).
+    r"""Leave-one-out baseline (RLOO; Ahmadian et al. 2024, arXiv:2402.14740).
 
     .. math:: A_i = r_i - \frac{1}{n-1}\sum_{j\ne i} r_j = \frac{n}{n-1}(r_i - \bar r_g)
 
-    Singleton groups get 0.
+    A group of one (no other rollout to leave out) has baseline 0: ``A_i = r_i``, as verl's and
+    the DARE reference's ``compute_rloo_outcome_advantage``, also inside a batch of larger groups.
+    Groups are found by id, so the batch order does not matter.
     """
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         rewards = rewards.to(torch.float32)
-        out = torch.zeros_like(rewards)
+        out = rewards.clone()
         for g in group_ids.unique():
             sel = group_ids == g
             n = int(sel.sum())

@@ -34,6 +34,12 @@ def test_rloo_oracle():
     torch.testing.assert_close(adv, torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
 
 
+def test_rloo_group_of_one_in_a_mixed_batch_keeps_its_reward():
+    # reference (verl core_algos.compute_rloo_outcome_advantage): a group of one has baseline 0
+    adv = RLOOAdvantage()(torch.tensor([1.0, 0.5, 0.0, 1.0, 0.25]), torch.tensor([3, 9, 3, 3, 4]))
+    torch.testing.assert_close(adv, torch.tensor([0.5, 0.5, -1.0, 0.5, 0.25]))
+
+
 def test_agg_loss_oracles():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     assert agg_loss(loss, MASK, "token-mean").item() == pytest.approx(3.6)
