@@ -1,13 +1,11 @@
 """Oracles of the generic losses and advantage estimators (GRPO, arXiv:2402.03300; RLOO,
 arXiv:2402.14740; the clipped PPO objective with dual clip and its KL penalties)."""
 
-import math
-
 import pytest
 import torch
 
 from dare_core.components import ClippedPolicyLoss, GroupNormAdvantage, RLOOAdvantage, agg_loss, masked_mean
-from dare_core.components.losses import kl_penalty
+from dare_core.errors import DareError
 
 A = torch.tensor([0.5, -1.0])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -51,6 +49,27 @@ def test_agg_loss_oracles():
     assert masked_mean(torch.ones(2), torch.zeros(2)).item() == 0.0
 
 
+def test_seq_mean_token_mean_refuses_a_row_without_tokens():
+    # reference (verl agg_loss): Σ_t m ℓ / Σ_t m is 0/0 = NaN for such a row; refused instead
+    loss, mask = torch.ones(2, 3), torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    with pytest.raises(DareError, match="seq-mean-token-mean"):
+        agg_loss(loss, mask, "seq-mean-token-mean")
+    assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(1.0)
+
+
+def test_ppo_kl_is_to_the_reference_when_given():
+    # reference (dllm_core_algos.compute_policy_loss): k3 of ℓ_ref − ℓ when ref log-probs are given
+    new = OLD + torch.tensor([[0.3, -0.3, 0.0], [0.3, -0.3, 2.0]])
+    ref = OLD - torch.tensor([[0.5, 1.0, 0.0], [2.0, 0.0, -1.0]])
+    d = ref - new
+    expected = masked_mean(torch.exp(d) - d - 1.0, MASK).item()
+    for r in (ref, ref[None]):
+        _, m = ClippedPolicyLoss()(new[None], OLD[None], r, A, MASK)
+        assert m["ppo_kl"] == pytest.approx(expected, rel=1e-6)
+    _, m = ClippedPolicyLoss()(new, OLD, ref, A, MASK)
+    assert m["ppo_kl"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_clipped_loss_ratio_one_is_minus_mean_advantage():
     loss, m = ClippedPolicyLoss()(OLD[None], OLD[None], None, A, MASK)
     assert loss.item() == pytest.approx(0.4, abs=1e-7)
@@ -82,13 +101,3 @@ def test_clipped_loss_averages_over_mc_samples():
     assert loss.item() == pytest.approx((one.item() + two.item()) / 2)
     with pytest.raises(ValueError):
         ClippedPolicyLoss(clip_ratio_c=1.0)
-
-
-def test_kl_penalty_oracles():
-    l, ref, adv = torch.tensor([-1.0, -1.0]), torch.tensor([-1.5, -0.5]), torch.tensor([1.0, -1.0])
-    torch.testing.assert_close(kl_penalty(l, ref, adv, "k1"), torch.tensor([0.405465, -0.5]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(kl_penalty(l, ref, adv, "k2"), torch.tensor([0.082201, 0.125]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(kl_penalty(l, ref, adv, "k3"), torch.tensor([0.072132, 0.148721]), atol=1e-6, rtol=0)
-    assert math.isnan(kl_penalty(torch.tensor([0.0]), torch.tensor([1.5]), torch.tensor([1.0]), "k1").item())
-    with pytest.raises(ValueError):
-        kl_penalty(l, ref, adv, "nope")
