@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dare_plugin_mdpo
+from dare_core.api import sum_totals
 from dare_core.components import GroupNormAdvantage
 from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
@@ -85,6 +86,38 @@ def test_loss_branches_no_dual_clip_and_lambda_per_row():
     assert loss.item() == pytest.approx(0.5 * 0.5, rel=1e-6) and m["kl_loss"] == pytest.approx(0.5)  # not scaled by λ
     with pytest.raises(ValueError):
         loss_fn(old, old, None, torch.tensor([1.0]), mask)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.4])
+def test_loss_is_the_mini_batch_loss_for_every_split(kl_coef):
+    """The masked positions are counted over the mini-batch: calls on parts with the summed
+    totals add up to the whole batch's loss and gradient (fp64), KL term included."""
+    g = torch.Generator().manual_seed(0)
+    B, R = 7, 5
+    logp = -torch.rand(B, R, generator=g, dtype=torch.float64) * 2
+    old = logp + 0.3 * torch.randn(B, R, generator=g, dtype=torch.float64)
+    ref = logp + 0.3 * torch.randn(B, R, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, R, generator=g) < 0.6).double()
+    mask[1] = 0.0
+    conf = torch.rand(B, R, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    loss_fn = MDPOLoss(epsilon=0.2, kl_coef=kl_coef)
+
+    def run(parts):
+        x = logp.clone().requires_grad_(True)
+        T = sum_totals([loss_fn.totals(mask[i], {"confidence": conf[i]}) for i in parts])
+        total = sum(loss_fn(x[i], old[i], ref[i], adv[i], mask[i], extras={"confidence": conf[i]},
+                            totals=T)[0] for i in parts)
+        total.backward()
+        return total.detach(), x.grad
+
+    whole, grad = run([torch.arange(B)])
+    alone = loss_fn(logp, old, ref, adv, mask, extras={"confidence": conf})[0]
+    torch.testing.assert_close(whole, alone, rtol=0, atol=1e-12)
+    for size in (1, 2, 3):
+        got, g_got = run(list(torch.randperm(B, generator=g).split(size)))
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g_got, grad, rtol=0, atol=1e-12)
 
 
 def _rows(count_after_eos=False, truncate=False):

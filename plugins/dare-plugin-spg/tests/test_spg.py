@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dare_plugin_spg
+from dare_core.api import sum_totals
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
 from dare_core.testing import make_toy_wrapper
@@ -30,6 +31,32 @@ def test_loss_oracle_length_weighted_reinforce():
     loss, m = SPGLoss("mix", 0.5)(logp, None, None, torch.tensor([1.0, -0.5]), mask)
     assert loss.item() == pytest.approx(-0.0714286, abs=1e-6)
     assert m["spg_lower_bound_frac"] == 0.5
+
+
+def test_loss_is_the_mini_batch_loss_for_every_split():
+    """Lengths are summed over the mini-batch: calls on parts with the summed totals add up to the
+    whole batch's loss and gradient (fp64), rows of different lengths, both sign branches."""
+    g = torch.Generator().manual_seed(0)
+    B, M = 7, 3
+    bounds = torch.randn(2 + M, B, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, 5, generator=g) < 0.7).double()
+    mask[2] = 0.0
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    loss_fn = SPGLoss("mix", 0.3)
+
+    def run(parts):
+        x = bounds.clone().requires_grad_(True)
+        T = sum_totals([loss_fn.totals(mask[i], None) for i in parts])
+        total = sum(loss_fn(x[:, i], None, None, adv[i], mask[i], totals=T)[0] for i in parts)
+        total.backward()
+        return total.detach(), x.grad
+
+    whole, grad = run([torch.arange(B)])
+    torch.testing.assert_close(whole, loss_fn(bounds, None, None, adv, mask)[0], rtol=0, atol=1e-12)
+    for size in (1, 2, 3):
+        got, g_got = run(list(torch.randperm(B, generator=g).split(size)))
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g_got, grad, rtol=0, atol=1e-12)
 
 
 def test_bound_oracle_two_masked_tokens():

@@ -22,7 +22,9 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, DareError, SequenceBatch, TrainingRows, TrajectoryContext
+from dare_core.api import (
+    Components, Corrupted, DareError, SequenceBatch, TrainingRows, TrajectoryContext, mask_totals,
+)
 from dare_plugin_mdpo.config import RECORDS, MDPOConfig
 
 
@@ -110,7 +112,8 @@ class StepStateRows:
 
 
 class MDPOLoss:
-    r"""MDPO objective (no dual clip):
+    r"""MDPO objective (arXiv:2508.13148; no dual clip), normalised by the masked positions of the
+    whole mini-batch:
 
     .. math::
         λ_b = R / \max(1, Σ_j m_{bj}),\quad r = e^{ℓ-ℓ_{old}},\quad
@@ -118,19 +121,26 @@ class MDPOLoss:
                  \;[+\, β (ℓ_{ref} - ℓ)^2 / 2]
 
     .. math::
-        \mathcal L = Σ_{b,j} L_{bj}\, m_{bj}\, c_{bj} \,/\, \max(10^{-4}, Σ_{b,j} m_{bj})
+        \mathcal L = Σ_{b,j} L_{bj}\, m_{bj}\, c_{bj} \,/\, \max(10^{-4}, T_{tokens}),\quad
+        T_{tokens} = Σ_{b' ∈ \text{mini-batch}} Σ_j m_{b'j}
 
     ``m`` = positions masked in the state (``mask``), ``c`` = the rollout's confidence in the
-    prediction (``extras["confidence"]``), ``R`` = the padded response length. ``logp`` etc.:
-    ``[1, B, R]`` or ``[B, R]``.
+    prediction (``extras["confidence"]``), ``R`` = the padded response length; ``b`` runs over this
+    call's rows, ``T_tokens`` (``totals["tokens"]``, :func:`~dare_core.api.mask_totals`) over the
+    mini-batch's, so the calls of a mini-batch add up to its loss (the KL term included).
+    ``logp`` etc.: ``[1, B, R]`` or ``[B, R]``.
     """
 
     def __init__(self, epsilon: float = 0.2, kl_coef: float = 0.0):
         self.epsilon = epsilon
         self.kl_coef = kl_coef
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """:func:`~dare_core.api.mask_totals` of ``mask`` ``[B, R]`` (``"tokens"`` = Σ m)."""
+        return mask_totals(mask)
+
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None):
+                 extras: Optional[dict] = None, totals: Optional[dict[str, torch.Tensor]] = None):
         if extras is None or "confidence" not in extras:
             raise ValueError("the mdpo loss needs extras['confidence'] from its trajectory builder")
         if logp.dim() == 3:
@@ -152,7 +162,8 @@ class MDPOLoss:
             kl = 0.5 * (ref_logp - logp).square()
             token = token + self.kl_coef * kl
             metrics["kl_loss"] = float(((kl * m).sum() / m.sum().clamp_min(1e-4)).detach())
-        loss = (token * m * conf).sum() / m.sum().clamp_min(1e-4)
+        tokens = (mask_totals(m) if totals is None else totals)["tokens"].to(m).clamp_min(1e-4)
+        loss = (token * m * conf).sum() / tokens
         with torch.no_grad():
             denom = m.sum() + 1e-8
             metrics["pg_clipfrac"] = float(((l2 > l1).to(m.dtype) * m).sum() / denom)

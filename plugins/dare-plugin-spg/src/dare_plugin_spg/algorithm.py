@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch, mask_totals
 from dare_objectives.elbo import mc_diagnostics, random_subset, response_valid
 from dare_plugin_spg.config import SPGConfig
 
@@ -147,24 +147,32 @@ class SPGBounds:
 
 
 class SPGLoss:
-    r"""Sandwiched policy gradient (no ratio, no clipping, no KL):
+    r"""Sandwiched policy gradient (no ratio, no clipping, no KL; arXiv:2510.09541), normalised by
+    the valid response tokens of the whole mini-batch:
 
     .. math::
         ℓ_b = \begin{cases} ℓ^+_b & \sum_j A_{bj} m_{bj} > 0 \\ ℓ^-_b & \text{otherwise (A = 0 included)} \end{cases},
-        \qquad \mathcal L = \frac{\sum_b -\bar A_b\, ℓ_b\, L_b}{\max(1, \sum_b L_b)}
+        \qquad \mathcal L = \frac{\sum_b -\bar A_b\, ℓ_b\, L_b}{\max(1, T_{tokens})},\quad
+        T_{tokens} = \sum_{b' ∈ \text{mini-batch}} L_{b'}
 
     with ``ℓ⁻ = w ℓ_EUBO + (1-w) ℓ⁺`` (``mix``), ``ℓ_EUBO``, ``ℓ⁺`` or ``0``, ``L_b`` the valid
-    response length and ``Ā_b`` the sequence advantage. ``logp``: ``[2 + M, B]`` from
-    :class:`SPGBounds`; ``old_logp``/``ref_logp`` are ignored. Metrics: bound means and gap,
-    fraction on the lower bound, Monte-Carlo variance of ``E_i``, non-finite counts.
+    response length and ``Ā_b`` the sequence advantage; ``b`` runs over this call's rows and
+    ``T_tokens`` (``totals["tokens"]``, :func:`~dare_core.api.mask_totals`) over the mini-batch's, so
+    the calls of a mini-batch add up to its loss. ``logp``: ``[2 + M, B]`` from :class:`SPGBounds`;
+    ``old_logp``/``ref_logp`` are ignored. Metrics: bound means and gap, fraction on the lower
+    bound, Monte-Carlo variance of ``E_i``, non-finite counts.
     """
 
     def __init__(self, logp_estimation: str = "mix", mix_weight: float = 0.5):
         self.mode = logp_estimation
         self.w = mix_weight
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """:func:`~dare_core.api.mask_totals` of ``mask`` ``[B, R]`` (``"tokens"`` = Σ L_b)."""
+        return mask_totals(mask)
+
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None):
+                 extras: Optional[dict] = None, totals: Optional[dict[str, torch.Tensor]] = None):
         elbo, eubo = logp[0], logp[1]
         if self.mode == "mix":
             lower_side = self.w * eubo + (1.0 - self.w) * elbo
@@ -179,7 +187,8 @@ class SPGLoss:
         adv = advantages.to(elbo.dtype)
         positive = (adv[:, None] * mask).sum(-1) > 0
         chosen = torch.where(positive, elbo, lower_side)
-        loss = (-adv * chosen * lengths).sum() / lengths.sum().clamp_min(1.0)
+        total_tokens = (mask_totals(mask) if totals is None else totals)["tokens"]
+        loss = (-adv * chosen * lengths).sum() / total_tokens.to(elbo).clamp_min(1.0)
         with torch.no_grad():
             metrics = {
                 "spg_elbo_mean": float(elbo.mean()),
