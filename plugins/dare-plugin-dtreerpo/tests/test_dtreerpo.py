@@ -11,6 +11,7 @@ import dare_plugin_dtreerpo
 from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
+from dare_core.api import sum_totals
 from dare_core.errors import DareError
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
@@ -22,6 +23,7 @@ from dare_plugin_dtreerpo.algorithm import (
     TreeTransitions,
     branch_points,
     sd_schedule,
+    sibling_distillation,
     tree_values_and_advantages,
 )
 
@@ -124,6 +126,15 @@ def test_policy_and_kl_hand_computed():
     assert total_kl.item() == pytest.approx(-(1.0 - 1.0) / 2 + 0.5 * kl, abs=1e-6)
 
 
+def _sd(logp, active, adv, parent, tokens, tau=1.0):
+    """The self-distillation term of ``TreeLoss`` on these rows (statistics of the whole set)."""
+    extras = {"parent_id": parent, "sd_lambda": torch.ones(len(adv), dtype=torch.float64),
+              "sd_tau": torch.full((len(adv),), tau, dtype=torch.float64),
+              **sibling_distillation(active, adv, parent, tokens, tau)}
+    _, m = TreeLoss(kl_coef=0.0)(logp, logp.detach(), None, adv, active, extras=extras)
+    return m.get("sd_loss", 0.0)
+
+
 def test_self_distillation_hand_computed():
     """Two positive siblings with advantages a and b (τ = 1) agree at position 0 and differ at 1."""
     logp = torch.tensor([[-0.5, -1.0], [-0.5, -2.0], [-3.0, -3.0]])
@@ -131,14 +142,61 @@ def test_self_distillation_hand_computed():
     active = torch.ones(3, 2)
     adv = torch.tensor([1.0, 0.5, -1.5])
     parent = torch.tensor([0, 0, 0])
-    sd = TreeLoss.distill(logp, active, adv, parent, tokens, tau=1.0)
     wa, wb = torch.softmax(torch.tensor([1.0, 0.5]), 0).tolist()
     kl0 = 1.0 * (0.0 - (-0.5))  # q = 1 on token 7
     kl1 = wa * (math.log(wa) + 1.0) + wb * (math.log(wb) + 2.0)
-    assert sd.item() == pytest.approx((kl0 + kl1) / 2, abs=1e-6)
+    assert _sd(logp, active, adv, parent, tokens) == pytest.approx((kl0 + kl1) / 2, abs=1e-6)
+    assert sibling_distillation(active, adv, parent, tokens, 1.0)["sd_cells"].sum().item() == pytest.approx(2.0)
     # singleton groups and groups without a positive sibling contribute nothing
-    assert TreeLoss.distill(logp, active, -adv.abs(), parent, tokens, 1.0).item() == 0.0
-    assert TreeLoss.distill(logp[:1], active[:1], adv[:1], parent[:1], tokens[:1], 1.0).item() == 0.0
+    assert _sd(logp, active, -adv.abs(), parent, tokens) == 0.0
+    assert _sd(logp[:1], active[:1], adv[:1], parent[:1], tokens[:1]) == 0.0
+
+
+def _tree_batch(seed: int = 0, groups: int = 4, width: int = 3, R: int = 6):
+    """Transitions of ``groups`` sibling groups of ``width`` with ragged active masks (fp64)."""
+    g = torch.Generator().manual_seed(seed)
+    N = groups * width
+    active = (torch.rand(N, R, generator=g) < 0.6).double()
+    active[0] = 0.0  # a row without active positions
+    tokens = torch.randint(5, 8, (N, R), generator=g)
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    parent = torch.arange(N) // width
+    extras = {"parent_id": parent, "sd_lambda": torch.full((N,), 0.7, dtype=torch.float64),
+              "sd_tau": torch.full((N,), 0.5, dtype=torch.float64),
+              **sibling_distillation(active, adv, parent, tokens, 0.5)}
+    logp = -torch.rand(N, R, generator=g, dtype=torch.float64) * 3
+    old = logp + 0.3 * torch.randn(N, R, generator=g, dtype=torch.float64)
+    ref = logp + 0.3 * torch.randn(N, R, generator=g, dtype=torch.float64)
+    return logp, old, ref, adv, active, extras
+
+
+def _split_loss_and_grad(loss_fn, logp, old, ref, adv, active, extras, parts):
+    """Σ over ``parts`` (row index tensors) of the loss with the summed totals, and its gradient."""
+    x = logp.clone().requires_grad_(True)
+    pick = lambda idx: {k: v[idx] for k, v in extras.items()}  # noqa: E731
+    T = sum_totals([loss_fn.totals(active[idx], pick(idx)) for idx in parts])
+    total = sum(loss_fn(x[idx], old[idx], ref[idx], adv[idx], active[idx], extras=pick(idx), totals=T)[0]
+                for idx in parts)
+    total.backward()
+    return total.detach(), x.grad
+
+
+def test_loss_is_the_mini_batch_loss_for_every_split_and_shuffle():
+    """Siblings are grouped over the whole batch: the loss and its gradient do not depend on how
+    the rows are shuffled and split into micro-batches (pg, KL and self-distillation terms)."""
+    loss_fn = TreeLoss(clip_ratio=0.2, kl_coef=0.3)
+    logp, old, ref, adv, active, extras = _tree_batch()
+    N = len(adv)
+    whole, g_whole = _split_loss_and_grad(loss_fn, logp, old, ref, adv, active, extras, [torch.arange(N)])
+    standalone = loss_fn(logp, old, ref, adv, active, extras=extras)[0]
+    torch.testing.assert_close(standalone, whole, rtol=0, atol=1e-12)
+    assert extras["sd_weight"].sum() > 0 and loss_fn(logp, old, ref, adv, active, extras=extras)[1]["sd_loss"] != 0
+    for seed, size in [(1, 1), (2, 2), (3, 5), (4, 7)]:
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+        parts = list(perm.split(size))
+        got, grad = _split_loss_and_grad(loss_fn, logp, old, ref, adv, active, extras, parts)
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-10)
+        torch.testing.assert_close(grad, g_whole, rtol=0, atol=1e-10)
 
 
 def test_config_and_group_size_errors():

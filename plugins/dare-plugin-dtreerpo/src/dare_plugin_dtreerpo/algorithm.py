@@ -121,8 +121,10 @@ class TreeTransitions:
     ``[prompt | parent state]`` (the all-MASK root for level 1), ``masked`` = positions the
     transition committed (parent MASK, child not), advantage from
     :func:`tree_values_and_advantages`, loss weights = committed positions up to the child's first
-    EOS, ``extras``: ``parent_id`` (siblings share it), ``child_tokens``, and the
-    self-distillation schedule values ``sd_lambda`` / ``sd_tau`` of the current step.
+    EOS, ``extras``: ``parent_id`` (siblings share it), the self-distillation schedule values
+    ``sd_lambda`` / ``sd_tau`` of the current step and the sibling statistics of
+    :func:`sibling_distillation` (``sd_weight``, ``sd_logq``, ``sd_cells``), computed here once for
+    the whole batch so that siblings are never split by micro-batches or the mini-batch shuffle.
     """
 
     records: frozenset[str] = frozenset()
@@ -172,29 +174,78 @@ class TreeTransitions:
         corrupted = Corrupted(noisy[None], masked[None], masked[None].float())
         lam, tau = sd_schedule(context.step, **self.schedule) if self.schedule else (0.0, 1.0)
         N = child.shape[0]
-        extras = {"parent_id": torch.cat(parent_ids).to(child.device), "child_tokens": child,
+        parent_id = torch.cat(parent_ids).to(child.device)
+        advantages = torch.cat(adv)
+        extras = {"parent_id": parent_id,
                   "sd_lambda": torch.full((N,), lam, dtype=torch.float64),
-                  "sd_tau": torch.full((N,), tau, dtype=torch.float64)}
+                  "sd_tau": torch.full((N,), tau, dtype=torch.float64),
+                  **sibling_distillation(active.float(), advantages, parent_id, child, tau)}
         metrics = {"tree_rows": float(N), "sd_lambda": lam}
-        return TrainingRows(batch, torch.cat(adv), corrupted, active.float(), extras, metrics)
+        return TrainingRows(batch, advantages, corrupted, active.float(), extras, metrics)
+
+
+def sibling_distillation(active: torch.Tensor, advantages: torch.Tensor, parent_id: torch.Tensor,
+                         tokens: torch.Tensor, tau: float, eps: float = 1e-8) -> dict[str, torch.Tensor]:
+    r"""The self-distillation targets of every sibling group (rows sharing ``parent_id``), as
+    row-aligned statistics, so a subset of the rows carries its exact share of the term.
+
+    For a group with at least two rows and positive advantages ``A_s > 0``, at every position ``j``
+    where a positive sibling is active (``W_j = Σ_{s: A_s>0} w_s a_sj > 0``, ``w = softmax(A/τ)``
+    over the positive siblings): ``q_j(v) = Σ_{s: A_s>0, a_sj, y_sj=v} w_s / W_j`` and
+    ``KL_j = Σ_s π_sj (\log q_j(y_sj) − ℓ_sj)``, ``π_sj = w_s a_sj / (W_j + ε)`` — the siblings share
+    the parent state, so ``log p_θ(y_sj | parent)`` is sibling ``s``'s own ``ℓ_sj``.
+
+    Args:
+        active: ``[N, R]`` active positions; advantages: ``[N]``; parent_id: ``[N]``;
+        tokens: ``[N, R]`` child tokens ``y``; tau: the temperature ``τ_t``.
+
+    Returns:
+        ``sd_weight`` ``[N, R]`` (``π_sj``, 0 off the positive siblings), ``sd_logq`` ``[N, R]``
+        (``log(q_j(y_sj) + ε)``) and ``sd_cells`` ``[N]`` (row ``s``'s credit ``Σ_j w_s a_sj / W_j``
+        in the count of (group, position) terms: the credits of a group sum to its number of
+        positions with ``W_j > 0``), all float64.
+    """
+    N, R = active.shape
+    f64 = dict(dtype=torch.float64, device=active.device)
+    weight, logq, cells = torch.zeros(N, R, **f64), torch.zeros(N, R, **f64), torch.zeros(N, **f64)
+    A = torch.nan_to_num(advantages.detach().to(**f64))
+    for g in torch.unique(parent_id).tolist():
+        idx = (parent_id == g).nonzero().squeeze(-1)
+        pos = idx[A[idx] > 0]
+        if idx.numel() <= 1 or pos.numel() == 0:
+            continue
+        act = active[pos] > 0  # [g, R]
+        wa = torch.softmax(A[pos] / tau, 0)[:, None] * act  # [g, R]
+        W = wa.sum(0)  # [R]
+        tok = tokens[pos]
+        same = (tok[:, None, :] == tok[None, :, :]) & act[None] & act[:, None]  # [g, g, R]
+        q_own = (same * wa[None]).sum(1) / (W + eps)  # q_j(y_sj) for each active s
+        weight[pos] = wa / (W + eps) * act
+        logq[pos] = torch.where(act, torch.log(q_own + eps), torch.zeros_like(q_own))
+        cells[pos] = torch.where(W > 0, wa / W.clamp_min(1e-300), torch.zeros_like(wa)).sum(-1)
+    return {"sd_weight": weight, "sd_logq": logq, "sd_cells": cells}
 
 
 class TreeLoss:
-    r"""d-TreeRPO objective over a micro-batch of transitions (``a`` = active positions,
-    ``L_b = max(1, Σ_j a_bj)``, ``r = e^{ℓ − ℓ_old}``, ε = ``clip_ratio``):
+    r"""d-TreeRPO objective (arXiv:2512.09675) of some transitions of a mini-batch (``a`` = active
+    positions, ``L_b = max(1, Σ_j a_bj)``, ``r = e^{ℓ − ℓ_old}``, ε = ``clip_ratio``), normalised by
+    the whole mini-batch's counts: ``T_rows`` its transitions, ``T_sd`` its (sibling group, position)
+    terms (:func:`sibling_distillation`):
 
     .. math::
-        \mathcal L_{pg} = -\mathrm{mean}_b \Big(Σ_j \min(r A_b, \mathrm{clip}(r, 1-ε, 1+ε) A_b)\, a_{bj} / L_b\Big)
+        \mathcal L_{pg} = -\frac{1}{T_{rows}} Σ_b Σ_j \min(r A_b, \mathrm{clip}(r, 1-ε, 1+ε) A_b)\, a_{bj} / L_b
 
     .. math::
-        \mathcal L_{kl} = β\, \mathrm{mean}_b \Big(Σ_j (e^{ℓ_{ref}-ℓ} - (ℓ_{ref}-ℓ) - 1)\, a_{bj} / L_b\Big)
+        \mathcal L_{kl} = \frac{β}{T_{rows}} Σ_b Σ_j (e^{ℓ_{ref}-ℓ} - (ℓ_{ref}-ℓ) - 1)\, a_{bj} / L_b
 
-    and, for every group of siblings (same ``parent_id``) in the micro-batch with at least two rows
-    and a positive advantage, at every position ``j`` where a positive sibling is active:
-    ``q_j(v) ∝ Σ_{s: A_s>0, a_sj, y_sj=v} softmax(A/τ_t)_s`` and
-    ``KL_j = Σ_v q_j(v) (log q_j(v) − log p_θ(v | parent))`` — the siblings share the parent
-    state, so ``log p_θ(y_sj | parent)`` is sibling ``s``'s own ``ℓ_sj``;
-    ``\mathcal L_{sd} = λ_t \mathrm{mean}_{(group, j)} KL_j``. Total = pg + kl + sd.
+    .. math::
+        \mathcal L_{sd} = \frac{λ_t}{T_{sd}} Σ_{(group, j)} KL_j
+                       = \frac{λ_t}{T_{sd}} Σ_{b,j} π_{bj} (\log q_j(y_{bj}) − ℓ_{bj})
+
+    with ``KL_j = Σ_v q_j(v)(log q_j(v) − log p_θ(v | parent))`` over the positive siblings' tokens,
+    ``π`` and ``log q`` the row-aligned ``extras`` of :func:`sibling_distillation` (siblings grouped
+    over the whole batch by the trajectory builder). ``b`` runs over this call's rows; summed over
+    the calls of a mini-batch the terms are its loss. Total = pg + kl + sd.
     """
 
     def __init__(self, clip_ratio: float = 0.4, kl_coef: float = 0.01, self_distillation: bool = True):
@@ -202,31 +253,40 @@ class TreeLoss:
         self.kl_coef = kl_coef
         self.self_distillation = self_distillation
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None):
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """``{"rows": B, "sd_cells": Σ extras["sd_cells"]}`` (float64) of ``mask`` ``[B, R]``."""
+        f64 = dict(dtype=torch.float64, device=mask.device)
+        cells = extras["sd_cells"].to(**f64).sum() if extras and "sd_cells" in extras else torch.zeros((), **f64)
+        return {"rows": torch.tensor(float(mask.shape[0]), **f64), "sd_cells": cells}
+
+    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         if logp.dim() == 3:
             logp, old_logp = logp[0], old_logp[0]
             ref_logp = ref_logp[0] if ref_logp is not None else None
+        T = self.totals(mask, extras) if totals is None else totals
+        n_rows = T["rows"].to(logp).clamp_min(1.0)
         a = mask.to(logp.dtype)
         L = a.sum(-1).clamp_min(1.0)
         A = advantages.to(logp.dtype)[:, None]
         ratio = torch.exp(logp - old_logp)
         clipped = ratio.clamp(1 - self.eps, 1 + self.eps)
         obj = torch.minimum(ratio * A, clipped * A)
-        policy = -((obj * a).sum(-1) / L).mean()
+        policy = -((obj * a).sum(-1) / L).sum() / n_rows
         total = policy
         metrics: dict[str, float] = {"pg_loss": float(policy.detach())}
         if self.kl_coef > 0:
             if ref_logp is None:
                 raise ValueError("kl_coef > 0 needs reference log-probabilities")
             d = ref_logp - logp
-            kl = ((torch.exp(d) - d - 1.0) * a).sum(-1) / L
-            total = total + self.kl_coef * kl.mean()
-            metrics["kl_loss"] = float(kl.mean().detach())
-        if self.self_distillation and extras is not None and "parent_id" in extras:
-            lam = float(extras["sd_lambda"][0])
+            kl = ((torch.exp(d) - d - 1.0) * a).sum(-1).div(L).sum() / n_rows
+            total = total + self.kl_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
+        if self.self_distillation and extras is not None and "sd_weight" in extras:
+            lam = float(extras["sd_lambda"][0]) if extras["sd_lambda"].numel() else 0.0
             if lam > 0:
-                sd = self.distill(logp, a, advantages, extras["parent_id"], extras["child_tokens"],
-                                  float(extras["sd_tau"][0]))
+                weight, logq = extras["sd_weight"].to(logp), extras["sd_logq"].to(logp)
+                sd = (weight * (logq - logp)).sum() / T["sd_cells"].to(logp).clamp_min(1e-12)
                 total = total + lam * sd
                 metrics["sd_loss"] = float(sd.detach())
         with torch.no_grad():
@@ -236,34 +296,6 @@ class TreeLoss:
             metrics["ratio_mean"] = float((ratio * a).sum() / denom) if a.sum() > 0 else 1.0
             metrics["ratio_max"] = float(ratio[a > 0].max()) if a.sum() > 0 else 1.0
         return total, metrics
-
-    @staticmethod
-    def distill(logp, active, advantages, parent_id, tokens, tau: float, eps: float = 1e-8) -> torch.Tensor:
-        """Mean over (sibling group, position) of ``KL(q_j ‖ p_θ(· | parent))`` on ``supp q_j``."""
-        terms = []
-        for g in torch.unique(parent_id).tolist():
-            idx = (parent_id == g).nonzero().squeeze(-1)
-            if idx.numel() <= 1:
-                continue
-            A = torch.nan_to_num(advantages[idx].detach().to(torch.float64))
-            pos = idx[A > 0]
-            if pos.numel() == 0:
-                continue
-            w = torch.softmax(A[A > 0] / tau, 0)  # [g]
-            act = active[pos] > 0  # [g, R]
-            tok = tokens[pos]
-            wa = w[:, None] * act  # [g, R]
-            W = wa.sum(0)  # [R]
-            same = (tok[:, None, :] == tok[None, :, :]) & act[None] & act[:, None]  # [g, g, R]
-            q_own = (same * wa[None]).sum(1) / (W + eps)  # q_j(y_sj) for each active s
-            share = wa / (W + eps)  # weight of s in the sum over tokens
-            kl = (share * (torch.log(q_own + eps) - logp[pos].to(torch.float64)) * act).sum(0)  # [R]
-            has = W > 0
-            if bool(has.any()):
-                terms.append(kl[has])
-        if not terms:
-            return logp.new_zeros(())
-        return torch.cat(terms).mean().to(logp.dtype)
 
 
 def build(cfg: DTreeConfig, lookup) -> Components:
