@@ -139,6 +139,23 @@ class CompensatedAdamW(torch.optim.Optimizer):
                 else:
                     p.copy_(_stochastic_round_bf16(w, self._noise))
 
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state, plus the stochastic rounding's generator state."""
+        state = super().state_dict()
+        if self.rounding == "stochastic":
+            state["rounding_stream"] = self._noise.get_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, which casts floating state to the parameter's dtype, with the saved
+        dtypes restored (fp32 moments next to bf16 weights) and the rounding stream continued."""
+        super().load_state_dict(state_dict)
+        saved = [state_dict["state"].get(i, {}) for g in state_dict["param_groups"] for i in g["params"]]
+        for p, st in zip([p for g in self.param_groups for p in g["params"]], saved):
+            self.state[p].update({k: v.to(p.device) for k, v in st.items() if torch.is_tensor(v) and k != "step"})
+        if "rounding_stream" in state_dict:
+            self._noise.set_state(state_dict["rounding_stream"].cpu())
+
 
 def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """The global L2 norm of the gradients, clipping them to ``max_norm`` when it is > 0."""

@@ -106,10 +106,15 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     ref = ReferencePolicy(wrapper, engine) if comps.needs_ref else None
     engine.setup_optimizer(wrapper, tr)
 
-    for backend, how in synced:  # engines outside this process start from the run's policy
-        push_policy(ctx, backend, how, 0)
     tracker = Tracker(ctx, eval_examples, batches)
-    for step in range(tracker.begin(), tr.steps + 1):
+    # engines outside this process start from the run's policy: before it is evaluated
+    # (eval.before), or once a resumed run's state is restored
+    for backend, how in synced if ctx.resume_from is None else ():
+        push_policy(ctx, backend, how, 0)
+    first = tracker.begin()
+    for backend, how in synced if ctx.resume_from is not None else ():
+        push_policy(ctx, backend, how, 0)
+    for step in range(first, tr.steps + 1):
         t0 = time.perf_counter()
         c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
         rollout, rows, corrupted = c.rollout, c.rows, c.corrupted
