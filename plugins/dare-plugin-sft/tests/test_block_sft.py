@@ -73,11 +73,15 @@ def test_block_loss_hand_computed():
     p = torch.tensor([[[0.0, 0.5, 0.5, 0.5], [0.0, 0.25, 0.25, 0.25]]])
     c = Corrupted(torch.zeros(1, 2, 4, dtype=torch.long), masked, p,
                   {"t": torch.tensor([[0.5, 0.25]]), "answer_len": torch.tensor([[3.0, 3.0]])})
-    loss, m = BlockDiffusionNELBO()(logp, c, None)
+    batch = SequenceBatch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), 1)
+    loss, m = BlockDiffusionNELBO()(logp, c, batch)  # 6 trained response tokens
     assert loss.item() == pytest.approx((1.0 / 0.5 + 2.0 / 0.5 + 0.5 / 0.25) / 6, rel=1e-6)
     assert m["masked_tokens"] == 3 and m["nll"] == pytest.approx(3.5 / 3)
-    plain, _ = BlockDiffusionNELBO("none")(logp, c, None)
-    assert plain.item() == pytest.approx(3.5 / 3, rel=1e-6)
+    plain, _ = BlockDiffusionNELBO("none")(logp, c, batch)
+    assert plain.item() == pytest.approx(3.5 / 6, rel=1e-6)
+    # normalised by the step's tokens when given: here twice this batch's
+    half, _ = BlockDiffusionNELBO()(logp, c, batch, totals={"tokens": torch.tensor(12.0, dtype=torch.float64)})
+    assert half.item() == pytest.approx(loss.item() / 2, rel=1e-6)
 
 
 def test_sft_dispatches_on_the_model_kind(components):

@@ -10,15 +10,16 @@ For a model of kind ``block`` the SFT step is:
 2. **Forward**: the estimator asks the wrapper for ``log p(x | noisy)`` with ``clean_ids`` set, so
    a block wrapper runs its ``[noisy | clean]`` layout with the BD3LM mask and returns the noisy
    half's logits (no shift: the target is the clean token at the same position).
-3. **Loss** (:class:`BlockDiffusionNELBO`):
+3. **Loss** (:class:`BlockDiffusionNELBO`), normalised by the trainable response tokens of the
+   whole step (summed over micro-batches and ranks, :func:`~dare_plugin_sft.uniform.response_totals`):
 
    .. math::
        \\mathcal L = \\frac{1}{M}\\sum_m \\frac{\\sum_{b}\\sum_{j\\in\\mathcal M_{m,b}} -\\log p_θ(x_{b,j}\\mid x̃_{m,b}) / p_{m,b}}
-                                      {\\sum_b |\\text{answer}_b|}
+                                      {\\sum_{b' ∈ \\text{step}} |\\text{answer}_{b'}|}
 
    with ``|answer_b|`` the number of trainable response tokens of row ``b`` (``weighting="elbo"``,
-   the SDAR trainer's ``Σ CE/p / answer_len``), or the plain mean CE over masked tokens
-   (``weighting="none"``, ``Σ CE / #masked``).
+   the SDAR trainer's ``Σ CE/p / answer_len``), or without the ``1/p`` weight
+   (``weighting="none"``, ``Σ CE / Σ|answer|`` over the masked tokens).
 
 :class:`KindDispatch` picks the masked-diffusion, block-diffusion or uniform-noise object
 (:mod:`dare_plugin_sft.uniform`) at call time from the wrapper's declared ``uniform_noise``
@@ -28,11 +29,13 @@ so ``--algo sft`` serves every family without naming one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from dare_core.api import Corrupted, mask_tokens, SequenceBatch
+
+from dare_plugin_sft.uniform import response_totals
 
 __all__ = ["BlockDiffusionMasking", "BlockDiffusionNELBO", "KindDispatch", "choose_masks"]
 
@@ -109,7 +112,8 @@ class BlockDiffusionNELBO:
     """Block-diffusion SFT loss (module docstring, step 3).
 
     ``logp``: ``[M, B, S]`` log-probabilities at masked positions (0 elsewhere), from the
-    ``[noisy | clean]`` forward. Metrics: ``nll`` (mean CE over masked tokens) and ``masked_tokens``.
+    ``[noisy | clean]`` forward; ``totals``: the step's :func:`~dare_plugin_sft.uniform.response_totals`
+    (``None``: ``batch``'s). Metrics: ``nll`` (mean CE over masked tokens) and ``masked_tokens``.
     """
 
     def __init__(self, weighting: str = "elbo"):
@@ -117,15 +121,20 @@ class BlockDiffusionNELBO:
             raise ValueError(f"weighting must be 'elbo' or 'none', got {weighting!r}")
         self.weighting = weighting
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: Any):
+    def totals(self, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        """:func:`~dare_plugin_sft.uniform.response_totals` of ``batch``."""
+        return response_totals(batch)
+
+    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         masked = corrupted.masked
         n = masked.sum()
         if self.weighting == "elbo":
             weight = torch.where(masked, 1.0 / corrupted.p_mask.clamp_min(1e-12), torch.zeros(()))
-            denom = corrupted.extras["answer_len"].sum()
-            loss = (-logp * weight).sum() / denom.clamp_min(1.0)
         else:
-            loss = (-logp * masked).sum() / (n + 1e-8)
+            weight = masked.to(logp.dtype)
+        tokens = (response_totals(batch) if totals is None else totals)["tokens"].to(logp)
+        loss = (-logp * weight).sum() / (logp.shape[0] * tokens).clamp_min(1.0)
         with torch.no_grad():
             nll = (-logp * masked).sum() / (n + 1e-8)
         return loss, {"nll": float(nll), "masked_tokens": float(n)}
@@ -144,6 +153,11 @@ class KindDispatch:
         if role not in ("corruption", "estimator", "loss"):
             raise ValueError(f"role must be 'corruption', 'estimator' or 'loss', got {role!r}")
         self.masked, self.block, self.role, self.uniform = masked, block, role, uniform
+
+    def totals(self, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        """As a loss: the step normaliser, :func:`~dare_plugin_sft.uniform.response_totals` (the
+        same for the three objects, so no corruption is needed to pick one)."""
+        return response_totals(batch)
 
     def __call__(self, *args: Any, **kwargs: Any):
         if self.role == "loss":

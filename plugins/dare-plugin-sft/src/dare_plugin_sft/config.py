@@ -29,7 +29,9 @@ class SFTConfig:
              "(1 - eps) t + eps.", in_range(0.0, 1.0))
     block_weighting: str = option(
         "elbo", "Block diffusion loss: 'elbo' = sum CE / p over masked tokens / number of trained "
-                "response tokens (BD3LM/SDAR); 'none' = mean CE over masked tokens.",
+                "response tokens (BD3LM/SDAR); 'none' = sum CE over masked tokens / number of trained "
+                "response tokens (no 1/p weight). Token counts are the step's (all micro-batches "
+                "and ranks).",
         one_of(("elbo", "none")))
 
     def __attrs_post_init__(self) -> None:

@@ -8,7 +8,7 @@ wrapper's training layout; uniform-noise models train the flat cross entropy of
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -16,29 +16,39 @@ from dare_core.api import Components, Corrupted, default_collate, SequenceBatch
 
 from dare_plugin_sft.block import KindDispatch
 from dare_plugin_sft.config import SFTConfig
-from dare_plugin_sft.uniform import TargetTokens
+from dare_plugin_sft.uniform import TargetTokens, response_totals
 
 
 class NELBOLoss:
-    r"""Masked-diffusion NELBO, normalised by the number of masked tokens.
+    r"""Masked-diffusion NELBO, normalised by the trained response tokens of the whole step.
 
     .. math::
         \mathcal L = \frac{\sum_{m,b}\sum_{j\in\mathcal M_{m,b}} -\log p_θ(x_{b,j}\mid x̃_{m,b}) / t_{m,b}}
-                          {\sum_{m,b} |\mathcal M_{m,b}| + 10^{-8}}
+                          {M\, \max(1, T_{tokens})},\qquad T_{tokens} = \sum_{b' ∈ \text{step}} |\text{answer}_{b'}|
 
-    where ``t`` is the masking probability (``p_mask``) and ``𝓜`` the masked positions. The
-    normaliser is the number of masked tokens in the micro-batch (the DARE reference's choice;
-    the LLaDA paper divides by the answer length instead).
+    where ``t`` is the masking probability (``p_mask``), ``𝓜`` the masked positions and
+    ``|answer_b|`` the trained response tokens of row ``b`` (``batch.response_mask``); ``b`` runs
+    over this call's rows, ``T_tokens`` (``totals["tokens"]``,
+    :func:`~dare_plugin_sft.uniform.response_totals`) over the step's rows on every rank. The
+    normaliser is the answer length, as in the LLaDA SFT guidelines (arXiv:2502.09992; per answer
+    there, summed over the step here): the number of masked tokens (the DARE reference's choice) is
+    random and known only after the corruption, so it cannot be summed over the step beforehand.
 
     ``logp``: ``[M, B, S]`` log-probabilities at masked positions (0 elsewhere).
     Metrics: ``nll`` (mean CE at masked positions, unweighted) and ``masked_tokens``.
     """
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch):
+    def totals(self, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        """:func:`~dare_plugin_sft.uniform.response_totals` of ``batch``."""
+        return response_totals(batch)
+
+    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         masked = corrupted.masked
         weight = torch.where(masked, 1.0 / corrupted.p_mask.clamp_min(1e-12), torch.zeros(()))
         n = masked.sum()
-        loss = (-logp * weight).sum() / (n + 1e-8)
+        tokens = (response_totals(batch) if totals is None else totals)["tokens"].to(logp)
+        loss = (-logp * weight).sum() / (logp.shape[0] * tokens).clamp_min(1.0)
         with torch.no_grad():
             nll = (-logp * masked).sum() / (n + 1e-8)
         return loss, {"nll": float(nll), "masked_tokens": float(n)}

@@ -12,19 +12,25 @@ For a model with the ``uniform_noise`` capability the SFT step is:
    (DiffusionGemma: the encoder over the clean sequence, the decoder over the corrupted response
    canvases, each seeing the clean prompt and earlier canvases).
 3. **Loss** (:class:`UniformDiffusionCE`): the flat mean cross entropy over every valid response
-   token, corrupted or not, without a ``1/t`` weight (NeMo AutoModel's
-   ``BlockDiffusionCrossEntropyLoss``).
+   token of the step (all micro-batches and ranks), corrupted or not, without a ``1/t`` weight
+   (NeMo AutoModel's ``BlockDiffusionCrossEntropyLoss``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from dare_core.api import Corrupted, SequenceBatch
 
-__all__ = ["TargetTokens", "UniformDiffusionCE"]
+__all__ = ["TargetTokens", "UniformDiffusionCE", "response_totals"]
+
+
+def response_totals(batch: SequenceBatch) -> dict[str, torch.Tensor]:
+    """The SFT losses' normaliser of ``batch``'s rows: ``{"tokens": Σ response_mask}`` (the trained
+    response tokens, float64 scalar); the loop sums it over micro-batches and ranks."""
+    return {"tokens": batch.response_mask.to(torch.float64).sum()}
 
 
 class TargetTokens:
@@ -45,19 +51,28 @@ class UniformDiffusionCE:
     r"""Flat cross entropy of uniform-noise diffusion (module docstring, step 3):
 
     .. math::
-        \mathcal L = \frac{\sum_{m,b}\sum_{j} v_{b,j}\,\big(-\log p_θ(y_{b,j}\mid x̃_{m,b})\big)}{M \sum_{b,j} v_{b,j}}
+        \mathcal L = \frac{\sum_{m,b}\sum_{j} v_{b,j}\,\big(-\log p_θ(y_{b,j}\mid x̃_{m,b})\big)}{M\, T_{tokens}},
+        \qquad T_{tokens} = \sum_{b' ∈ \text{step}} \sum_j v_{b',j}
 
-    with ``v`` the valid response tokens (``batch.response_mask``, trained EOS padding included).
-    ``logp``: ``[M, B, R]`` per response token. Metrics: ``nll`` (the loss), ``nll_noised`` (mean
+    with ``v`` the valid response tokens (``batch.response_mask``, trained EOS padding included);
+    ``b`` runs over this call's rows, ``T_tokens`` (``totals["tokens"]``, :func:`response_totals`)
+    over the step's rows on every rank. ``logp``: ``[M, B, R]`` per response token. Metrics:
+    ``nll`` (mean CE over these rows' valid tokens), ``nll_noised`` (mean
     CE over the corrupted tokens) and ``noised_tokens``.
     """
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch):
+    def totals(self, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        """:func:`response_totals` of ``batch``."""
+        return response_totals(batch)
+
+    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         valid = batch.response_mask.to(logp.dtype)[None].expand_as(logp)
-        n = valid.sum()
-        loss = (-logp * valid).sum() / n.clamp_min(1.0)
+        tokens = (response_totals(batch) if totals is None else totals)["tokens"].to(logp)
+        loss = (-logp * valid).sum() / (logp.shape[0] * tokens).clamp_min(1.0)
         with torch.no_grad():
             noised = corrupted.masked[:, :, batch.prompt_len:].to(logp.dtype) * valid
             k = noised.sum()
             nll_noised = (-logp * noised).sum() / k.clamp_min(1.0)
-        return loss, {"nll": float(loss.detach()), "nll_noised": float(nll_noised), "noised_tokens": float(k)}
+            nll = (-logp * valid).sum() / valid.sum().clamp_min(1.0)
+        return loss, {"nll": float(nll), "nll_noised": float(nll_noised), "noised_tokens": float(k)}
