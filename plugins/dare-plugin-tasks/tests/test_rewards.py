@@ -30,7 +30,9 @@ from dare_plugin_tasks.rewards import (
         ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
         ("\\boxed{0.5}", "\\frac12", 1.0),
         ("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
-        ("\\boxed{2/4}", "\\frac{1}{2}", 0.0),
+        ("\\boxed{2/4}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{\\frac{10}{2}}", "5", 1.0),
+        ("\\boxed{5=7}", "7", 0.0),
         ("\\boxed{1,000}", "1000", 1.0),
     ],
 )
@@ -78,7 +80,7 @@ def test_math_several_ground_truths():
     [
         ("\\dfrac{3}{4}", "0.75", True),
         ("\\frac{3}{2}", "1.5", True),
-        ("\\frac{4}{2}", "2", False),  # integer on exactly one side: exact match only
+        ("\\frac{4}{2}", "2", True),
         ("12", "\\frac12", False),
         ("18.00", "18", True),
         ("\\$18", "18", True),
@@ -130,18 +132,19 @@ def test_math_symbolic_check_works_off_the_main_thread():
         ("2*4-3", 0.0),  # oracle: no tag
         ("<reasoning>x</reasoning><answer>(2+3)*4/4</answer>", 0.1),  # 4 used twice
         ("<answer>2*4-3-0</answer>", 0.1),  # extra number
-        ("<answer>2*4-x3</answer>", 0.1),  # forbidden character
-        ("<answer>2*4-3=5</answer>", 0.1),  # '=' is forbidden
+        ("<answer>2*4-x3</answer>", 0.0),  # not an expression of the grammar
+        ("<answer>2*4-3=5</answer>", 0.0),  # '=' is outside the grammar
         ("<answer>4/(3-3)+2</answer>", 0.1),  # division by zero
-        ("<answer>2 4 3</answer>", 0.1),  # does not parse
+        ("<answer>2 4 3</answer>", 0.0),  # does not parse
+        ("<answer>-(3-2*4)</answer>", 1.0),  # unary minus, as Python's eval in the paper's code
         ("<answer>\n (4 * 2) - 3 \n</answer>", 1.0),
         ("<answer>3+2*4/4-0</answer>", 0.1),
         ("<answer>1</answer> no wait <answer>2*4-3</answer>", 1.0),  # last tag wins
         ("<answer>2*4-3</answer> <answer>4*3-2</answer>", 0.1),  # last tag wins
         ("<answer>2*4-3</answer>\nextra text after the answer", 1.0),
         ("<answer>2*4-3", 0.0),  # unterminated tag
-        # DOTALL: the block is found (not 0), but like Python's eval the newlines break parsing
-        ("<answer>\n2\n*4\n-3\n</answer>", 0.1),
+        # DOTALL: the block is found, but like Python's eval the newlines break parsing
+        ("<answer>\n2\n*4\n-3\n</answer>", 0.0),
         ("<answer>\n(2\n*4\n-3)\n</answer>", 1.0),
     ],
 )
@@ -159,14 +162,15 @@ def test_countdown_accepts_json_numbers_and_string_target():
     )
 
 
-def test_countdown_fractional_intermediate_within_tolerance():
-    # 1/3*3*5 = 5 up to float rounding
+def test_countdown_division_is_exact():
     assert countdown_reward("<answer>1/3*3</answer>", [1, 3, 3], 1).score == 1.0
+    assert countdown_reward("<answer>(1+1/3)*3</answer>", [1, 1, 3, 3], 4).score == 1.0
+    assert countdown_reward("<answer>7/2+1</answer>", [7, 2, 1], 4).score == 0.1  # 4.5
 
 
-def test_countdown_huge_power_does_not_hang():
+def test_countdown_huge_power_is_refused_unevaluated():
     s = countdown_reward("<answer>9**9**9</answer>", [9, 9, 9], 5)
-    assert s.score == 0.1
+    assert s.score == 0.0
 
 
 # --------------------------------------------------------------------------- sudoku

@@ -7,7 +7,9 @@ define ``check(candidate)``) the prompt's code is put in front: when the extract
 the entry point it redefines the prompt's stub (the prompt still supplies imports and helper
 functions such as ``poly`` or ``encode_cyclic``); otherwise the response is taken as the body
 continuation of the prompt's last function. The program then runs in
-:func:`dare_plugin_tasks.sandbox.check_program`; ``Score.kind`` is the outcome
+:func:`dare_plugin_tasks.sandbox.check_program`, the tests in a separate checker process that
+gets the candidate's results by value (a HumanEval prompt's helpers such as ``poly`` are taken
+from the prompt there, not from the response); ``Score.kind`` is the outcome
 (``passed``, ``wrong``, ``error``, ``timeout``, ``memory`` or ``killed``) and ``Score.pred`` is
 empty (a program is no answer to vote on).
 """
@@ -144,6 +146,7 @@ def code_reward(example: Example, response: str, *, timeout: float = CODE_TIMEOU
 
     tests, entry = code_tests(example)
     program = program_for(example, response, entry)
-    result = check_program(program, tests, entry, timeout=timeout)
+    context = prompt_code(example) if entry is not None else None
+    result = check_program(program, tests, entry, context=context, timeout=timeout)
     ok = 1.0 if result.status == "passed" else 0.0
     return Score(score=ok, acc=ok, kind=result.status)

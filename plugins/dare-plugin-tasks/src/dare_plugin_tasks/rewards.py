@@ -15,6 +15,7 @@ import math
 import operator
 import re
 import threading
+from fractions import Fraction
 from typing import Any, Optional, Sequence, Union
 
 from dare_core.api import DareError, Example, Score
@@ -52,57 +53,72 @@ def extract_answer_tag(response: str) -> Optional[str]:
 
 
 # =========================================================================== countdown
-_COUNTDOWN_CHARS = re.compile(r"^[\d+\-*/().\s]+$")
-_BINOPS = {
+_COUNTDOWN_OPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
 }
-_MAX_EXPONENT = 64
-_MAX_POW_BASE = 10**6
 
 
-def _eval_arith(node: ast.AST) -> Union[int, float]:
-    """Evaluate an arithmetic AST like Python's ``eval`` would, refusing anything else.
+def _countdown_literals(tree: ast.Expression, equation: str) -> Optional[list[int]]:
+    """The integer literals of ``tree``, or ``None`` if it has a node outside the allow-list:
+    integer literals written as plain ASCII digits, binary ``+ - * /``, unary ``-``."""
+    literals = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            text = ast.get_source_segment(equation, node)
+            if type(node.value) is not int or text is None or not (text.isascii() and text.isdigit()):
+                return None  # floats, 1_0, 0x1f, non-ASCII digits
+            literals.append(node.value)
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _COUNTDOWN_OPS:
+                return None  # ** // % @ << ...
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, ast.USub):
+                return None
+        elif not isinstance(node, (ast.Expression, ast.operator, ast.unaryop)):
+            return None  # names, calls, comparisons, subscripts, tuples, ...
+    return literals
 
-    ``**`` is evaluated only for small operands (a guard against ``9**9**9``-style hangs).
-    """
+
+def _eval_exact(node: ast.AST) -> Fraction:
+    """Exact value of an allow-listed expression (``ZeroDivisionError`` on division by zero)."""
     if isinstance(node, ast.Expression):
-        return _eval_arith(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-        value = _eval_arith(node.operand)
-        return value if isinstance(node.op, ast.UAdd) else -value
-    if isinstance(node, ast.BinOp):
-        left = _eval_arith(node.left)
-        right = _eval_arith(node.right)
-        if isinstance(node.op, ast.Pow):
-            if abs(right) > _MAX_EXPONENT or abs(left) > _MAX_POW_BASE:
-                raise ValueError("exponent too large")
-            return left**right
-        fn = _BINOPS.get(type(node.op))
-        if fn is None:
-            raise ValueError("operator not allowed")
-        return fn(left, right)
-    raise ValueError("not an arithmetic expression")
+        return _eval_exact(node.body)
+    if isinstance(node, ast.Constant):
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp):
+        return -_eval_exact(node.operand)
+    left, right = _eval_exact(node.left), _eval_exact(node.right)
+    if isinstance(node.op, ast.Div):
+        return left / right  # Fraction division: exact, raises ZeroDivisionError
+    return _COUNTDOWN_OPS[type(node.op)](left, right)
 
 
-def evaluate_equation(equation: str) -> Optional[float]:
-    """Value of a countdown equation, or ``None`` if it has characters outside
-    ``0-9 + - * / ( ) .``/whitespace or does not evaluate (syntax error, division by zero)."""
-    if not _COUNTDOWN_CHARS.match(equation):
+def _parse_countdown(equation: str) -> Optional[tuple[ast.Expression, list[int]]]:
+    try:
+        tree = ast.parse(equation.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    literals = _countdown_literals(tree, equation.strip())
+    return None if literals is None else (tree, literals)
+
+
+def evaluate_equation(equation: str) -> Optional[Fraction]:
+    """Exact value of a countdown expression, or ``None`` when it is not one or has no value.
+
+    An expression is integer literals (plain digits), binary ``+ - * /``, unary minus and
+    parentheses, nothing else (no ``**``, ``//``, ``%``, decimals, names or calls). ``/`` is
+    exact division; division by zero gives ``None``.
+    """
+    parsed = _parse_countdown(equation)
+    if parsed is None:
         return None
     try:
-        value = _eval_arith(ast.parse(equation.strip(), mode="eval"))
-    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError, RecursionError,
-            MemoryError):
+        return _eval_exact(parsed[0])
+    except (ZeroDivisionError, RecursionError):
         return None
-    if isinstance(value, complex):
-        return None
-    return value
 
 
 def _parse_numbers(numbers: Any) -> list[int]:
@@ -114,22 +130,24 @@ def _parse_numbers(numbers: Any) -> list[int]:
 def countdown_reward(
     response: str, numbers: Union[Sequence[int], str], target: Union[int, str]
 ) -> Score:
-    """Rule of arXiv:2504.12216: 1.0 for a correct equation, 0.1 for a well-formed wrong one, 0 without ``<answer>``.
+    """Countdown rule of arXiv:2504.12216 (TinyZero's), with an allow-listed expression grammar.
 
-    ``numbers`` is a list of ints or its JSON string (``extra_info.numbers``); ``target`` an int
-    or the ground-truth string. The equation must use exactly the multiset ``numbers`` and only
-    ``0-9 + - * / ( ) .`` and whitespace.
+    1.0 when the last ``<answer>`` block is an expression (see :func:`evaluate_equation`) that
+    uses every number of ``numbers`` exactly once and no other number, and whose exact value is
+    ``target``; 0.1 (the paper's format reward) for such an expression with other numbers or
+    another value (or a division by zero); 0 without an ``<answer>`` block or when the block is
+    not an expression of the grammar (``5**2-3``, ``2.5*4``, ``x=3``, prose). ``numbers`` is a
+    list of ints or its JSON string (``extra_info.numbers``); ``target`` an int or a string.
     """
     nums = sorted(_parse_numbers(numbers))
     goal = int(target)
     equation = extract_answer_tag(response)
     if equation is None:
         return Score(score=0.0, acc=0.0, pred="")
-    used = sorted(int(n) for n in re.findall(r"\d+", equation))
-    if used != nums:
-        return Score(score=0.1, acc=0.0, pred=equation)
-    value = evaluate_equation(equation)
-    if value is None or not abs(value - goal) < 1e-5:
+    parsed = _parse_countdown(equation)
+    if parsed is None:
+        return Score(score=0.0, acc=0.0, pred=equation)
+    if sorted(parsed[1]) != nums or evaluate_equation(equation) != goal:
         return Score(score=0.1, acc=0.0, pred=equation)
     return Score(score=1.0, acc=1.0, pred=equation)
 
@@ -183,316 +201,90 @@ def extract_boxed(text: str) -> Optional[str]:
     return None
 
 
-# =========================================================================== math: Hendrycks
-_ENCLOSING_TEXT = re.compile(r"^\\text\{(?P<text>.+?)\}$")
+# =========================================================================== math: equivalence
+_TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm)\{(?P<text>[^{}]*)\}$")
 
 
-def _hendrycks_fix_fracs(s: str) -> str:
-    parts = s.split("\\frac")
-    out = parts[0]
-    for part in parts[1:]:
-        out += "\\frac"
-        if part[:1] == "{":
-            out += part
-            continue
-        if len(part) < 2:
-            raise ValueError("malformed \\frac")
-        a, b, rest = part[0], part[1], part[2:]
-        if b != "{":
-            out += "{" + a + "}{" + b + "}" + rest
-        else:
-            out += "{" + a + "}" + b + rest
-    return out
-
-
-def _hendrycks_fix_a_slash_b(s: str) -> str:
-    pieces = s.split("/")
-    if len(pieces) != 2:
-        return s
-    try:
-        a, b = int(pieces[0]), int(pieces[1])
-    except ValueError:
-        return s
-    if s != f"{a}/{b}":
-        return s
-    return "\\frac{" + str(a) + "}{" + str(b) + "}"
-
-
-def _hendrycks_fix_sqrt(s: str) -> str:
-    if "\\sqrt" not in s:
-        return s
-    parts = s.split("\\sqrt")
-    out = parts[0]
-    for part in parts[1:]:
-        if part[:1] != "{":
-            if not part:
-                raise ValueError("malformed \\sqrt")
-            out += "\\sqrt{" + part[0] + "}" + part[1:]
-        else:
-            out += "\\sqrt" + part
-    return out
-
-
-def _hendrycks_strip(s: str) -> str:
-    """Hendrycks MATH ``_strip_string``; raises ``ValueError`` where the original asserts."""
-    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
-    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
-    s = s.replace("\\$", "")
-    if "\\text{ " in s:  # units on the right
-        unit_split = s.split("\\text{ ")
-        if len(unit_split) != 2:
-            raise ValueError("ambiguous units")
-        s = unit_split[0]
-    s = s.replace("\\%", "").replace("%", "")
-    s = s.replace(" .", " 0.").replace("{.", "{0.")
-    if not s:
-        return s
-    if s[0] == ".":
-        s = "0" + s
-    eq = s.split("=")
-    if len(eq) == 2 and len(eq[0]) <= 2:
-        s = eq[1]
-    s = _hendrycks_fix_sqrt(s)
-    s = s.replace(" ", "")
-    s = _hendrycks_fix_fracs(s)
-    if s == "0.5":
-        s = "\\frac{1}{2}"
-    return _hendrycks_fix_a_slash_b(s)
-
-
-def _mathd_normalize(answer: str) -> str:
+def _plain_text(answer: str) -> str:
+    """Whitespace removed and one ``\\text{…}`` wrapper unwrapped (the fallback comparison)."""
     answer = answer.strip()
-    m = _ENCLOSING_TEXT.search(answer)
-    if m is not None:
-        answer = m.group("text").strip()
+    match = _TEXT_WRAPPER.match(answer)
+    if match is not None:
+        answer = match.group("text")
+    return re.sub(r"\s+", "", answer)
+
+
+def _timeout() -> Optional[int]:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse_latex(answer: str) -> list:
+    from math_verify import parse  # imported lazily: slow, and only needed here
+
     try:
-        return _hendrycks_strip(answer)
-    except (ValueError, IndexError):
-        return answer
-
-
-def _grade_mathd(given: str, truth: str) -> bool:
-    return _mathd_normalize(truth) == _mathd_normalize(given)
-
-
-# =========================================================================== math: symbolic
-_UNITS = (
-    "degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week",
-    "month", "year", "foot", "feet", "inch", "yard",
-)
-_UNIT_RES = [re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in _UNITS]
-_TUPLE_CHARS = "()[]"
-_BAD_SUBSTRINGS = ("^{", "^(")
-_BAD_REGEXES = (re.compile(r"\^[0-9]+\^"), re.compile(r"\^[0-9][0-9]+"))
-_COMMA_RE = re.compile(r"(\d)(,)(\d\d\d)($|\D)")
-_PLAIN_NUMBER = re.compile(r"-?[0-9.]+")
-_TEXT_CMD = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}")
-_COMMAND = re.compile(r"\\([a-zA-Z]+)")
-_GREEK = {
-    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "varepsilon": "ε",
-    "zeta": "ζ", "eta": "η", "theta": "θ", "vartheta": "θ", "iota": "ι", "kappa": "κ",
-    "lambda": "λ", "mu": "μ", "nu": "ν", "xi": "ξ", "rho": "ρ", "sigma": "σ", "tau": "τ",
-    "phi": "φ", "varphi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω",
-}
-_COMMAND_TEXT = {"pi": "pi", "infty": "inf", "sqrt": "sqrt", "cdot": "*", "times": "*", "div": "/"}
-
-
-def _strip_number_commas(expr: str) -> str:
-    while True:
-        nxt = _COMMA_RE.sub(r"\1\3\4", expr)
-        if nxt == expr:
-            return expr
-        expr = nxt
-
-
-def _is_float(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
-
-
-def _str_is_int(s: str) -> bool:
-    try:
-        x = float(_strip_number_commas(s))
-    except ValueError:
-        return False
-    return math.isfinite(x) and abs(x - round(x)) <= 1e-7
-
-
-def _is_frac(s: str) -> bool:
-    return re.search(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$", s) is not None
-
-
-def _light_normalize(expr: str) -> str:
-    """DeepScaleR ``_normalize`` up to (not including) the LaTeX→text step; stays LaTeX."""
-    m = _ENCLOSING_TEXT.search(expr)
-    if m is not None:
-        expr = m.group("text")
-    expr = expr.replace("\\%", "%").replace("\\$", "$").replace("$", "").replace("%", "")
-    expr = expr.replace(" or ", " , ").replace(" and ", " , ")
-    for word, power in (("million", "*10^6"), ("billion", "*10^9"), ("trillion", "*10^12")):
-        expr = expr.replace(word, power)
-    expr = _TEXT_CMD.sub(r" \1", expr)
-    for unit_re in _UNIT_RES:
-        expr = unit_re.sub("", expr)
-    expr = re.sub(r"\^ *\\circ", "", expr).replace("^{\\circ}", "")
-    expr = expr.strip()
-    if len(expr) > 1 and expr[0] == "{" and expr[-1] == "}":
-        expr = expr[1:-1]
-    expr = re.sub(r",\\! *", "", expr)
-    for junk in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:"):
-        expr = expr.replace(junk, "")
-    expr = expr.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    try:  # \frac12 → \frac{1}{2}, \sqrt3 → \sqrt{3}
-        expr = _hendrycks_fix_fracs(_hendrycks_fix_sqrt(expr))
-    except (ValueError, IndexError):
-        pass
-    expr = expr.strip()
-    if _is_float(expr) and _str_is_int(expr):
-        expr = str(int(round(float(expr))))
-    return _strip_number_commas(expr)
-
-
-def _command_to_text(m: re.Match) -> str:
-    name = m.group(1)
-    if name in _COMMAND_TEXT:
-        return _COMMAND_TEXT[name]
-    if name in _GREEK:
-        return _GREEK[name]
-    return ""  # structural commands (\frac, \mathbf, ...) leave only their arguments
-
-
-def _braced(s: str, i: int) -> tuple[Optional[str], int]:
-    """Content of the brace group opening at ``s[i] == "{"`` and the index after it."""
-    depth = 0
-    for j in range(i, len(s)):
-        if s[j] == "{":
-            depth += 1
-        elif s[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return s[i + 1 : j], j + 1
-    return None, i
-
-
-def _fracs_to_text(s: str) -> str:
-    """``\\frac{a}{b}`` → `` a/b`` (plain numbers) or `` (a)/(b)``; ``\\sqrt{a}`` → ``sqrt(a)``."""
-    out: list[str] = []
-    i = 0
-    while i < len(s):
-        if s.startswith("\\frac{", i):
-            num, j = _braced(s, i + 5)
-            if num is not None and s.startswith("{", j):
-                den, k = _braced(s, j)
-                if den is not None:
-                    a, b = _fracs_to_text(num).strip(), _fracs_to_text(den).strip()
-                    if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):
-                        out.append(f" {a}/{b}")
-                    else:
-                        out.append(f" ({a})/({b})")
-                    i = k
-                    continue
-        if s.startswith("\\sqrt{", i):
-            arg, j = _braced(s, i + 5)
-            if arg is not None:
-                out.append(f"sqrt({_fracs_to_text(arg)})")
-                i = j
-                continue
-        out.append(s[i])
-        i += 1
-    return "".join(out)
-
-
-def _to_text(expr: str) -> str:
-    """The rest of DeepScaleR ``_normalize``: a plain-text, lower-case canonical form."""
-    expr = _fracs_to_text(expr)
-    expr = _COMMAND.sub(_command_to_text, expr)
-    expr = re.sub(r"- *", "-", expr)
-    expr = re.sub(r"([0-9]) +([0-9])", r"\1+\2", expr)  # mixed numbers
-    expr = expr.replace(" ", "").replace("{", "").replace("}", "").lower()
-    if _str_is_int(expr):
-        expr = str(int(float(_strip_number_commas(expr))))
-    return expr
-
-
-def _split_tuple(expr: str) -> list[str]:
-    if not expr:
+        return parse(f"${answer}$", parsing_timeout=_timeout())
+    except Exception:  # any parser/sympy failure means "no expression"
         return []
-    if (
-        len(expr) > 2
-        and expr[0] in _TUPLE_CHARS
-        and expr[-1] in _TUPLE_CHARS
-        and all(ch not in expr[1:-1] for ch in _TUPLE_CHARS)
-    ):
-        return [e.strip() for e in expr[1:-1].split(",")]
-    return [expr]
 
 
-def _allow_symbolic(expr: str) -> bool:
-    letters = {c for c in expr.replace("sqrt", "").replace("frac", "") if c.isalpha()}
-    if len(letters) > 2:
+def _relations(expr: Any) -> list:
+    """The relations (``=``, ``<``, ``\\ne``, ``\\land``, ...) anywhere inside a parsed answer."""
+    from sympy import Basic, preorder_traversal
+    from sympy.core.relational import Relational
+    from sympy.logic.boolalg import BooleanFunction
+
+    if not isinstance(expr, Basic):
+        return []
+    return [node for node in preorder_traversal(expr)
+            if isinstance(node, (Relational, BooleanFunction))]
+
+
+def _is_assignment(relation: Any) -> bool:
+    """``x = value``: a symbol on the left that the right side (no relation itself) does not use."""
+    from sympy import Eq, Symbol
+
+    return (isinstance(relation, Eq) and isinstance(relation.lhs, Symbol)
+            and relation.lhs not in relation.rhs.free_symbols and not _relations(relation.rhs))
+
+
+def _relation_refused(gold: list, pred: list) -> bool:
+    """Whether ``pred`` states a relation where ``gold`` (a value) has none.
+
+    math-verify compares an equation's right side with a value, so ``5=7`` would equal 7; here
+    only an assignment to a single symbol (``x = 7``) stands for its value.
+    """
+    if _relations(gold[0]):
         return False
-    if any(bad in expr for bad in _BAD_SUBSTRINGS):
-        return False
-    return not any(r.search(expr) for r in _BAD_REGEXES)
-
-
-def _symbolic_equal(truth_latex: str, given_latex: str) -> bool:
-    from math_verify import parse, verify  # imported lazily: slow, and only needed here
-
-    in_main = threading.current_thread() is threading.main_thread()
-    timeout = 5 if in_main else None  # math-verify's timeout uses SIGALRM (main thread only)
-    try:
-        gold = parse(f"${truth_latex}$", parsing_timeout=timeout)
-        pred = parse(f"${given_latex}$", parsing_timeout=timeout)
-        if not gold or not pred:
-            return False
-        return bool(verify(gold, pred, timeout_seconds=timeout))
-    except Exception:  # any parser/sympy failure means "not shown equal"
-        return False
-
-
-def _grade_symbolic(given: str, truth: str) -> bool:
-    truth_n = _light_normalize(truth)
-    given_n = _light_normalize(given)
-    if _to_text(truth_n) == _to_text(given_n):
-        return True
-    if not given_n:
-        return False
-    truth_elems = _split_tuple(truth_n)
-    given_elems = _split_tuple(given_n)
-    if len(truth_elems) > 1 and (truth_n[0] != given_n[0] or truth_n[-1] != given_n[-1]):
-        return False
-    if len(truth_elems) != len(given_elems):
-        return False
-    for t_elem, g_elem in zip(truth_elems, given_elems):
-        t_text, g_text = _to_text(t_elem), _to_text(g_elem)
-        if t_text == g_text:
-            continue
-        if _is_frac(t_text) and _is_frac(g_text):
-            return False  # unreduced fractions must match exactly (already known unequal)
-        if _str_is_int(t_text) != _str_is_int(g_text):
-            return False  # an integer on exactly one side: exact match only
-        if not _allow_symbolic(f"({t_text})-({g_text})"):
-            return False
-        if not _symbolic_equal(t_elem, g_elem):
-            return False
-    return True
+    found = _relations(pred[0])
+    return bool(found) and not (len(found) == 1 and found[0] is pred[0] and _is_assignment(pred[0]))
 
 
 def grade_math_answer(given: str, truth: str) -> bool:
-    """``grade_answer_mathd(given, truth) or grade_answer_sympy(given, truth)``.
+    """Whether ``given`` equals ``truth``, both LaTeX answers (the content of a ``\\boxed{}``).
 
-    The Hendrycks MATH normalisation (arXiv:2103.03874) or the sympy check of the PRM800K grader
-    (arXiv:2305.20050), in DeepScaleR's versions.
+    Equal strings (whitespace aside) are equal; otherwise both are parsed and compared by
+    math-verify (its ``parse``/``verify``: numbers, fractions, radicals, sets, intervals,
+    tuples, matrices up to symbolic simplification, so ``\\frac{10}{2}`` equals 5). A
+    relation is an answer only where the truth is one: ``5=7``, ``a+b=7`` or ``7>5`` never
+    equal 7, an assignment to one symbol (``x=7``) does. When math-verify finds no expression
+    on either side, the texts must match after unwrapping a ``\\text{}``.
     """
-    if given is None or truth is None:
+    if given is None or truth is None or not given.strip():
         return False
-    return _grade_mathd(given, truth) or _grade_symbolic(given, truth)
+    if _plain_text(given) == _plain_text(truth):
+        return True
+    gold, pred = _parse_latex(truth), _parse_latex(given)
+    if not gold or not pred:
+        return False
+    if _relation_refused(gold, pred):
+        return False
+    from math_verify import verify
+
+    try:
+        return bool(verify(gold, pred, timeout_seconds=_timeout()))
+    except Exception:  # any sympy failure means "not shown equal"
+        return False
 
 
 def math_reward(response: str, ground_truth: Union[str, Sequence[str]]) -> Score:

@@ -131,6 +131,10 @@ _HARNESS = "_dare_harness.py"
 _MARKER = ".dare_done"
 _STDIN = ".dare_stdin"
 _READ_CHUNK = 65536
+_TESTS = "_dare_tests.py"
+_CONTEXT = "_dare_context.py"
+#: largest message (a call's arguments or a result) between the checker and the candidate
+_MAX_MESSAGE = 256 * 1024**2
 
 
 def _positive_or_none(instance, attribute, value) -> None:
@@ -217,6 +221,7 @@ class Job:
     program: str
     tests: Optional[str] = None
     entry_point: Optional[str] = None
+    context: Optional[str] = None
     timeout: float = 10.0
     limits: Limits = Limits()
     stdin: str = ""
@@ -226,7 +231,7 @@ class Job:
 # Run as ``python <harness> <token-fd> <marker> <program> <strict> <contained>``. It reads its token from the
 # pipe, compiles and executes the program as ``__main__`` and maps the outcome to exit statuses.
 _HARNESS_SOURCE = f"""\
-import os, signal, sys, traceback
+import builtins, importlib, json, os, signal, sys, traceback
 
 def _dare_contain():
     # This process is outside the new PID namespace; its first child is that namespace's PID 1, a
@@ -265,56 +270,240 @@ def _dare_contain():
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status))
 
-def _dare_main():
-    token_fd, marker, program, strict = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    if sys.argv[5] == "1":
-        _dare_contain()
-    token = os.read(token_fd, 256)
-    os.close(token_fd)
-    _write, _open, _close, _exit = os.write, os.open, os.close, os._exit
-    _flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+def _dare_send(fd, obj):
+    data = json.dumps(obj, allow_nan=False).encode()
+    data = len(data).to_bytes(8, "little") + data
+    while data:
+        data = data[os.write(fd, data):]
 
-    def _done():
-        fd = _open(marker, _flags, 0o600)
-        _write(fd, token)
-        _close(fd)
+def _dare_recv(fd):
+    chunks, need, header = [], 8, True
+    while True:
+        buf = b""
+        while len(buf) < need:
+            chunk = os.read(fd, min(need - len(buf), 1 << 20))
+            if not chunk:
+                return None
+            buf += chunk
+        if not header:
+            return json.loads(buf)
+        need, header = int.from_bytes(buf, "little"), False
+        if need > {_MAX_MESSAGE}:
+            raise MemoryError("a candidate result larger than {_MAX_MESSAGE} bytes")
 
-    def _report(exc):
+def _dare_encode(value):
+    # candidate side: a plain value as tagged JSON; anything else is refused
+    kind = type(value)
+    if value is None:
+        return None
+    if kind is bool:
+        return ["b", value]
+    if kind is int:
+        return ["i", value]
+    if kind is float:
+        return ["f", value.hex()]
+    if kind is str:
+        return ["s", value]
+    if kind is complex:
+        return ["c", value.real.hex(), value.imag.hex()]
+    if kind is bytes:
+        return ["y", value.hex()]
+    if kind in (list, tuple, set, frozenset):
+        return [{{list: "l", tuple: "t", set: "S", frozenset: "F"}}[kind], [_dare_encode(v) for v in value]]
+    if kind is dict:
+        return ["d", [[_dare_encode(k), _dare_encode(v)] for k, v in value.items()]]
+    raise TypeError(f"a {{kind.__name__}} is not a plain value")
+
+_DARE_SCALARS = {{"b": bool, "i": int, "s": str}}
+_DARE_SEQUENCES = {{"l": list, "t": tuple, "S": set, "F": frozenset}}
+
+def _dare_decode(item):
+    # checker side: only the tags above, each rebuilt with this process's own constructors
+    if item is None:
+        return None
+    if type(item) is not list or not item or type(item[0]) is not str:
+        raise TypeError("malformed candidate value")
+    tag, rest = item[0], item[1:]
+    if tag in _DARE_SCALARS and len(rest) == 1 and type(rest[0]) is _DARE_SCALARS[tag]:
+        return rest[0]
+    if tag == "f" and len(rest) == 1 and type(rest[0]) is str:
+        return float.fromhex(rest[0])
+    if tag == "c" and len(rest) == 2 and all(type(r) is str for r in rest):
+        return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+    if tag == "y" and len(rest) == 1 and type(rest[0]) is str:
+        return bytes.fromhex(rest[0])
+    if tag in _DARE_SEQUENCES and len(rest) == 1 and type(rest[0]) is list:
+        return _DARE_SEQUENCES[tag](_dare_decode(v) for v in rest[0])
+    if tag == "d" and len(rest) == 1 and type(rest[0]) is list:
+        out = {{}}
+        for pair in rest[0]:
+            if type(pair) is not list or len(pair) != 2:
+                raise TypeError("malformed candidate dict")
+            out[_dare_decode(pair[0])] = _dare_decode(pair[1])
+        return out
+    raise TypeError(f"malformed candidate value with tag {{tag!r}}")
+
+def _dare_report(exc):
+    try:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
         try:
-            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+            stream.flush()
         except BaseException:
             pass
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
 
+def _dare_load(program, on_exit):
+    # exec the program as __main__; returns its namespace, or exits the way a failure maps
     with open(program, encoding="utf-8") as handle:
         source = handle.read()
     sys.argv = [program]
     namespace = {{"__name__": "__main__", "__file__": program, "__builtins__": __builtins__}}
-    del handle
     try:
         exec(compile(source, program, "exec"), namespace)
     except MemoryError:
         namespace = source = None
-        _write(2, b"MemoryError\\n")
-        _exit({EXIT_MEMORY})
+        os.write(2, b"MemoryError\\n")
+        os._exit({EXIT_MEMORY})
     except AssertionError as exc:
-        _report(exc)
-        _exit({EXIT_WRONG})
+        _dare_report(exc)
+        os._exit({EXIT_WRONG})
     except SystemExit as exc:
-        if strict:
-            _write(2, b"SystemExit(" + repr(exc.code).encode() + b") before the tests finished\\n")
-            _report(exc)
-            _exit(1)
-        if exc.code not in (None, 0):
-            raise
+        on_exit(exc)
     except BaseException as exc:
-        _report(exc)
-        _exit(1)
-    _done()
+        _dare_report(exc)
+        os._exit(1)
+    return namespace
+
+def _dare_serve(program, requests, replies):
+    # the candidate's process: load the program, then answer calls by value until the pipe closes
+    def leave(exc):
+        os.write(2, b"SystemExit(" + repr(exc.code).encode() + b") before the tests finished\\n")
+        _dare_report(exc)
+        os._exit(1)
+
+    namespace = _dare_load(program, leave)
+    module = type(os)
+    names = [n for n, v in namespace.items() if not n.startswith("__") and callable(v) and type(v) is not module]
+    modules = {{n: v.__name__ for n, v in namespace.items() if type(v) is module and type(v.__name__) is str}}
+    _dare_send(replies, ["ready", names, modules])
+    while True:
+        call = _dare_recv(requests)
+        if call is None:
+            os._exit(0)
+        try:
+            args, kwargs = _dare_decode(call[1]), _dare_decode(call[2])
+            reply = ["ok", _dare_encode(namespace[call[0]](*args, **kwargs))]
+        except BaseException as exc:
+            reply = ["raise", type(exc).__name__, str(exc)[:2000]]
+        try:
+            _dare_send(replies, reply)
+        except (TypeError, ValueError) as exc:  # e.g. an int too long for JSON
+            _dare_send(replies, ["raise", "TypeError", str(exc)[:2000]])
+
+class _DareCandidateError(Exception):
+    pass
+
+def _dare_checker(requests, replies, names, modules, tests, context, entry):
+    # the checker's process: the candidate's code never ran here
+    def proxy(name):
+        def call(*args, **kwargs):
+            _dare_send(requests, [name, _dare_encode(list(args)), _dare_encode(dict(kwargs))])
+            reply = _dare_recv(replies)
+            if reply is None:
+                raise _DareCandidateError(f"the candidate's process ended during a call of {{name}}")
+            if reply[0] == "ok":
+                return _dare_decode(reply[1])
+            kind = getattr(builtins, str(reply[1]), None)
+            if isinstance(kind, type) and issubclass(kind, Exception) and kind is not _DareCandidateError:
+                raise kind(str(reply[2]))
+            raise _DareCandidateError(f"{{reply[1]}}: {{reply[2]}}")
+        call.__name__ = name
+        return call
+
+    namespace = {{"__name__": "__main__", "__builtins__": builtins}}
+    stdlib = getattr(sys, "stdlib_module_names", ())
+    for name, module_name in modules.items():
+        if str(module_name).split(".")[0] in stdlib:
+            namespace[name] = importlib.import_module(module_name)
+    if entry:
+        if context:
+            exec(compile(context, "<prompt>", "exec"), namespace)
+        namespace[entry] = proxy(entry)  # test strings may call check(<entry point>) themselves
+        exec(compile(tests, "<tests>", "exec"), namespace)
+        namespace["check"](namespace[entry])
+    else:
+        for name in names:
+            if name not in builtins.__dict__ and name not in namespace:
+                namespace[name] = proxy(name)
+        exec(compile(tests, "<tests>", "exec"), namespace)
+
+def _dare_check(token_fd, marker, program, tests_path, context_path, entry):
+    # fork before the token is read: the candidate's process never holds it
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        for fd in (token_fd, req_w, rep_r):
+            os.close(fd)
+        _dare_serve(program, req_r, rep_w)
+        os._exit(0)
+    os.close(req_r)
+    os.close(rep_w)
+    token = os.read(token_fd, 256)
+    os.close(token_fd)
+
+    def finish(code):
+        try:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        except OSError:
+            pass
+        os._exit(code)
+
+    with open(tests_path, encoding="utf-8") as handle:
+        tests = handle.read()
+    context = None
+    if context_path:
+        with open(context_path, encoding="utf-8") as handle:
+            context = handle.read()
+    ready = _dare_recv(rep_r)
+    if ready is None:  # the program exited (or was killed) before the tests ran
+        _, status = os.waitpid(child, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+            os._exit(os.WEXITSTATUS(status))
+        os.write(2, b"the program ended before the tests ran\\n")
+        os._exit(1)
+    try:
+        _dare_checker(req_w, rep_r, ready[1], ready[2], tests, context, entry)
+    except MemoryError:
+        os.write(2, b"MemoryError\\n")
+        finish({EXIT_MEMORY})
+    except AssertionError as exc:
+        _dare_report(exc)
+        finish({EXIT_WRONG})
+    except BaseException as exc:
+        _dare_report(exc)
+        finish(1)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, token)
+    os.close(fd)
+    finish(0)
+
+def _dare_main():
+    token_fd, marker, program, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    if sys.argv[5] == "1":
+        _dare_contain()
+    if mode == "check":
+        _dare_check(token_fd, marker, program, sys.argv[6], sys.argv[7], sys.argv[8])
+    os.close(token_fd)
+
+    def leave(exc):
+        if exc.code not in (None, 0):
+            raise exc
+
+    _dare_load(program, leave)
 
 _dare_main()
 """
@@ -644,7 +833,7 @@ def _execute(
     timeout: float,
     limits: Limits,
     stdin: str,
-    strict: bool,
+    check: Optional[tuple],
     require_network_isolation: bool,
 ) -> ExecutionResult:
     if resource is None:  # pragma: no cover - Windows
@@ -675,6 +864,16 @@ def _execute(
             handle.write(_HARNESS_SOURCE)
         with open(stdin_path, "w", encoding="utf-8") as handle:
             handle.write(stdin)
+        mode_args = ["run"]
+        if check is not None:  # (tests, context or None, entry point or None)
+            tests, context, entry = check
+            mode_args = ["check", os.path.join(workdir, _TESTS), "", entry or ""]
+            with open(mode_args[1], "w", encoding="utf-8") as handle:
+                handle.write(tests)
+            if context is not None:
+                mode_args[2] = os.path.join(workdir, _CONTEXT)
+                with open(mode_args[2], "w", encoding="utf-8") as handle:
+                    handle.write(context)
         token = secrets.token_hex(16).encode()
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -695,7 +894,7 @@ def _execute(
                 os.close(write_end)
                 write_end = -1
                 argv = [sys.executable, *_interpreter_flags(), harness, str(read_end), marker, program,
-                        "1" if strict else "0", "1" if contained else "0"]
+                        mode_args[0], "1" if contained else "0", *mode_args[1:]]
                 with open(stdin_path, "rb") as stdin_file:
                     start = time.monotonic()
                     try:
@@ -748,7 +947,7 @@ def _execute(
                     marker_ok = handle.read() == token
             except OSError:
                 marker_ok = False
-            status, detail = _classify(returncode, stderr, strict, marker_ok)
+            status, detail = _classify(returncode, stderr, check is not None, marker_ok)
         return ExecutionResult(
             status=status,
             returncode=returncode,
@@ -780,7 +979,7 @@ def run_program(
     arguments or when ``require_network_isolation`` is set and isolation is unavailable; every
     outcome of the program itself is an :class:`ExecutionResult`.
     """
-    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, strict=False,
+    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, check=None,
                     require_network_isolation=require_network_isolation)
 
 
@@ -789,27 +988,40 @@ def check_program(
     tests: str,
     entry_point: Optional[str] = None,
     *,
+    context: Optional[str] = None,
     timeout: float = 10.0,
     limits: Limits = Limits(),
     stdin: str = "",
     require_network_isolation: bool = False,
 ) -> ExecutionResult:
-    """Grade ``program`` by running ``tests`` after it, HumanEval/MBPP style.
+    """Grade ``program`` against ``tests``, HumanEval/MBPP style, the tests out of its reach.
 
-    The executed file is ``program``, then ``tests``, then ``check(<entry_point>)`` when
-    ``entry_point`` is given (HumanEval's test strings define ``def check(candidate)``; MBPP's are
-    bare ``assert`` lines). ``passed`` means the file ran to its end; a failed assertion is
-    ``wrong``; exiting early (``sys.exit``, ``os._exit``) is ``error``.
+    Two processes share the sandbox: the *candidate* (forked before anything secret is read)
+    executes ``program`` and then only answers calls, and the *checker*, in which the program
+    never runs, executes ``context`` (trusted code such as a HumanEval prompt's helpers), then
+    ``tests``, then ``check(<entry_point>)`` when ``entry_point`` is given (HumanEval's test
+    strings define ``def check(candidate)``); without it (MBPP's bare ``assert`` lines) every
+    function the program defines, except names of builtins, is callable by the tests. A call
+    from the tests sends its arguments to the candidate and gets the result back by value:
+    ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes`` and ``list``/
+    ``tuple``/``set``/``frozenset``/``dict`` of those (exact types, no subclasses), rebuilt by
+    the checker; any other result, e.g. an object with its own ``__eq__``, fails the call with
+    ``TypeError``. An exception in the candidate is raised in the checker as the builtin
+    exception of the same name (else a generic one). Stdlib modules the program imported are
+    imported afresh in the checker under the same names.
+
+    ``passed`` means the tests ran to their end; a failed assertion is ``wrong``; exiting before
+    the tests finish (``sys.exit``, ``os._exit``) or an invalid result is ``error``.
     """
     if not isinstance(program, str) or not isinstance(tests, str):
         raise DareError("check_program needs the program and the tests as str")
-    parts = [program.rstrip("\n"), tests.rstrip("\n")]
+    if context is not None and not isinstance(context, str):
+        raise DareError(f"context must be a str or None, got {type(context).__name__}")
     if entry_point is not None:
         if not isinstance(entry_point, str) or not entry_point.isidentifier():
             raise DareError(f"entry_point must be a Python identifier, got {entry_point!r}")
-        parts.append(f"check({entry_point})")
-    source = "\n\n".join(parts) + "\n"
-    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, strict=True,
+    return _execute(program, timeout=timeout, limits=limits, stdin=stdin,
+                    check=(tests, context, entry_point),
                     require_network_isolation=require_network_isolation)
 
 
@@ -841,7 +1053,8 @@ def run_many(
         if isinstance(job, str):
             return run_program(job, require_network_isolation=require_network_isolation)
         if job.tests is not None:
-            return check_program(job.program, job.tests, job.entry_point, timeout=job.timeout,
+            return check_program(job.program, job.tests, job.entry_point, context=job.context,
+                                 timeout=job.timeout,
                                  limits=job.limits, stdin=job.stdin,
                                  require_network_isolation=require_network_isolation)
         return run_program(job.program, timeout=job.timeout, limits=job.limits, stdin=job.stdin,
