@@ -7,6 +7,8 @@ from typing import Literal, Optional
 
 import torch
 
+from dare_core.errors import DareError
+
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -98,26 +100,52 @@ class ClippedPolicyLoss:
         return total / m_count, {**{k: v / m_count for k, v in stats.items()}, "ratio_max": ratio_max}
 
 
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2",
+            "dare_log1p_k3")
+
+
+def _k3(d: torch.Tensor, floor: float = -20.0) -> torch.Tensor:
+    """``e^{-d} + d - 1``, continued by its tangent below ``d = floor`` (finite value and gradient)."""
+    dc = d.clamp_min(floor)
+    return torch.expm1(-dc) + dc - torch.expm1(-dc) * (d - dc)
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
-               kind: str = "low_var_kl") -> torch.Tensor:
-    r"""Per-token KL penalty between policy and reference log-likelihood *surrogates*.
+               kind: str = "k3") -> torch.Tensor:
+    r"""Per-token estimate of ``KL(π ‖ π_ref)`` from log-likelihood surrogates of tokens drawn from π.
 
-    With ``d = ℓ - ℓ_ref`` the dLLM variant first maps ``k = log(1 + d)`` where ``A > 0`` and
-    ``k = d`` elsewhere (the DARE reference rule; NaN when ``d <= -1`` and ``A > 0``), then
-    ``k1: k``, ``abs: |k|``, ``mse``/``k2``: ``k²/2``, ``low_var_kl``/``k3``:
-    ``clamp(e^{-k} + k - 1, -10, 10)``.
+    With ``d = ℓ - ℓ_ref`` (Schulman's estimators, http://joschu.net/blog/kl-approx.html):
+    ``k1 = d``, ``k2 = d²/2``, ``k3 = e^{-d} + d - 1`` (unbiased, ≥ 0; GRPO's, arXiv:2402.03300
+    Eq. 4, and d1's with β = 0.04, arXiv:2504.12216), ``abs = |d|``, ``low_var_kl`` = verl's k3
+    clamped to [-10, 10]. Every kind is finite with a finite gradient for finite inputs: k3 is exact
+    for ``d ≥ -20`` nats and continues along its tangent below.
 
-    ``logp``/``ref_logp``: ``[..., B, R]``; ``advantages``: broadcastable to them.
+    ``dare_log1p_<k1|abs|k2|k3>``: the DARE reference's rule, the estimator applied to
+    ``k = log(1 + d)`` where ``A > 0`` and ``k = d`` elsewhere (k3 clamped to [-10, 10]). It is not
+    a KL and is undefined for ``d ≤ -1`` where ``A > 0`` (the reference's NaN): there it raises.
+
+    Args:
+        logp, ref_logp: ``[..., B, R]`` policy and reference log-likelihoods.
+        advantages: broadcastable to them; read only by the ``dare_log1p_*`` kinds.
+        kind: one of :data:`KL_KINDS`.
+
+    Returns:
+        ``[..., B, R]`` per-token penalties.
     """
     d = logp - ref_logp
-    adv = advantages.to(d.dtype)
-    k = torch.where(adv > 0, torch.log1p(d), d)
-    if kind in ("kl", "k1"):
-        return k
-    if kind == "abs":
-        return k.abs()
-    if kind in ("mse", "k2"):
-        return 0.5 * k.square()
-    if kind in ("low_var_kl", "k3"):
-        return (torch.exp(-k) + k - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown kl penalty {kind!r}; valid: k1, abs, k2, k3 (mse, low_var_kl)")
+    base = kind.removeprefix("dare_log1p_")
+    if kind not in KL_KINDS:
+        raise DareError(f"unknown kl penalty {kind!r}; use one of {', '.join(KL_KINDS)}")
+    if base != kind:
+        pos = advantages.to(d.dtype) > 0
+        if bool((pos & (d <= -1)).any()):
+            raise DareError(f"kl_type={kind}: log(1 + ℓ - ℓ_ref) is undefined where ℓ - ℓ_ref ≤ -1 "
+                            "and A > 0 (the reference gives NaN); use kl_type=k3")
+        d = torch.where(pos, torch.log1p(torch.where(pos, d, torch.zeros_like(d))), d)
+    if base == "k1":
+        return d
+    if base == "abs":
+        return d.abs()
+    if base == "k2":
+        return 0.5 * d.square()
+    return _k3(d) if kind == "k3" else _k3(d).clamp(-10.0, 10.0)

@@ -16,9 +16,11 @@ from dare_core.testing.algorithm_checks import algorithm_components, check_accum
 from dare_core.testing.contracts import AlgorithmContract
 from dare_nn.testing import toy_block
 from dare_nn.testing.toy_block import make_toy_block_wrapper
+from dare_core.api import sum_totals
 from dare_plugin_ebpo.algorithm import (
     BlockELBOMasking,
     EBPOConfig,
+    EBPOLoss,
     block_mask_counts,
     ebpo_sequence_loss,
 )
@@ -60,6 +62,65 @@ def test_ratio_one_reduces_to_minus_mean_advantage_and_gradient():
     loss.backward()
     assert loss.item() == pytest.approx(-0.25)
     torch.testing.assert_close(e.grad, -adv / 2)
+
+
+def test_invalid_rows_with_nan_reach_neither_loss_nor_gradient():
+    # reference (dllm_core_algos.compute_policy_loss_ebpo): valid rows are selected before exp
+    new = torch.tensor([-99.0, float("nan"), -80.0, float("inf")], requires_grad=True)
+    old = torch.tensor([-100.0, float("nan"), -80.0, 0.0])
+    adv = torch.tensor([1.0, float("nan"), 0.5, -2.0])
+    valid = torch.tensor([True, False, True, False])
+    loss, m = ebpo_sequence_loss(new, old, adv, valid)
+    loss.backward()
+    assert loss.item() == pytest.approx((-1.2 - 0.5) / 2, abs=1e-6)
+    torch.testing.assert_close(new.grad, torch.tensor([0.0, 0.0, -0.25, 0.0]))
+    assert m["ratio_nonfinite"] == 0.0 and m["pg_clipfrac"] == 0.5
+
+
+def test_half_precision_inputs_are_computed_in_float32():
+    new = torch.tensor([-99.0, -50.5, -80.0, -9.0])
+    old = torch.tensor([-100.0, -50.0, -80.0, -10.0])
+    adv, valid = torch.tensor([1.0, -1.0, 0.5, -2.0]), torch.ones(4, dtype=torch.bool)
+    e = new.to(torch.bfloat16).requires_grad_(True)
+    loss, _ = ebpo_sequence_loss(e, old.to(torch.bfloat16), adv.to(torch.bfloat16), valid)
+    ref, _ = ebpo_sequence_loss(new, old, adv, valid)
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(ref.item(), abs=1e-6)
+    loss.backward()
+    assert e.grad.dtype == torch.bfloat16
+
+
+def test_input_checks_are_one_line_errors():
+    x, valid = torch.zeros(3), torch.ones(3, dtype=torch.bool)
+    with pytest.raises(DareError, match=r"\[B\]"):
+        ebpo_sequence_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(DareError, match=r"\[B\]"):
+        ebpo_sequence_loss(x, torch.zeros(4), x, valid)
+    with pytest.raises(DareError, match="at least one sequence"):
+        ebpo_sequence_loss(x, x, x, torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(DareError, match="reference ELBOs"):
+        EBPOLoss(kl_coef=0.1)(torch.zeros(2, 3), torch.zeros(2, 3), None, x, torch.ones(3, 4))
+
+
+def test_global_totals_make_micro_batch_shares_sum_to_the_mini_batch_loss():
+    # one row without a response token (excluded from N), rows of different lengths
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.arange(6)[None] < torch.tensor([6, 3, 0, 5, 1])[:, None]).float()
+    rows = torch.randn(4, 5, generator=g, dtype=torch.float64) - 5
+    old, ref = rows.mean(0) + 0.3 * torch.randn(5, generator=g, dtype=torch.float64), rows - 0.2
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.0, 2.0], dtype=torch.float64)
+    loss = EBPOLoss(kl_coef=0.1, kl_type="k2")
+
+    def grad(parts):
+        e = rows.clone().requires_grad_(True)
+        T = sum_totals([loss.totals(mask[i]) for i in parts])
+        assert T["rows"].item() == 4.0
+        total = sum(loss(e[:, i], old[None, i], ref[:, i], adv[i], mask[i], totals=T)[0] for i in parts)
+        total.backward()
+        return total.detach(), e.grad
+
+    whole = grad([torch.arange(5)])
+    for parts in ([torch.arange(5)[i:i + 1] for i in range(5)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
+        torch.testing.assert_close(grad(parts), whole, atol=1e-12, rtol=1e-12)
 
 
 def _oracle_batch():

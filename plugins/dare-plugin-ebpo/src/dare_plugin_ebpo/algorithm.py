@@ -10,6 +10,7 @@ clipping is applied once, to the sequence-level ratio of composite ELBOs, in log
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -101,41 +102,62 @@ class BlockELBOMasking:
                          {"levels": levels.to(dev)})
 
 
+def _check_sequence_inputs(elbo, old_elbo, advantages, rows) -> None:
+    """One-line refusal of inputs that are not one value per sequence ``[B]``."""
+    shapes = [tuple(t.shape) for t in (elbo, old_elbo, advantages, rows)]
+    if elbo.dim() != 1 or len(set(shapes)) != 1:
+        raise DareError(f"EBPO's sequence loss takes one composite ELBO, old ELBO, advantage and "
+                        f"valid flag per sequence (all [B]); got shapes {shapes}")
+
+
 def ebpo_sequence_loss(elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: torch.Tensor,
-                       rows: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2):
-    r"""Sequence-level clipped objective in log space over the valid sequences ``rows`` (bool):
+                       rows: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
+                       num_rows: Optional[torch.Tensor] = None):
+    r"""Sequence-level clipped objective in log space over the valid sequences ``rows`` (bool ``[B]``):
 
     .. math::
         δ = Ê − Ê_{old},\quad δ' = \begin{cases} \min(δ, \log(1+ε_{high})) & A \ge 0 \\
         \max(δ, \log(1−ε_{low})) & A < 0 \end{cases},\quad
-        \mathcal L = \mathrm{mean}_b\,(−A_b e^{δ'_b})
+        \mathcal L = \frac1N \sum_{b\ \mathrm{valid}} −A_b e^{δ'_b}
 
-    (no dual clip: unbounded for ``A < 0`` and large ``δ``). Metrics: ``pg_clipfrac`` (rows whose
-    ``δ`` was clipped), ``pg_clipfrac_lower`` (clipped with ``A < 0``), ``ppo_kl`` (mean ``−δ``).
+    with ``N = num_rows``, the valid sequences of the whole mini-batch (``None``: of these rows).
+    No dual clip: unbounded for ``A < 0`` and large ``δ``. Sequences outside ``rows`` are dropped
+    before any arithmetic, so a NaN or infinite ELBO there reaches neither the loss nor the
+    gradient; half-precision inputs are computed in float32 (as the reference). ``elbo``,
+    ``old_elbo``, ``advantages``: ``[B]``. Metrics, over this call's valid rows: ``pg_clipfrac``
+    (``δ`` clipped), ``pg_clipfrac_lower`` (clipped with ``A < 0``), ``ppo_kl`` (mean ``−δ``).
     """
-    delta = elbo - old_elbo.to(elbo.dtype)
-    adv = advantages.to(elbo.dtype)
-    clipped = torch.where(adv >= 0, delta.clamp(max=math.log1p(eps_high)),
-                          delta.clamp(min=math.log1p(-eps_low)))
-    per_row = -adv * torch.exp(clipped)
-    w = rows.to(elbo.dtype)
-    n = w.sum().clamp_min(1.0)
-    loss = (per_row * w).sum() / n
+    _check_sequence_inputs(elbo, old_elbo, advantages, rows)
+    rows = rows.bool()
+    n = rows.sum() if num_rows is None else num_rows
+    if not float(n) > 0:
+        raise DareError("EBPO needs at least one sequence with a response token in the mini-batch; "
+                        "check the rollout's response mask (every response here is empty)")
+    work = torch.float32 if elbo.dtype in (torch.float16, torch.bfloat16) else elbo.dtype
+    delta = elbo[rows].to(work) - old_elbo[rows].to(work)
+    adv = advantages[rows].to(work)
+    low, high = math.log1p(-eps_low), math.log1p(eps_high)
+    clipped = torch.where(adv >= 0, delta.clamp(max=high), delta.clamp(min=low))
+    loss = (-adv * torch.exp(clipped)).sum() / n.to(work)
     with torch.no_grad():
-        was_clipped = (clipped != delta).to(w.dtype) * w
+        k = max(1, int(rows.sum()))
+        lower = (delta < low) & (adv < 0)
         metrics = {
-            "pg_clipfrac": float(was_clipped.sum() / n),
-            "pg_clipfrac_lower": float((was_clipped * (adv < 0).to(w.dtype)).sum() / n),
-            "ppo_kl": float((-delta * w).sum() / n),
+            "pg_clipfrac": float((lower | ((delta > high) & (adv > 0))).sum()) / k,
+            "pg_clipfrac_lower": float(lower.sum()) / k,
+            "ppo_kl": float(-delta.sum()) / k,
         }
-        metrics.update(ratio_diagnostics(torch.exp(delta), w))
+        metrics.update(ratio_diagnostics(torch.exp(delta)))
     return loss, metrics
 
 
 class EBPOLoss(RowMeanObjective):
     r"""EBPO on composite ELBO rows ``[M, B]``: :func:`ebpo_sequence_loss` of ``Ê = mean_m e_m``
-    over sequences with a valid response, plus ``β · mean_b KL(Ê, Ê_ref)`` when ``kl_coef > 0``.
-    The workflow's ``accumulate`` path uses the exact proxy gradient (one row's graph at a time)."""
+    over sequences with a valid response, plus ``β · Σ_{b valid} KL(Ê_b, Ê^{ref}_b) / N`` when
+    ``kl_coef > 0``; ``N = totals["rows"]``, the valid sequences of the whole mini-batch (summed
+    over micro-batches and ranks), so the gradient does not depend on the micro-batch size or the
+    world size. The workflow's ``accumulate`` path uses the exact proxy gradient (one row's graph
+    at a time)."""
 
     def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                  kl_coef: float = 0.0, kl_type: str = "k3"):
@@ -144,15 +166,20 @@ class EBPOLoss(RowMeanObjective):
         self.kl_coef = kl_coef
         self.kl_type = kl_type
 
-    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """``{"rows": sequences with a response token}`` of ``mask`` ``[B, R]`` (float64 scalar)."""
+        return {"rows": (mask.sum(-1) > 0).sum().to(torch.float64)}
+
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):
         valid = mask.sum(-1) > 0
+        n = totals["rows"]
         loss, metrics = ebpo_sequence_loss(elbo, old_rows.mean(0), advantages, valid,
-                                           self.eps_low, self.eps_high)
+                                           self.eps_low, self.eps_high, num_rows=n)
         if self.kl_coef > 0:
             if ref_rows is None:
-                raise ValueError("kl_coef > 0 needs reference ELBOs")
-            w = valid.to(elbo.dtype)
-            kl = (sequence_kl(elbo, ref_rows.mean(0).to(elbo.dtype), self.kl_type) * w).sum() / w.sum().clamp_min(1)
+                raise DareError("EBPO with kl_coef > 0 needs reference ELBOs; the loop passed none")
+            ref = ref_rows.mean(0)[valid].to(loss.dtype)
+            kl = sequence_kl(elbo[valid].to(loss.dtype), ref, self.kl_type).sum() / n.to(loss.dtype)
             loss = loss + self.kl_coef * kl
             metrics["kl_loss"] = float(kl.detach())
         metrics.update(mc_diagnostics(rows, "elbo"))
