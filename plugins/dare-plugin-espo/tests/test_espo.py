@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import dare_plugin_espo
+from dare_core.api import sum_totals
 from dare_core.config.structure import structure
+from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
@@ -56,6 +58,35 @@ def test_loss_adds_kl_on_raw_elbos_over_R():
     assert m["kl_loss"] == pytest.approx(0.5 * 1.0 / R)
     assert loss.item() == pytest.approx(base.item() + 0.5 * m["kl_loss"])
     assert m["elbo_mc_var"] == 0.0  # one mask/complement pair
+
+
+def test_length_zero_is_refused():
+    # reference (dllm_core_algos.compute_espo_kl): normalization_length <= 0 is an error
+    with pytest.raises(DareError, match="response length"):
+        espo_kl(torch.zeros(2), torch.zeros(2), 0, "k2")
+    with pytest.raises(DareError, match="response length"):
+        ESPOLoss(0.2, 0.1)(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2), torch.ones(2, 0))
+
+
+def test_global_totals_make_micro_batch_shares_sum_to_the_mini_batch_loss():
+    g = torch.Generator().manual_seed(1)
+    R, B = 6, 5
+    mask = (torch.arange(R)[None] < torch.tensor([6, 3, 2, 5, 1])[:, None]).float()
+    rows = torch.randn(4, B, generator=g, dtype=torch.float64) * 2 - 6
+    old, ref = rows + 0.4 * torch.randn(4, B, generator=g, dtype=torch.float64), rows - 0.3
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.0, 2.0], dtype=torch.float64)
+    loss = ESPOLoss(0.2, 0.1, "k3")
+
+    def grad(parts):
+        e = rows.clone().requires_grad_(True)
+        T = sum_totals([loss.totals(mask[i]) for i in parts])
+        total = sum(loss(e[:, i], old[:, i], ref[:, i], adv[i], mask[i], totals=T)[0] for i in parts)
+        total.backward()
+        return total.detach(), e.grad
+
+    whole = grad([torch.arange(B)])
+    for parts in ([torch.arange(B)[i:i + 1] for i in range(B)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
+        torch.testing.assert_close(grad(parts), whole, atol=1e-12, rtol=1e-12)
 
 
 def _batch(B=4, P=3, L=10, R=10):

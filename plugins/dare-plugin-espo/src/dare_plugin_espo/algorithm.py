@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch
+from dare_core.api import Components, Corrupted, DareError, SequenceBatch
 from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
@@ -68,10 +68,18 @@ class ComplementMasking:
                          {"counts": torch.stack(counts, 0).to(dev)})
 
 
+def _check_length(length: float) -> None:
+    if not length > 0:
+        raise DareError(f"ESPO normalises by the response length R, which is {length}; "
+                        "generate at least one response token (rollout length > 0)")
+
+
 def espo_kl(elbo: torch.Tensor, ref_elbo: torch.Tensor, length: float, kind: str = "k2") -> torch.Tensor:
     r"""ESPO's KL per sequence on *raw* ELBOs, divided by the padded length ``R``:
     ``k(Ê, Ê_ref)/R`` with ``k2 = Δ²/2``, ``k3 = e^{−Δ} + Δ − 1`` and
-    ``k1 = Δ + (Ê − sg(Ê))(sg(Ê) − Ê_ref)`` (value ``Δ``, gradient ``(1 + Δ)∇Ê``)."""
+    ``k1 = Δ + (Ê − sg(Ê))(sg(Ê) − Ê_ref)`` (value ``Δ``, gradient ``(1 + Δ)∇Ê``).
+    ``R <= 0``: a one-line ``DareError`` (the reference's ``compute_espo_kl`` refuses it too)."""
+    _check_length(length)
     if kind == "k1":
         k = (elbo - ref_elbo) + (elbo - elbo.detach()) * (elbo.detach() - ref_elbo)
     else:
@@ -84,11 +92,14 @@ class ESPOLoss(RowMeanObjective):
 
     .. math::
         ℓ = Ê/R,\quad r = e^{ℓ − ℓ_{old}},\quad
-        \mathcal L = \mathrm{mean}_b \max(−A_b r_b, −A_b\,\mathrm{clip}(r_b, 1−ε, 1+ε))
-                    + β\,\mathrm{mean}_b\,k(Ê_b, Ê^{ref}_b)/R
+        \mathcal L = \frac1N \sum_b \max(−A_b r_b, −A_b\,\mathrm{clip}(r_b, 1−ε, 1+ε))
+                    + \frac{β}{N} \sum_b k(Ê_b, Ê^{ref}_b)/R
 
-    (no dual clip; ``R`` the padded response length). Metrics: clip fraction, ratio statistics,
-    k3 KL to the old policy, the Monte-Carlo variance of the paired ELBOs, non-finite counts.
+    (no dual clip; ``R`` the padded response length, ``R = 0`` refused; ``N = totals["rows"]``,
+    the sequences of the whole mini-batch summed over micro-batches and ranks, so the gradient
+    does not depend on the micro-batch size or the world size). Metrics, over this call's rows:
+    clip fraction, ratio statistics, k3 KL to the old policy, the Monte-Carlo variance of the
+    paired ELBOs, non-finite counts.
     """
 
     def __init__(self, clip_ratio: float = 0.2, kl_coef: float = 0.0, kl_type: str = "k2"):
@@ -96,13 +107,15 @@ class ESPOLoss(RowMeanObjective):
         self.kl_coef = kl_coef
         self.kl_type = kl_type
 
-    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):
         R = float(mask.shape[-1])
+        _check_length(R)
+        n = totals["rows"].to(elbo.dtype)
         ell = elbo / R
         old = old_rows.mean(0).to(elbo.dtype) / R
         ratio = torch.exp(ell - old)
         per_row, clipped, _ = clipped_surrogate(ratio, advantages.to(elbo.dtype), self.eps, self.eps)
-        loss = per_row.mean()
+        loss = per_row.sum() / n
         with torch.no_grad():
             d = (ell - old).detach()
             metrics = {"pg_clipfrac": float(clipped.float().mean()),
@@ -112,8 +125,8 @@ class ESPOLoss(RowMeanObjective):
             metrics.update(mc_diagnostics(pairs, "elbo"))
         if self.kl_coef > 0:
             if ref_rows is None:
-                raise ValueError("kl_coef > 0 needs reference ELBOs")
-            kl = espo_kl(elbo, ref_rows.mean(0).to(elbo.dtype), R, self.kl_type).mean()
+                raise DareError("ESPO with kl_coef > 0 needs reference ELBOs; the loop passed none")
+            kl = espo_kl(elbo, ref_rows.mean(0).to(elbo.dtype), R, self.kl_type).sum() / n
             loss = loss + self.kl_coef * kl
             metrics["kl_loss"] = float(kl.detach())
         return loss, metrics
