@@ -74,7 +74,7 @@ def test_row_loss_broadcasts_and_is_length_weighted():
 
 
 def test_kl_uses_one_row_against_reference_row_mean():
-    loss_fn = BGPOLoss(kl_coef=0.5, kl_type="k1")
+    loss_fn = BGPOLoss(kl_coef=0.5, kl_type="dare_log1p_k1")
     lp = torch.tensor([[-1.0, -1.0]])
     ref = torch.tensor([[-1.5, -0.5], [-1.5, -0.5]])  # row mean = [-1.5, -0.5]
     base, _ = BGPOLoss()(lp, lp, None, torch.tensor([1.0, -1.0]), torch.ones(2, 1))

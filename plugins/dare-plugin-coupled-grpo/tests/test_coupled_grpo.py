@@ -150,10 +150,13 @@ def test_loss_oracles_ratio_one_and_clipped_case():
     assert m["pg_clipfrac_lower"] == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("kind,expect", [("k1", [0.405465, -0.5]), ("k2", [0.082201, 0.125]),
-                                         ("k3", [0.072132, 0.148721])])
+@pytest.mark.parametrize("kind,expect", [
+    ("k1", [0.5, -0.5]), ("k2", [0.125, 0.125]), ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
+    ("dare_log1p_k1", [0.405465, -0.5]), ("dare_log1p_k2", [0.082201, 0.125]),
+    ("dare_log1p_k3", [0.072132, 0.148721])])
 def test_kl_branch_oracles(kind, expect):
-    """dLLM KL: log(1+d) for A > 0, d otherwise (one token per sequence, token-mean)."""
+    """KL estimators on d = ℓ - ℓ_ref, and the DARE reference's rule (log(1+d) for A > 0, d
+    otherwise), one token per sequence, token-mean."""
     comps = _components(kl_coef=1.0, kl_type=kind)
     assert comps.needs_ref
     lp = torch.tensor([[[-1.0], [-1.0]]])

@@ -62,7 +62,7 @@ def test_loss_hand_computed_clip_and_dual_clip():
 
 
 def test_kl_term_needs_reference_and_adds_penalty():
-    comps = _components(kl_coef=0.5, kl_type="k1")
+    comps = _components(kl_coef=0.5, kl_type="dare_log1p_k1")  # the DARE reference's rule
     assert comps.needs_ref
     lp = torch.tensor([[[-1.0, -1.0]]])
     loss0, _ = _components().loss(lp, lp, None, torch.tensor([-1.0]), torch.ones(1, 2))
@@ -73,6 +73,9 @@ def test_kl_term_needs_reference_and_adds_penalty():
     loss, m = comps.loss(lp, lp, ref, torch.tensor([1.0]), torch.ones(1, 2))
     k = (math.log(1.5) + math.log(0.5)) / 2
     assert m["kl_loss"] == pytest.approx(k, abs=1e-6)
+    # the default estimator is the paper's k3 = e^{-d} + d - 1 on d = ℓ - ℓ_ref (β = 0.04 in d1)
+    _, m = _components(kl_coef=0.04).loss(lp, lp, ref, torch.tensor([1.0]), torch.ones(1, 2))
+    assert m["kl_loss"] == pytest.approx((math.exp(-0.5) - 0.5 + math.exp(0.5) + 0.5 - 2) / 2, abs=1e-6)
     with pytest.raises(ValueError):
         comps.loss(lp, lp, None, torch.tensor([1.0]), torch.ones(1, 2))
 

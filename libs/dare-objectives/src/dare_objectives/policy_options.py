@@ -17,7 +17,9 @@ from dare_core.api import in_range, non_negative, one_of, option
 if TYPE_CHECKING:
     import torch
 
-KL_TYPES = ("k1", "abs", "k2", "mse", "k3", "low_var_kl")
+#: ``kl_type`` choices: :data:`dare_core.components.losses.KL_KINDS` (this module imports no torch).
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2",
+            "dare_log1p_k3")
 
 #: The 8-GPU group-RL recipe most dLLM papers share (16 prompts x 8 rollouts, lr 5e-7, wd 0.01, one
 #: optimizer step per rollout batch, grad clip 1, rollout temperature 0.6). Copy before changing.
@@ -40,7 +42,9 @@ class ClipOptions:
     norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std.")
     kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipes).",
                             non_negative)
-    kl_type: str = option("low_var_kl", "KL penalty form.", one_of(KL_TYPES))
+    kl_type: str = option("k3", "KL estimator on d = ℓ - ℓ_ref: k3 = e^-d + d - 1 (GRPO's, "
+                          "arXiv:2402.03300), k1, k2, low_var_kl (verl's clamped k3), abs; dare_log1p_* = the DARE "
+                          "reference's rule (raises where ℓ - ℓ_ref <= -1 and A > 0).", one_of(KL_TYPES))
 
 
 @attrs.frozen
@@ -58,11 +62,11 @@ class PenalizedClippedLoss:
         \mathcal L = \frac1M\sum_m \mathrm{agg}\big(L^{clip}(\ell_m, \ell^{old}_m, A)\big)
                    + β\,\frac1M\sum_m \mathrm{agg}\big(\mathrm{KL}(\ell_m, \ell^{ref}_m, A)\big)
 
-    with the dLLM KL rule of :func:`~dare_core.components.losses.kl_penalty`.
+    with the ``kl_type`` estimator of :func:`~dare_core.components.losses.kl_penalty`.
     ``logp``/``old_logp``/``ref_logp``: ``[M, B, R]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``.
     """
 
-    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
+    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3",
                  agg: str = "token-mean"):
         self.clipped = clipped
         self.kl_coef = kl_coef

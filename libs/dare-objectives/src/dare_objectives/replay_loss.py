@@ -21,7 +21,7 @@ dual clip for ``A < 0``) the reductions are
 
 All three are sums over steps, so :meth:`ReplayClippedLoss.accumulate` runs one forward and
 backward per chunk of ``row_chunk`` steps (memory of one chunk, not of ``K`` forwards). An optional
-KL penalty (dLLM rule of :func:`~dare_core.components.losses.kl_penalty`) is reduced the same way.
+KL penalty (``kl_type`` of :func:`~dare_core.components.losses.kl_penalty`) is reduced the same way.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ReplayClippedLoss:
     :param row_chunk: steps per forward/backward in :meth:`accumulate`.
     """
 
-    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
+    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3",
                  row_chunk: int = 1):
         if row_chunk < 1:
             raise ValueError(f"row_chunk must be >= 1, got {row_chunk}")
@@ -147,7 +147,7 @@ class ReplayClippedLoss:
 
 def make_replay_clipped_loss(clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                              clip_ratio_c: float = 3.0, kl_coef: float = 0.0,
-                             kl_type: str = "low_var_kl", row_chunk: int = 1) -> ReplayClippedLoss:
+                             kl_type: str = "k3", row_chunk: int = 1) -> ReplayClippedLoss:
     """Registry factory: :class:`ReplayClippedLoss` around a fresh clipped surrogate."""
     from dare_core.api import ClippedPolicyLoss
 

@@ -71,7 +71,7 @@ class BGPOLoss:
 
     def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                  clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
-                 kl_coef: float = 0.0, kl_type: str = "low_var_kl"):
+                 kl_coef: float = 0.0, kl_type: str = "k3"):
         self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c,
                        nan_guard=nan_guard, agg=agg)
         self.kl_coef = kl_coef

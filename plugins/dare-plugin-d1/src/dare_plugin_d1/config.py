@@ -6,6 +6,7 @@ from typing import Literal
 import attrs
 
 from dare_core.api import in_range, non_negative, one_of, option, positive
+from dare_objectives.policy_options import KL_TYPES
 
 
 @attrs.frozen
@@ -23,9 +24,11 @@ class D1Config:
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
     norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std (GRPO).")
-    kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipe).",
-                            non_negative)
-    kl_type: str = option("low_var_kl", "KL penalty form.", one_of(("k1", "abs", "k2", "mse", "k3", "low_var_kl")))
+    kl_coef: float = option(0.0, "Weight β of the KL penalty to the initial policy (0 = off, as the DARE "
+                            "reference's recipe; the d1 paper uses 0.04).", non_negative)
+    kl_type: str = option("k3", "KL estimator on d = ℓ - ℓ_ref: k3 = e^-d + d - 1 (the d1 paper's), k1, k2, "
+                          "low_var_kl (verl's clamped k3), abs; dare_log1p_* = the DARE reference's rule "
+                          "(raises where ℓ - ℓ_ref <= -1 and A > 0).", one_of(KL_TYPES))
 
 
 # Recipe (8 GPUs, LLaDA-8B-Instruct): 16 prompts x 8 rollouts, lr 5e-7, AdamW wd 0.01,
