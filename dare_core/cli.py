@@ -41,6 +41,16 @@ def _fail(exc: DareError) -> None:
 class DareGroup(click.Group):
     """A click group that turns user errors into one line and loads plugin commands."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:  # undecodable bytes arrive as lone surrogates (PEP 383)
+            if any("\ud800" <= ch <= "\udfff" for ch in arg):
+                try:
+                    shown = os.fsencode(arg)  # the bytes as given
+                except UnicodeEncodeError:
+                    shown = arg.encode("utf-8", "backslashreplace")
+                _fail(DareError(f"argument {shown!r} is not valid UTF-8; pass text encoded as UTF-8"))
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

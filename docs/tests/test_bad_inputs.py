@@ -180,6 +180,8 @@ CASES = [
     Case("eval-backend-not-for-family", TRAIN + ("eval.backend=block_confidence",), ("block_confidence",)),
     Case("empty-prompt", GEN + ("--prompt", ""), ("prompt",)),
     Case("blank-prompt", GEN + ("--prompt", "   "), ("prompt",)),
+    # undecodable argv bytes reach Python as lone surrogates (PEP 383): b"hi\xff" is "hi\udcff"
+    Case("prompt-invalid-utf8", GEN + ("--prompt", "hi\udcff"), ("not valid utf-8", "hi\\xff")),
     Case("prompt-beyond-context", GEN + ("--prompt", "7 " * 5000), ("context",)),
     Case("generation-beyond-context", RL + ("rollout.gen_length=100000", "rollout.block_length=100000"), ("context",)),
     Case("prompt-too-long-for-run", RL + ("trainer.max_prompt_length=3",), ("max_prompt_length",)),
