@@ -36,12 +36,19 @@ class Spy:
 SPY = Spy()
 
 
-def _dpo(logp, ref_logp, batch):
-    SPY.loss_batches.append(batch.input_ids.clone())
-    pol, ref = logp.mean(0), ref_logp.mean(0)
-    z = (pol[0::2] - pol[1::2]) - (ref[0::2] - ref[1::2])
-    loss = -F.logsigmoid(z).mean()
-    return loss, {"dpo_loss": float(loss.detach()), "reward_margin": float(z.mean().detach())}
+class _DPO:
+    """DPO on the pairs of a call, divided by the step's pairs (``totals["pairs"]``)."""
+
+    def totals(self, batch):
+        return {"pairs": torch.tensor(batch.batch_size / 2, dtype=torch.float64)}
+
+    def __call__(self, logp, ref_logp, batch, *, totals=None):
+        SPY.loss_batches.append(batch.input_ids.clone())
+        pol, ref = logp.mean(0), ref_logp.mean(0)
+        z = (pol[0::2] - pol[1::2]) - (ref[0::2] - ref[1::2])
+        pairs = (totals or self.totals(batch))["pairs"].to(z)
+        loss = -F.logsigmoid(z).sum() / pairs
+        return loss, {"dpo_loss": float(-F.logsigmoid(z).mean()), "reward_margin": float(z.mean().detach())}
 
 
 class Plugin:
@@ -55,7 +62,7 @@ class Plugin:
                 return inner(wrapper, batch, corrupted)
 
             return Components(corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
-                              estimator=estimator, loss=_dpo, needs_ref=True)
+                              estimator=estimator, loss=_DPO(), needs_ref=True)
 
         register(AlgorithmSpec("pref_test", "preference", PrefConfig, build_pref,
                                recipe={"trainer": {"lr": 3e-3}}))
@@ -167,6 +174,50 @@ def test_pairs_together_shared_noise_and_learning(dare, tmp_path):
     assert len(steps) == 12 and all("grad_norm" in l for l in steps)
     assert [l["step"] for l in lines if "eval_pairs" in l] == [0, 12]
     assert (tmp_path / "pref" / "final" / "toy.pt").exists()
+
+
+def _first_step(dare, tmp_path, name, micro, extra=()):
+    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
+        f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name={name}", "progress=false",
+        f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=0",
+        "trainer.batch_size=4", f"trainer.micro_batch_size={micro}", "trainer.steps=1", "trainer.grad_clip=0",
+        "eval.before=false", "eval.after=false", "trainer.save_final=false", *extra])
+    train(dare, cfg)
+    lines = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return next(l for l in lines if "grad_norm" in l)
+
+
+def test_the_step_objective_does_not_depend_on_the_micro_batch_size(dare, tmp_path):
+    """The loss is normalised by the step's pairs: micro-batches of 1, 2 and 4 pairs give the same
+    loss and gradient norm."""
+    _write_jsonl(tmp_path / "p.jsonl", _pairs(12))
+    steps = [_first_step(dare, tmp_path, f"m{m}", m) for m in (8, 4, 2)]
+    assert steps[0]["grad_norm"] > 0
+    for s in steps[1:]:
+        assert s["grad_norm"] == pytest.approx(steps[0]["grad_norm"], rel=1e-5)
+        assert s["loss"] == pytest.approx(steps[0]["loss"], rel=1e-5)
+
+
+def test_a_loss_without_totals_is_refused(dare, tmp_path):
+    _write_jsonl(tmp_path / "p.jsonl", _pairs(8))
+
+    class NoTotals(Plugin):
+        @hookimpl
+        def dare_register_algorithms(self, register):
+            def build(cfg, lookup):
+                return Components(corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
+                                  estimator=lookup.estimator("sequence_elbo", norm="valid"),
+                                  loss=lambda logp, ref_logp, batch: (logp.sum(), {}), needs_ref=True)
+
+            register(AlgorithmSpec("pref_plain", "preference", PrefConfig, build))
+
+    d = build_for(plugin, toy, NoTotals())
+    cfg = resolve(d, algo="pref_plain", model="toy", overrides=[
+        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=plain", "progress=false",
+        f"preference.train_path={tmp_path / 'p.jsonl'}", "eval.before=false", "eval.after=false",
+        "trainer.steps=1"])
+    with pytest.raises(DareError, match="has no method 'totals'"):
+        train(d, cfg)
 
 
 def test_validation_is_deterministic_under_the_fixed_corruption(dare, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dare_plugin_vrpo
+from dare_core.api import sum_totals
 from dare_core.components import ComponentLookup
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
@@ -41,6 +42,32 @@ def test_dpo_oracle_and_policy_equals_reference():
     assert m["logp_margin"] == pytest.approx(1.0)
     same, m2 = loss_fn(ref, ref)
     assert same.item() == pytest.approx(math.log(2), abs=1e-7) and m2["reward_accuracy"] == 0.0
+
+
+def test_dpo_is_the_step_loss_for_every_split():
+    """Pairs are counted over the step: calls on parts (whole pairs) with the summed totals add up
+    to the whole batch's mean loss and gradient (fp64)."""
+    g = torch.Generator().manual_seed(0)
+    N, M = 7, 3
+    logp = -torch.rand(M, 2 * N, generator=g, dtype=torch.float64) * 4
+    ref = -torch.rand(M, 2 * N, generator=g, dtype=torch.float64) * 4
+    batch = SequenceBatch(torch.zeros(2 * N, 3, dtype=torch.long), torch.ones(2 * N, 3, dtype=torch.long), 1)
+    loss_fn = DPOLoss(beta=0.3)
+
+    def run(pair_parts):
+        x = logp.clone().requires_grad_(True)
+        rows = [torch.stack([2 * p, 2 * p + 1], 1).reshape(-1) for p in pair_parts]
+        T = sum_totals([loss_fn.totals(batch.select(r)) for r in rows])
+        total = sum(loss_fn(x[:, r], ref[:, r], batch.select(r), totals=T)[0] for r in rows)
+        total.backward()
+        return total.detach(), x.grad
+
+    whole, grad = run([torch.arange(N)])
+    torch.testing.assert_close(whole, loss_fn(logp, ref, batch)[0], rtol=0, atol=1e-12)
+    for size in (1, 2, 3):
+        got, g_got = run(list(torch.randperm(N, generator=g).split(size)))
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g_got, grad, rtol=0, atol=1e-12)
 
 
 def test_dpo_averages_monte_carlo_rows_then_pairs():

@@ -11,12 +11,16 @@ Per optimizer step:
 2. the reference log-likelihoods are computed under exactly that corruption (the same
    timesteps and the same masked positions as the policy will see: shared, antithetic noise),
    without gradients;
-3. for each micro-batch of whole pairs (``trainer.micro_batch_size`` rows, which must be even,
-   so a chosen row never leaves its rejected partner): estimator → loss → backward weighted by
-   the micro-batch's share of the pairs;
+3. the loss's ``totals`` (e.g. the number of pairs) of every micro-batch of whole pairs
+   (``trainer.micro_batch_size`` rows, which must be even, so a chosen row never leaves its
+   rejected partner) are summed over the micro-batches and ranks (one collective); for each
+   micro-batch: estimator → loss normalised by those step totals → backward of ``loss ·
+   world_size`` (the engine averages gradients over ranks), so the gradient is the global
+   batch's objective whatever the micro-batch size and the world size;
 4. clip → optimizer step.
 
-The loss seam of this workflow is ``loss(logp, ref_logp, batch) -> (loss, metrics)``, where
+The loss seam of this workflow is :class:`~dare_core.interfaces.PreferenceLoss`:
+``loss.totals(batch)`` and ``loss(logp, ref_logp, batch, totals=...) -> (loss, metrics)``, where
 ``logp``/``ref_logp`` have the estimator's shape with the rows on dim 1 and ``batch`` is the
 micro-batch (interleaved as above).
 
@@ -44,6 +48,7 @@ from dare_core.api import (
     BatchStream,
     Context,
     DareError,
+    PreferenceLoss,
     ReferencePolicy,
     SequenceBatch,
     Tracker,
@@ -53,6 +58,7 @@ from dare_core.api import (
     encode_prompts,
     lr_at,
 )
+from dare_core.workflows.rl import global_totals, require_totals
 from dare_plugin_preference.config import SECTION, PreferenceConfig
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
@@ -164,6 +170,7 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         raise DareError(f"trainer.micro_batch_size={tr.micro_batch_size} must be even in the "
                         f"preference workflow (a chosen row and its rejected row stay together)")
     pairs_per_micro = tr.micro_batch_size // 2
+    require_totals(comps.loss, PreferenceLoss, cfg.algo)
 
     def collate(items: Sequence[PreferencePair]) -> SequenceBatch:
         return collate_pairs(items, wrapper, max_prompt_length=tr.max_prompt_length,
@@ -233,17 +240,19 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         corrupted = corrupt(batch, ctx.stream(STREAM_CORRUPTION, step, engine.rank * n_pairs))
         ref_logp = reference.estimate(engine, comps.estimator, batch, corrupted, tr.micro_batch_size)
         t_ref = time.perf_counter()
+        micros = [pair_rows(torch.arange(sl.start, sl.stop)) for sl in chunks(n_pairs, pairs_per_micro)]
+        totals = global_totals(engine, [comps.loss.totals(batch.select(rows)) for rows in micros])
         loss_sum = 0.0
         agg: dict[str, float] = {}
-        for sl in chunks(n_pairs, pairs_per_micro):
-            share = (sl.stop - sl.start) / n_pairs
-            rows = pair_rows(torch.arange(sl.start, sl.stop))
+        for rows in micros:
+            share = len(rows) / (2 * n_pairs)
             micro = batch.select(rows)
             with engine.autocast():
                 logp = comps.estimator(wrapper, micro, corrupted.select(rows) if corrupted is not None else None)
-                loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro)
-            engine.backward(loss * share)
-            loss_sum += float(loss.detach()) * share
+                loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro,
+                                           totals=totals)
+            engine.backward(loss * engine.world_size)
+            loss_sum += float(loss.detach()) * engine.world_size  # the ranks' mean: the batch loss
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + float(v) * share
         lr = lr_at(tr, step - 1)

@@ -22,6 +22,7 @@ i.e. the effective β is β/R (a reference quirk; ``normalize=none`` gives plain
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,10 @@ class DPOLoss:
     .. math::
         ℓ = \frac1M\sum_m ℓ_m,\qquad
         z_i = (ℓ_{w,i} - ℓ_{l,i}) - (ℓ^{ref}_{w,i} - ℓ^{ref}_{l,i}),\qquad
-        \mathcal L = \frac1N\sum_i -\log σ(β z_i)
+        \mathcal L = \frac{1}{T_{pairs}}\sum_i -\log σ(β z_i)
+
+    with ``i`` over this call's pairs and ``T_pairs`` (``totals["pairs"]``) the pairs of the
+    whole step (all micro-batches and ranks), so the calls of a step add up to its mean loss.
 
     Metrics: ``dpo_loss``; implicit rewards ``reward_chosen = β(ℓ_w − ℓ_w^{ref})``,
     ``reward_rejected``, ``reward_margin`` (their difference) and ``reward_accuracy`` (fraction
@@ -52,20 +56,26 @@ class DPOLoss:
     def __init__(self, beta: float = 0.2):
         self.beta = beta
 
-    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: SequenceBatch = None):
+    def totals(self, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+        """``{"pairs": N}`` (float64) of ``batch``'s ``2N`` interleaved rows."""
+        return {"pairs": torch.tensor(batch.batch_size / 2, dtype=torch.float64)}
+
+    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: Optional[SequenceBatch] = None, *,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         if logp.dim() != 2 or logp.shape[1] % 2:
             raise ValueError(f"DPO needs [M, 2N] sequence values of interleaved pairs, got {tuple(logp.shape)}")
-        pol = logp.float().mean(0)
-        ref = ref_logp.to(pol.device).float().mean(0)
+        pol = logp.to(torch.promote_types(logp.dtype, torch.float32)).mean(0)  # fp32 at least
+        ref = ref_logp.to(pol).mean(0)
         w, l_ = pol[0::2], pol[1::2]
         rw, rl = ref[0::2], ref[1::2]
         z = (w - l_) - (rw - rl)
-        loss = -F.logsigmoid(self.beta * z).mean()
+        pairs = z.new_tensor(float(z.numel())) if totals is None else totals["pairs"].to(z)
+        loss = -F.logsigmoid(self.beta * z).sum() / pairs.clamp_min(1.0)
         with torch.no_grad():
             chosen = self.beta * (w - rw)
             rejected = self.beta * (l_ - rl)
             metrics = {
-                "dpo_loss": float(loss.detach()),
+                "dpo_loss": float(-F.logsigmoid(self.beta * z).mean()),
                 "reward_chosen": float(chosen.mean()),
                 "reward_rejected": float(rejected.mean()),
                 "reward_margin": float((chosen - rejected).mean()),
