@@ -438,8 +438,11 @@ class Task(Protocol):
 
 @attrs.frozen
 class TaskSpec:
-    """A registered task: ``build(task_config) -> Task``."""
+    """A registered task: ``build(task_config) -> Task``; ``max_score``: the largest
+    ``Score.score`` a response can get (``None``: unknown, so the RL loop reports no
+    ``solved_group_frac`` under ``task.reward=score``; ``Score.acc`` is at most 1)."""
 
     name: str
     build: Callable[..., Task]
     description: str = ""
+    max_score: Optional[float] = None

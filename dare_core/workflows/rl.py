@@ -172,7 +172,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
             "time_update": round(t_end - t_old, 3),
             "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, t_roll - t0),
         }
-        record["solved_group_frac"], record["flat_group_frac"] = _group_stats(rewards, group_ids)
+        record.update(_group_stats(ctx, rewards, group_ids))
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record.update(rows.metrics)
         ratio_one = tr.ppo_epochs == 1 and mini >= total and "ratio_mean" in record
@@ -359,9 +359,13 @@ def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, 
     return trajectory.rows(ctx.wrapper, rollout, context)
 
 
-def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[float, float]:
-    """Fractions of groups whose rewards are all maximal / all equal (no learning signal)."""
+def _group_stats(ctx: Context, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
+    """Fractions of groups whose rewards all reach the task's maximum (``solved_group_frac``: 1 under
+    ``task.reward=acc``, else ``TaskSpec.max_score``; omitted where unknown) / are all equal."""
     groups = [rewards[group_ids == g] for g in group_ids.unique()]
-    solved = sum(bool((r == rewards.max()).all()) for r in groups)
-    flat = sum(bool((r == r[0]).all()) for r in groups)
-    return solved / len(groups), flat / len(groups)
+    out = {"flat_group_frac": sum(bool((r == r[0]).all()) for r in groups) / len(groups)}
+    task = ctx.config.task
+    best = 1.0 if task.reward == "acc" else ctx.dare.registries.tasks.get(task.name).max_score
+    if best is not None:
+        out["solved_group_frac"] = sum(bool((r >= best).all()) for r in groups) / len(groups)
+    return out
