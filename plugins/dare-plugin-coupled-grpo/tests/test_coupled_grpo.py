@@ -46,8 +46,8 @@ def test_fixed_seed_reproduces_reference_and_leaves_global_rngs_alone():
     expect_py = random.random()
     torch.manual_seed(123)
     random.seed(7)
-    c1 = CoupledMasking()(w, batch, torch.Generator().manual_seed(0))
-    c2 = CoupledMasking()(w, batch, torch.Generator().manual_seed(99))
+    c1 = CoupledMasking(seed_mode="fixed")(w, batch, torch.Generator().manual_seed(0))
+    c2 = CoupledMasking(seed_mode="fixed")(w, batch, torch.Generator().manual_seed(99))
     # global streams untouched (the reference reset them to 42 on every call)
     torch.testing.assert_close(torch.rand(3), expect_torch)
     assert random.random() == expect_py
@@ -82,6 +82,19 @@ def test_rows_partition_the_valid_response_with_p_mask():
         assert torch.equal(c.noisy_ids[~c.masked], batch.input_ids.expand(3, -1, -1)[~c.masked])
 
 
+def test_default_draws_fresh_masks_every_step():
+    """DiffuCoder's code draws new masks per batch; 'fixed' (one mask per run) is the reference's."""
+    assert CoupledConfig().seed_mode == "stream"
+    w, batch = make_toy_wrapper(), _batch()
+    corrupt = _components().corruption
+    steps = [corrupt(w, batch, torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert not torch.equal(steps[0].masked, steps[1].masked)
+    assert not torch.equal(steps[0].extras["t"], steps[1].extras["t"])
+    fixed = _components(seed_mode="fixed").corruption
+    assert torch.equal(fixed(w, batch, torch.Generator().manual_seed(0)).masked,
+                       fixed(w, batch, torch.Generator().manual_seed(1)).masked)
+
+
 def test_stream_mode_uses_the_run_generator():
     w = make_toy_wrapper()
     batch = _batch()
@@ -104,7 +117,7 @@ def test_uniform_logits_oracle():
     c = math.log(V)
     batch = _batch(pad=0)
     batch.attention_mask[:] = 1
-    cor = CoupledMasking()(w, batch, torch.Generator())
+    cor = CoupledMasking(seed_mode="fixed")(w, batch, torch.Generator())
     lp = CoupledTokenLogProb()(w, batch, cor)[0]
     m1 = cor.masked[1, :, 6:]
     torch.testing.assert_close(lp[m1], torch.full_like(lp[m1], -(c + c / T42) / 2))

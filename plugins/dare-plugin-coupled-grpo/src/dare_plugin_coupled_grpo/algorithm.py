@@ -35,14 +35,16 @@ class CoupledMasking:
     padding positions, which its packed forward drops anyway). ``extras["t"]`` is ``[3, B]``.
     Masked positions get the family's noise (``wrapper.noise``: MASK, or uniform random tokens).
 
-    Seeds: ``seed_mode="fixed"`` draws ``t = Random(seed).uniform(t_low, t_high)`` and
-    ``u = rand((1, S))`` from a private ``torch.Generator`` seeded with ``seed`` at *every* call, as
-    the reference does after its global ``set_seed(42)`` — but without touching any global or run
+    Seeds: ``seed_mode="stream"`` (default) draws ``t`` per sequence and ``u`` per position from
+    ``generator``, fresh at every rollout batch, as DiffuCoder's code does with ``random_masking``
+    (which draws one ``t`` per batch). ``"fixed"`` is the DARE reference's: ``t =
+    Random(seed).uniform(t_low, t_high)`` and ``u = rand((1, S))`` from a private
+    ``torch.Generator`` seeded with ``seed`` at *every* call, as the reference does after its
+    global ``set_seed(42)`` — one mask for the whole run — but without touching any global or run
     random stream (a uniform-noise family's random tokens come from that private generator too).
-    ``"stream"`` draws ``t`` per sequence and ``u`` per position from ``generator``.
     """
 
-    def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "fixed",
+    def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "stream",
                  seed: int = 42):
         if not 0.0 < t_low < t_high < 1.0:
             raise ValueError(f"need 0 < t_low < t_high < 1, got {t_low}, {t_high}")
