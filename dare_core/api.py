@@ -17,7 +17,7 @@ _EXPORTS = {
     "dare_core.components.advantages": "GroupNormAdvantage RLOOAdvantage",
     "dare_core.components.corruptions": "RandomRatioMasking mask_tokens",
     "dare_core.components.estimators": "MaskedTokenLogProb ResponseTokenLogProb",
-    "dare_core.components.losses": "ClippedPolicyLoss agg_loss kl_penalty masked_mean",
+    "dare_core.components.losses": "ClippedPolicyLoss agg_loss kl_penalty mask_totals masked_mean sum_totals",
     "dare_core.components.trajectories": "FinalSequence",
     "dare_core.config": "RunConfig TaskConfig option resolve structure to_dict",
     "dare_core.config.loader": "misfit parse_overrides",
@@ -44,6 +44,7 @@ _EXPORTS = {
     "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
                                 "resolve_precision set_lr trainable_parameters",
     "dare_core.engines.distributed": "LAUNCH_HINT ProcessGroupEngine",
+    "dare_core.engines.lockstep": "lockstep",
     "dare_core.engines.single": "SingleProcessEngine",
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}

@@ -17,23 +17,50 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / (mask.sum() + 1e-8)
 
 
-def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean") -> torch.Tensor:
-    """Reduce a ``[B, R]`` token loss to a scalar.
+def mask_totals(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The statistics :func:`agg_loss` divides by, of ``mask`` ``[B, R]`` (float weights allowed):
+    ``{"tokens": Σ mask, "rows": B, "cells": B·R}``, float64 scalars on ``mask``'s device."""
+    f64 = dict(dtype=torch.float64, device=mask.device)
+    return {"tokens": mask.to(torch.float64).sum(), "rows": torch.tensor(float(mask.shape[-2]), **f64),
+            "cells": torch.tensor(float(mask.numel()), **f64)}
 
-    * ``token-mean``: mean over all valid tokens of the micro-batch;
-    * ``seq-mean-token-sum``: mean over sequences of the per-sequence sum;
-    * ``seq-mean-token-mean``: mean over sequences of the per-sequence mean;
-    * ``seq-mean-token-sum-norm``: total sum divided by ``R``.
+
+def sum_totals(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Key-wise sum of several rows' totals (same keys, same shapes)."""
+    return {k: sum(p[k].to(parts[0][k].device) for p in parts) for k in parts[0]}
+
+
+def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean",
+             totals: Optional[dict[str, torch.Tensor]] = None) -> torch.Tensor:
+    """Reduce a ``[B, R]`` token loss ``ℓ`` of some rows to their share of the mini-batch loss.
+
+    With ``m = mask`` and ``T = totals`` (the mini-batch's :func:`mask_totals`, summed over its
+    micro-batches and ranks; ``None``: these rows' own):
+
+    * ``token-mean``: ``Σ_{b,t} m ℓ / T["tokens"]`` (DAPO's token mean, arXiv:2503.14476);
+    * ``seq-mean-token-sum``: ``Σ_b Σ_t m ℓ / T["rows"]``;
+    * ``seq-mean-token-mean``: ``Σ_b (Σ_t m ℓ / Σ_t m) / T["rows"]`` (a row without tokens:
+      ``DareError``, its token mean is 0/0);
+    * ``seq-mean-token-sum-norm``: ``Σ_{b,t} m ℓ / T["cells"]``, ``cells = B·R`` (Dr. GRPO's
+      ``1/G Σ_i Σ_t ℓ / L_max``, arXiv:2503.20783).
+
+    Summed over the micro-batches and ranks of the mini-batch the shares are the mini-batch's
+    loss, so the gradient does not depend on the micro-batch size or the world size.
     """
     mask = mask.to(loss.dtype)
+    t = mask_totals(mask) if totals is None else totals
+    den = lambda key: t[key].to(loss.dtype).clamp_min(1e-8)  # noqa: E731
     if mode == "token-mean":
-        return masked_mean(loss, mask)
+        return (loss * mask).sum() / den("tokens")
     if mode == "seq-mean-token-sum":
-        return (loss * mask).sum(-1).mean()
+        return (loss * mask).sum() / den("rows")
     if mode == "seq-mean-token-mean":
-        return ((loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)).mean()
+        if bool((mask.sum(-1) <= 0).any()):
+            raise DareError("loss_agg_mode seq-mean-token-mean: a row has no response token (its "
+                            "token mean is 0/0); use token-mean or keep a token in every response")
+        return ((loss * mask).sum(-1) / mask.sum(-1)).sum() / den("rows")
     if mode == "seq-mean-token-sum-norm":
-        return (loss * mask).sum() / mask.shape[-1]
+        return (loss * mask).sum() / den("cells")
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
@@ -48,11 +75,13 @@ class ClippedPolicyLoss:
         L_{clip} = \max(-A r,\; -A\,\mathrm{clip}(r, 1-ε_{low}, 1+ε_{high})),\quad
         L = \begin{cases} \min(-A c, L_{clip}) & A < 0 \\ L_{clip} & A \ge 0 \end{cases}
 
-    aggregated with ``agg_loss`` (token-mean by default) and averaged over the ``M`` samples.
+    aggregated with ``agg_loss`` (token-mean by default; ``totals``: :func:`mask_totals`) and
+    averaged over the ``M`` samples.
 
     Inputs: ``logp``/``old_logp`` ``[M, B, R]``; ``advantages`` ``[B]``; ``mask`` ``[B, R]``.
     Metrics: ``pg_clipfrac`` (fraction of tokens where the clipped branch is active),
-    ``ppo_kl`` (k3 estimate of KL(old‖new)), ``pg_clipfrac_lower`` (dual clip active),
+    ``ppo_kl`` (k3 estimate ``e^d − d − 1`` with ``d = ℓ_ref − ℓ``, or ``d = ℓ_old − ℓ`` without
+    reference log-probs), ``pg_clipfrac_lower`` (dual clip active),
     ``ratio_mean``/``ratio_max``.
     """
 
@@ -75,10 +104,16 @@ class ClippedPolicyLoss:
         loss = torch.where(adv < 0, torch.minimum(l3, lclip), lclip)
         return loss, ratio, neg_kl, l1, l2, lclip, l3
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """:func:`mask_totals` of ``mask``."""
+        return mask_totals(mask)
+
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
-                 advantages: torch.Tensor, mask: torch.Tensor, *, extras: Optional[dict] = None):
+                 advantages: torch.Tensor, mask: torch.Tensor, *, extras: Optional[dict] = None,
+                 totals: Optional[dict[str, torch.Tensor]] = None):
         if logp.dim() == 2:
             logp, old_logp = logp.unsqueeze(0), old_logp.unsqueeze(0)
+        kl_to = old_logp if ref_logp is None else ref_logp.to(logp.dtype).expand_as(logp)
         adv = advantages.to(logp.dtype)[None, :, None].expand_as(logp)
         mask = mask.to(logp.dtype)
         total = logp.new_zeros(())
@@ -87,10 +122,11 @@ class ClippedPolicyLoss:
         m_count = logp.shape[0]
         for m in range(m_count):
             loss, ratio, neg_kl, l1, l2, lclip, l3 = self.token_losses(logp[m], old_logp[m], adv[m])
-            total = total + agg_loss(loss, mask, self.agg)
+            total = total + agg_loss(loss, mask, self.agg, totals)
             with torch.no_grad():
                 stats["pg_clipfrac"] += masked_mean((l2 > l1).to(mask.dtype), mask).item()
-                stats["ppo_kl"] += masked_mean(torch.exp(-neg_kl) + neg_kl - 1.0, mask).item()
+                d = kl_to[m] - logp[m]
+                stats["ppo_kl"] += masked_mean(torch.exp(d) - d - 1.0, mask).item()
                 stats["pg_clipfrac_lower"] += masked_mean(
                     ((lclip > l3) & (adv[m] < 0)).to(mask.dtype), mask).item()
                 valid = mask > 0

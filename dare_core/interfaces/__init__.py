@@ -7,7 +7,7 @@ from dare_core.interfaces.seams import (
     AccumulatingLoss, AdvantageEstimator, AlgorithmSpec, Components, ComponentSpec, ConfigSection,
     DiffusionKind, Example, ForwardCorruption, LikelihoodEstimator, ModelFamily, ModelWrapper,
     PolicyLoss, PreferenceLoss, RolloutBackend, RolloutSpec, RowEstimate, Score, SFTObjective, SyncedRolloutBackend,
-    Task, TaskSpec, TrajectoryBuilder, WorkflowKind,
+    Task, TaskSpec, Totals, TrajectoryBuilder, WorkflowKind,
 )
 
 __all__ = [
@@ -15,6 +15,6 @@ __all__ = [
     "ConfigSection", "Corrupted", "DiffusionKind", "Engine", "EngineSpec", "Example", "ForwardCorruption",
     "LikelihoodEstimator", "ModelFamily", "ModelWrapper", "PolicyLoss", "PreferenceLoss",
     "RolloutBackend", "RolloutBatch", "RolloutSpec", "RowEstimate", "SFTObjective", "Score",
-    "SequenceBatch", "SyncedRolloutBackend", "Task", "TaskSpec", "TrainingRows", "TrajectoryBuilder", "TrajectoryContext",
+    "SequenceBatch", "SyncedRolloutBackend", "Task", "TaskSpec", "Totals", "TrainingRows", "TrajectoryBuilder", "TrajectoryContext",
     "WorkflowKind", "WorkflowSpec",
 ]

@@ -173,19 +173,36 @@ class LikelihoodEstimator(Protocol):
 RowEstimate = Callable[[Sequence[int]], "torch.Tensor"]
 
 
+#: additive statistics of some rows that a loss divides by, e.g. ``{"tokens": Σ mask, "rows": B}``:
+#: float64 tensors (scalars or small vectors); the loops sum them over micro-batches and ranks
+Totals = dict[str, "torch.Tensor"]
+
+
+@runtime_checkable
 class PolicyLoss(Protocol):
-    """The RL objective of one micro-batch: ``(loss, metrics)``.
+    """The RL objective: ``(loss, metrics)`` of some rows of a mini-batch.
 
     ``logp``/``old_logp``/``ref_logp`` have the estimator's shape (``[M, B, R]`` per token or
     ``[M, B]`` per sequence; ``ref_logp`` is ``None`` unless ``Components.needs_ref``);
     ``advantages`` is ``[B]``; ``mask`` is ``[B, R]`` (float weights allowed); ``extras`` are the
     trajectory builder's row-aligned tensors (:attr:`TrainingRows.extras`), ``None`` when it gives
     none. ``metrics`` are plain floats. Each loss documents its equation and reference.
+
+    Normalisation is over the whole mini-batch: the loop sums ``totals`` of every micro-batch
+    over micro-batches and ranks and passes the sums to every call, so the calls' losses add up
+    to the mini-batch objective whatever ``trainer.micro_batch_size`` and the world size.
     """
+
+    def totals(self, mask: torch.Tensor, extras: Optional[dict[str, torch.Tensor]]) -> Totals:
+        """The additive statistics of these rows the loss divides by (from ``mask`` ``[B, R]`` and
+        ``extras`` only, before any forward), e.g. :func:`~dare_core.api.mask_totals`."""
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
                  advantages: torch.Tensor, mask: torch.Tensor, *,
-                 extras: Optional[dict[str, torch.Tensor]] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
+                 extras: Optional[dict[str, torch.Tensor]] = None,
+                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """These rows' numerator divided by the mini-batch's ``totals`` (their share of the
+        mini-batch objective); ``totals=None``: by ``self.totals(mask, extras)``."""
 
 
 class AccumulatingLoss(Protocol):
@@ -196,8 +213,9 @@ class AccumulatingLoss(Protocol):
     ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
     own forward passes (detached); otherwise the loop gives it a separate no-grad pass.
     ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients — through ``backward``
-    (the engine's, which a distributed engine needs to see; default ``torch.Tensor.backward``) — and returns the detached loss and
-    its metrics.
+    (the engine's, which a distributed engine needs to see; default ``torch.Tensor.backward``) —
+    and returns the detached loss and its metrics; ``totals`` as in :class:`PolicyLoss` (the
+    ``Components.loss`` of the algorithm gives them).
     """
 
     computes_own_old: bool
@@ -205,24 +223,32 @@ class AccumulatingLoss(Protocol):
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
                    ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
                    scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None,
-                   backward: Callable[[torch.Tensor], None] = ...,
+                   backward: Callable[[torch.Tensor], None] = ..., totals: Optional[Totals] = None,
                    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
+@runtime_checkable
 class SFTObjective(Protocol):
-    """The supervised objective of one micro-batch: ``(logp, corrupted, batch) -> (loss, metrics)``
-    (``logp`` of the estimator over ``corrupted``)."""
+    """The supervised objective of some rows: ``(logp, corrupted, batch) -> (loss, metrics)``
+    (``logp`` of the estimator over ``corrupted``), normalised by the step's ``totals`` (summed
+    over micro-batches and ranks; ``None``: ``self.totals(batch)``) as in :class:`PolicyLoss`."""
 
-    def __call__(self, logp: torch.Tensor, corrupted: Optional[Corrupted],
-                 batch: SequenceBatch) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def totals(self, batch: SequenceBatch) -> Totals: ...
+
+    def __call__(self, logp: torch.Tensor, corrupted: Optional[Corrupted], batch: SequenceBatch, *,
+                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
+@runtime_checkable
 class PreferenceLoss(Protocol):
     """The preference objective over interleaved (chosen, rejected) rows:
-    ``(logp, ref_logp, batch) -> (loss, metrics)``."""
+    ``(logp, ref_logp, batch) -> (loss, metrics)``, normalised by ``totals`` as in
+    :class:`SFTObjective`."""
 
-    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor,
-                 batch: SequenceBatch) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def totals(self, batch: SequenceBatch) -> Totals: ...
+
+    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: SequenceBatch, *,
+                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 class AdvantageEstimator(Protocol):

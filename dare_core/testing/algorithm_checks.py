@@ -1,11 +1,17 @@
 """Reusable checks for algorithm plugin tests: build an algorithm's components from options, run
 one RL step through the core loop on a toy family, and check that a loss's Monte-Carlo
-accumulation (``Components.accumulate``) gives the gradient of one backward over all rows."""
+accumulation (``Components.accumulate``) gives the gradient of one backward over all rows, and
+that the gradient of a mini-batch does not depend on how it is split into micro-batches and
+ranks."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import types
 from typing import Any, Optional, Sequence
+
+import attrs
 
 import torch
 
@@ -56,3 +62,87 @@ def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any,
     for a, p in zip(full, wrapper.module.parameters()):
         torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-7)
     return metrics, metrics2
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: response lengths of the 4 toy rows (rows of different lengths)
+LENGTHS = (8, 5, 2, 7)
+
+
+def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
+    """One option set per ``loss_agg_mode`` where the algorithm's config has it, else the defaults."""
+    spec = build_for(*plugins).registries.algorithms.get(algo)
+    has_agg = "loss_agg_mode" in attrs.fields_dict(spec.config_cls)
+    return [{"loss_agg_mode": m} for m in AGG_MODES] if has_agg else [{}]
+
+
+def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: int,
+                       engine: Any = None) -> list[torch.Tensor]:
+    """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64, old
+    log-likelihoods off the policy so ratios and clips are active) through the RL loop's
+    :func:`~dare_core.workflows.rl.minibatch_backward` in micro-batches of ``micro``; under a
+    multi-process ``engine`` this rank takes its contiguous share of the rows and the gradients
+    are averaged over ranks as the engine's step does."""
+    from dare_core.testing.contracts import _corrupted, toy_rows
+    from dare_core.testing.toy import make_toy_wrapper
+    from dare_core.workflows.rl import minibatch_backward
+
+    comps = algorithm_components(plugins, algo, **options)
+    wrapper = make_toy_wrapper()
+    wrapper.module.double()
+    rows = toy_rows(plugins, algo, comps, wrapper, LENGTHS)
+    corrupted = _corrupted(comps, wrapper, rows)
+    with torch.no_grad():
+        old = comps.estimator(wrapper, rows.batch, corrupted)
+    g = torch.Generator().manual_seed(1)
+    old = old + 0.3 * torch.randn(old.shape, generator=g, dtype=old.dtype)
+    ref = old + 0.1 * torch.randn(old.shape, generator=g, dtype=old.dtype) if comps.needs_ref else None
+    world, rank = (engine.world_size, engine.rank) if engine is not None else (1, 0)
+    n = rows.batch.batch_size // world
+    minibatch_backward(comps, wrapper, rows, corrupted, old, ref, rows.advantages,
+                       torch.arange(rank * n, (rank + 1) * n), micro, {}, engine=engine)
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in wrapper.module.parameters()]
+    if world > 1:
+        flat = torch.cat([x.reshape(-1) for x in grads])
+        torch.distributed.all_reduce(flat)
+        grads = list((flat / world).split([x.numel() for x in grads]))
+    return [x.reshape(-1) for x in grads]
+
+
+def _plugin_refs(plugins: Sequence[Any]) -> list[Any]:
+    """``plugins`` picklable for a spawned process (modules by name)."""
+    return [p.__name__ if isinstance(p, types.ModuleType) else p for p in plugins]
+
+
+def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro: int) -> list:
+    """In a gloo rank: :func:`partition_gradient` under the ``ddp`` engine for every option set."""
+    from dare_core.config import RunConfig
+    from dare_core.engines.distributed import ProcessGroupEngine
+
+    plugins = [importlib.import_module(r) if isinstance(r, str) else r for r in refs]
+    cfg = RunConfig()
+    cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, device="cpu"),
+                       engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32"))
+    engine = ProcessGroupEngine(cfg)
+    try:
+        return [partition_gradient(plugins, algo, o, micro, engine) for o in option_sets]
+    finally:
+        engine.close()
+
+
+def check_partition_invariance(plugins: Sequence[Any], algo: str, tol: float = 1e-6) -> None:
+    """The mini-batch gradient of ``algo`` is the same (max difference ``≤ tol·max(1, max|g|)``)
+    with micro-batches of 1, 2 and all 4 rows and on 2 gloo ranks (``ddp``, one spawn for every
+    ``loss_agg_mode`` the algorithm offers)."""
+    from dare_core.testing.distributed import run_ranks
+
+    option_sets = _options(plugins, algo)
+    whole = [partition_gradient(plugins, algo, o, 4) for o in option_sets]
+    ranks = run_ranks(2, _ranks_gradients, _plugin_refs(plugins), algo, option_sets, 1)[0]
+    for o, full, two in zip(option_sets, whole, ranks):
+        assert any(bool(x.abs().sum() > 0) for x in full), f"{algo} {o}: the loss has no gradient"
+        for name, parts in [("micro 1", partition_gradient(plugins, algo, o, 1)),
+                            ("micro 2", partition_gradient(plugins, algo, o, 2)), ("2 ranks", two)]:
+            scale = max(1.0, max(float(x.abs().max()) for x in full))
+            diff = max(float((a - b).abs().max()) for a, b in zip(full, parts))
+            assert diff <= tol * scale, f"{algo} {o}: {name} gradient differs from the whole mini-batch's by {diff:.3g}"

@@ -304,41 +304,19 @@ class AlgorithmContract(_PluginSuite):
         _, problems = structure(spec.config_cls, {"definitely_not_an_option": 1}, "algorithm")
         assert problems and "unknown key" in problems[0]
 
-    def _rollout(self, components, wrapper):
-        """A random rollout, or (when the trajectory builder asks for records) a real one from the
-        core sampler recording them (``rollout_config`` of the components applied)."""
-        roll = fake_rollout(wrapper)
-        records = components.trajectory.records if components.trajectory is not None else frozenset()
-        if not records and components.rollout_config is None and components.wrap_rollout is None:
-            return roll
-        dare = build_for(*self.plugins)
-        methods = dare.registries.algorithms.get(self.algorithm).rollout_methods
-        spec = _recording_backend(dare, wrapper, records, methods)
-        cfg, problems = structure(spec.config_cls, dict(
-            gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
-        assert not problems, problems
-        backend = spec.build(components.training_rollout_config(cfg))
-        if components.wrap_rollout is not None:
-            backend = components.wrap_rollout(backend, None)
-        return backend.generate(wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
-                                generator=torch.Generator().manual_seed(0))
-
     def _rows(self, components, wrapper):
-        """``TrainingRows`` of one rollout (the trajectory builder's ``rows``; the final sequence
-        when the algorithm has no builder)."""
-        from dare_core.components import FinalSequence
-        from dare_core.interfaces import TrajectoryContext
+        """``TrainingRows`` of one rollout (:func:`toy_rows`)."""
+        return toy_rows(self.plugins, self.algorithm, components, wrapper)
 
-        roll = self._rollout(components, wrapper)
-        rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
-        groups = torch.tensor([0, 0, 1, 1])
-        adv = components.advantage(rewards, groups) if components.advantage else rewards
+    def test_gradient_does_not_depend_on_the_partition(self, spec):
+        """One normalisation over the global mini-batch: micro-batches of 1, 2 and all rows, and
+        2 gloo ranks, give the same gradient on rows of different lengths, for every
+        ``loss_agg_mode`` the algorithm offers (:func:`check_partition_invariance`)."""
+        if spec.workflow != "rl":
+            pytest.skip("not an RL algorithm")
+        from dare_core.testing.algorithm_checks import check_partition_invariance
 
-        def score(ids, mask, rows):  # a reward that depends on the response tokens
-            return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-
-        traj = components.trajectory or FinalSequence()
-        return traj.rows(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))
+        check_partition_invariance(self.plugins, self.algorithm)
 
     def test_one_update_is_finite_and_moves_parameters(self, spec, components):
         wrapper = make_toy_wrapper()
@@ -415,3 +393,45 @@ def _corrupted(components, wrapper, rows):
     if rows.corrupted is not None or components.corruption is None:
         return rows.corrupted
     return components.corruption(wrapper, rows.batch, torch.Generator().manual_seed(0))
+
+
+def _rollout(plugins, algorithm, components, wrapper, lengths=None):
+    """A random rollout (response lengths ``lengths``, default all full), or (when the trajectory
+    builder asks for records) a real one from the core sampler recording them
+    (``rollout_config`` of the components applied)."""
+    roll = fake_rollout(wrapper)
+    if lengths is not None:
+        keep = torch.arange(roll.response_ids.shape[1])[None] < torch.tensor(lengths)[:, None]
+        roll = attrs.evolve(roll, response_mask=keep.long())
+    records = components.trajectory.records if components.trajectory is not None else frozenset()
+    if not records and components.rollout_config is None and components.wrap_rollout is None:
+        return roll
+    dare = build_for(*plugins)
+    methods = dare.registries.algorithms.get(algorithm).rollout_methods
+    spec = _recording_backend(dare, wrapper, records, methods)
+    cfg, problems = structure(spec.config_cls, dict(
+        gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
+    assert not problems, problems
+    backend = spec.build(components.training_rollout_config(cfg))
+    if components.wrap_rollout is not None:
+        backend = components.wrap_rollout(backend, None)
+    return backend.generate(wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
+                            generator=torch.Generator().manual_seed(0))
+
+
+def toy_rows(plugins, algorithm, components, wrapper, lengths=None):
+    """``TrainingRows`` of one 4-row rollout (:func:`_rollout`; the algorithm's trajectory builder,
+    the final sequence when it has none)."""
+    from dare_core.components import FinalSequence
+    from dare_core.interfaces import TrajectoryContext
+
+    roll = _rollout(plugins, algorithm, components, wrapper, lengths)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    adv = components.advantage(rewards, groups) if components.advantage else rewards
+
+    def score(ids, mask, rows):  # a reward that depends on the response tokens
+        return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+
+    traj = components.trajectory or FinalSequence()
+    return traj.rows(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))

@@ -55,10 +55,19 @@ def pg_components(cfg: Any, lookup: Any) -> Components:
     )
 
 
-def masked_nll(logp: Any, corrupted: Any, batch: Any) -> tuple[Any, dict]:
-    """``-sum(log p / p_mask) / #masked`` over the masked tokens; reports the masked count."""
-    n = corrupted.masked.sum()
-    return -(logp / corrupted.p_mask.clamp_min(1e-6)).sum() / (n + 1e-8), {"masked": float(n)}
+class MaskedNLL:
+    """``-Σ log p / p_mask`` over the masked tokens divided by the step's response tokens
+    (``totals``, LLaDA's SFT normaliser); reports the masked count."""
+
+    def totals(self, batch: Any) -> dict:
+        return {"tokens": batch.response_mask.double().sum()}
+
+    def __call__(self, logp: Any, corrupted: Any, batch: Any, *, totals: Optional[dict] = None):
+        n = (totals or self.totals(batch))["tokens"].to(logp.dtype).clamp_min(1.0)
+        return -(logp / corrupted.p_mask.clamp_min(1e-6)).sum() / n, {"masked": float(corrupted.masked.sum())}
+
+
+masked_nll = MaskedNLL()
 
 
 def sup_components(cfg: Any, lookup: Any) -> Components:

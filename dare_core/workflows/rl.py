@@ -20,9 +20,10 @@ import attrs
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
+from dare_core.components.losses import sum_totals
 from dare_core.engines.common import lr_at
 from dare_core.errors import DareError
-from dare_core.interfaces import RolloutBatch, SequenceBatch
+from dare_core.interfaces import PolicyLoss, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.models import lora
 from dare_core.workflows.batching import (
@@ -98,6 +99,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
     trajectory = comps.trajectory or FinalSequence()
     advantage = comps.advantage or GroupNormAdvantage()
     _check_records(ctx, trajectory.records)
+    require_totals(comps.loss, PolicyLoss, cfg.algo)
     base = training_backend(ctx)
     train_rollout = training_rollout(ctx, base)
     specs = ctx.dare.registries.rollouts
@@ -135,7 +137,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         t_old = time.perf_counter()
 
         wrapper.module.train()
-        loss_sum, n_micro = 0.0, 0
+        loss_sum, n_micro, n_mini = 0.0, 0, 0
         agg: dict[str, float] = {}
         norms, skipped = [], 0
         lr = lr_at(tr, step - 1)
@@ -150,6 +152,7 @@ def run_rl(ctx: Context) -> dict[str, Any]:
                                                        engine=engine)
                 loss_sum += mb_loss
                 n_micro += mb_micro
+                n_mini += 1
                 norm, ok = engine.step(tr.grad_clip, lr)
                 norms.append(norm)
                 skipped += 0 if ok else 1
@@ -164,7 +167,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         record = {
             "step": step, "reward": rewards.mean().item(), "accuracy": accs.mean().item(),
             "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "loss": loss_sum / max(1, n_micro), "grad_norm": sum(norms) / max(1, len(norms)),
+            # this rank's shares times the world size: the ranks' mean is the mini-batch loss
+            "loss": loss_sum * engine.world_size / max(1, n_mini), "grad_norm": sum(norms) / max(1, len(norms)),
             "skipped_steps": skipped, "lr": lr,
             "response_length": rollout.response_mask.float().sum(1).mean().item(),
             "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
@@ -283,47 +287,72 @@ def _corruption(ctx: Context, batch: SequenceBatch, step: int) -> Any:
 
 
 def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advantages, mask,
-                    scale: float, extras: Optional[dict] = None, *, engine: Any = None):
-    """One micro-batch of the update: estimator → loss → backward of ``scale · loss`` (through
-    ``engine``'s backward and compute precision; ``None``: torch's), or the algorithm's
-    ``Components.accumulate`` (one Monte-Carlo row at a time) when it has one and there is a
-    corruption. ``old=None`` means the policy has not changed since the rollout: the old
-    log-likelihoods are this forward's own, detached. Returns ``(detached loss, metrics)``."""
+                    scale: float, extras: Optional[dict] = None, *, engine: Any = None,
+                    totals: Optional[dict] = None):
+    """One micro-batch of the update: estimator → loss (normalised by the mini-batch's ``totals``;
+    ``None``: these rows') → backward of ``scale · loss`` (through ``engine``'s backward and
+    compute precision; ``None``: torch's), or the algorithm's ``Components.accumulate`` (one
+    Monte-Carlo row at a time) when it has one and there is a corruption. ``old=None`` means the
+    policy has not changed since the rollout: the old log-likelihoods are this forward's own,
+    detached. Returns ``(detached loss, metrics)``."""
     backward = engine.backward if engine is not None else torch.Tensor.backward
     with engine.autocast() if engine is not None else contextlib.nullcontext():
         if comps.accumulate is not None and corrupted is not None:
             return comps.accumulate.accumulate(
                 _row_estimate(comps.estimator, wrapper, batch, corrupted), corrupted.num_samples,
-                old, ref, advantages, mask, scale, extras=extras, backward=backward)
+                old, ref, advantages, mask, scale, extras=extras, backward=backward, totals=totals)
         logp = comps.estimator(wrapper, batch, corrupted)
         loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask,
-                                   extras=extras)
+                                   extras=extras, totals=totals)
     backward(loss * scale)
     return loss.detach(), metrics
+
+
+def global_totals(engine: Any, parts: list[dict]) -> dict:
+    """The sum of ``parts`` (:meth:`PolicyLoss.totals` of micro-batches) over them and over ranks
+    (one gather when the engine has several), on the parts' device."""
+    local = sum_totals(parts)
+    if engine is None or engine.world_size == 1:
+        return local
+    device = next(iter(local.values())).device
+    every = engine.gather([{k: v.cpu() for k, v in local.items()}])
+    return {k: v.to(device) for k, v in sum_totals(every).items()}
 
 
 def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, old, ref_logp,
                        advantages, mb: torch.Tensor, micro_batch_size: int,
                        agg: dict[str, float], *, engine: Any = None) -> tuple[float, int]:
-    """Accumulate the gradient of one mini-batch (the rows ``mb``) in micro-batches of
-    ``micro_batch_size``, each scaled by its share of the mini-batch, so the sum is the
-    mini-batch's mean-loss gradient. Adds every micro-batch's metrics into ``agg``; returns the
-    summed micro-batch losses and how many micro-batches ran."""
-    loss_sum, n_micro = 0.0, 0
-    for usl in chunks(len(mb), micro_batch_size):
-        idx = mb[usl]
+    """Accumulate the gradient of one mini-batch (this rank's rows ``mb``) in micro-batches of
+    ``micro_batch_size``: every call is normalised by the mini-batch's totals (summed over its
+    micro-batches and ranks) and its backward scaled by the world size (the engine averages
+    gradients over ranks), so the gradient is the mini-batch objective's whatever the partition.
+    Adds every micro-batch's metrics into ``agg``; returns this rank's share of the mini-batch
+    loss and how many micro-batches ran."""
+    parts = [mb[usl] for usl in chunks(len(mb), micro_batch_size)]
+    extras = [rows.select_extras(idx) if rows.extras else None for idx in parts]
+    totals = global_totals(engine, [comps.loss.totals(rows.select_weights(idx), ex)
+                                    for idx, ex in zip(parts, extras)])
+    world = engine.world_size if engine is not None else 1
+    loss_sum = 0.0
+    for idx, ex in zip(parts, extras):
         sub_corr = corrupted.select(idx) if corrupted is not None else None
         old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
         ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
         loss, metrics = policy_backward(
             comps, wrapper, rows.batch.select(idx), sub_corr, old_i, ref_i,
-            advantages[idx.to(advantages.device)], rows.select_weights(idx), len(idx) / len(mb),
-            rows.select_extras(idx) if rows.extras else None, engine=engine)
+            advantages[idx.to(advantages.device)], rows.select_weights(idx), float(world), ex,
+            engine=engine, totals=totals)
         loss_sum += float(loss)
-        n_micro += 1
         for k, v in metrics.items():
             agg[k] = agg.get(k, 0.0) + float(v)
-    return loss_sum, n_micro
+    return loss_sum, len(parts)
+
+
+def require_totals(loss: Any, seam: type, algo: str) -> None:
+    """Refuse, before any work, a loss without the ``totals`` method of its seam (``seam``)."""
+    if not isinstance(loss, seam):
+        raise DareError(f"the loss {type(loss).__name__} of algorithm {algo!r} has no method 'totals' "
+                        f"({seam.__name__} seam), which the loops normalise by; implement it")
 
 
 def _reward(ctx: Context, scored: Any) -> float:

@@ -2,8 +2,9 @@
 
 Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
 trains on its rows) → the algorithm's collate → for each micro-batch: corruption → estimator →
-objective → backward (weighted by the micro-batch's share of the step, so the gradient is the
-batch mean; the engine averages it over processes) → clip → step.
+objective, normalised by the step's totals (:meth:`SFTObjective.totals` summed over the
+micro-batches and ranks) → backward scaled by the world size (the engine averages over
+processes), so the gradient is the global batch's whatever the partition → clip → step.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 from dare_core.errors import DareError
-from dare_core.interfaces import SequenceBatch
+from dare_core.interfaces import SequenceBatch, SFTObjective
 from dare_core.workflows.runtime import Context
 from dare_core.engines.common import lr_at
 from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, chunks, encode_prompts, left_pad
+from dare_core.workflows.rl import global_totals, require_totals
 from dare_core.workflows.tracker import Tracker
 
 
@@ -53,6 +55,7 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     collate = comps.collate or default_collate
     batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
+    require_totals(comps.loss, SFTObjective, cfg.algo)
     engine.setup_optimizer(wrapper, tr)
 
     tracker = Tracker(ctx, eval_examples, batches)
@@ -68,19 +71,21 @@ def run_sft(ctx: Context) -> dict[str, Any]:
                      for ex in items]
         rows = torch.tensor(engine.shard(range(len(items))))
         batch = collate(prompts, responses, wrapper).select(rows).to(wrapper.device)
-        total = batch.batch_size
+        slices = list(chunks(batch.batch_size, tr.micro_batch_size))
+        totals = global_totals(engine, [comps.loss.totals(batch.select(torch.arange(sl.start, sl.stop)))
+                                        for sl in slices])
         loss_sum, n_micro = 0.0, 0
         agg: dict[str, float] = {}
-        for sl in chunks(total, tr.micro_batch_size):
+        for sl in slices:
             idx = torch.arange(sl.start, sl.stop)
             micro = batch.select(idx)
             gen = ctx.stream(STREAM_CORRUPTION, step, int(rows[sl.start]))
             with engine.autocast():
                 corrupted = comps.corruption(wrapper, micro, gen) if comps.corruption is not None else None
                 logp = comps.estimator(wrapper, micro, corrupted)
-                loss, metrics = comps.loss(logp, corrupted, micro)
-            engine.backward(loss * (len(idx) / total))
-            loss_sum += float(loss.detach()) * len(idx) / total
+                loss, metrics = comps.loss(logp, corrupted, micro, totals=totals)
+            engine.backward(loss * engine.world_size)
+            loss_sum += float(loss.detach()) * engine.world_size  # the ranks' mean: the batch loss
             n_micro += 1
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + float(v)

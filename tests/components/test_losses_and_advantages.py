@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dare_core.components import ClippedPolicyLoss, GroupNormAdvantage, RLOOAdvantage, agg_loss, masked_mean
+from dare_core.components.losses import mask_totals, sum_totals
 from dare_core.errors import DareError
 
 A = torch.tensor([0.5, -1.0])
@@ -39,14 +40,28 @@ def test_rloo_group_of_one_in_a_mixed_batch_keeps_its_reward():
 
 
 def test_agg_loss_oracles():
-    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    assert agg_loss(loss, MASK, "token-mean").item() == pytest.approx(3.6)
-    assert agg_loss(loss, MASK, "seq-mean-token-sum").item() == pytest.approx(9.0)
-    assert agg_loss(loss, MASK, "seq-mean-token-mean").item() == pytest.approx(3.25)
-    assert agg_loss(loss, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(6.0)
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # masked sum 3 + 15 = 18, 5 tokens
+    assert agg_loss(loss, MASK, "token-mean").item() == pytest.approx(18 / 5)  # Σ mℓ / tokens
+    assert agg_loss(loss, MASK, "seq-mean-token-sum").item() == pytest.approx(18 / 2)  # Σ mℓ / rows
+    # Σ_b (Σ_t mℓ / Σ_t m) / rows
+    assert agg_loss(loss, MASK, "seq-mean-token-mean").item() == pytest.approx((3 / 2 + 15 / 3) / 2)
+    # Σ mℓ / cells, cells = B·R = 6 (Dr. GRPO: 1/G Σ_i Σ_t ℓ / MAX_LEN)
+    assert agg_loss(loss, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(18 / 6)
     with pytest.raises(ValueError):
         agg_loss(loss, MASK, "bogus")
     assert masked_mean(torch.ones(2), torch.zeros(2)).item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_agg_loss_shares_over_global_totals_add_up_to_the_whole(mode):
+    """Each row's share, normalised by the totals of all rows, sums to the loss of all rows."""
+    loss = torch.arange(12.0).reshape(3, 4)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.5]])
+    totals = sum_totals([mask_totals(mask[i:i + 1]) for i in range(3)])
+    assert {k: float(v) for k, v in totals.items()} == {"tokens": 6.5, "rows": 3.0, "cells": 12.0}
+    shares = sum(agg_loss(loss[i:i + 1], mask[i:i + 1], mode, totals) for i in range(3))
+    assert float(shares) == pytest.approx(float(agg_loss(loss, mask, mode)))
 
 
 def test_seq_mean_token_mean_refuses_a_row_without_tokens():

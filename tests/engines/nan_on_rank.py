@@ -15,9 +15,15 @@ from dare_core.testing.digits import ClipConfig, masked_nll, sup_components
 from dare_core.testing.engines import train_run
 
 
-def nan_on_rank_1(logp: Any, corrupted: Any, batch: Any) -> tuple[Any, dict]:
-    loss, metrics = masked_nll(logp, corrupted, batch)
-    return (loss + float("nan") if os.environ.get("RANK") == "1" else loss), metrics
+class NanOnRank1:
+    totals = staticmethod(masked_nll.totals)
+
+    def __call__(self, logp: Any, corrupted: Any, batch: Any, *, totals: Optional[dict] = None):
+        loss, metrics = masked_nll(logp, corrupted, batch, totals=totals)
+        return (loss + float("nan") if os.environ.get("RANK") == "1" else loss), metrics
+
+
+nan_on_rank_1 = NanOnRank1()
 
 
 class NanOnRank:

@@ -20,10 +20,10 @@ from dare_core.testing.algorithm_checks import one_rl_step
 class SeqPPO(RowMeanObjective):
     calls: list = []
 
-    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):
         ratio = torch.exp((elbo - old_rows.mean(0)) / mask.shape[-1])
         loss, _, _ = clipped_surrogate(ratio, advantages, 0.2, 0.2)
-        return loss.mean(), {"ratio_mean": float(ratio.detach().mean())}
+        return loss.sum() / totals["rows"].to(loss.dtype), {"ratio_mean": float(ratio.detach().mean())}
 
     def accumulate(self, estimate, num_rows, *args, **kwargs):
         rows_seen = []
