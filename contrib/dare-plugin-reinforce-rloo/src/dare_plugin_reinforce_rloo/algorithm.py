@@ -34,7 +34,8 @@ Setting. For a prompt ``x`` the rollout samples ``k`` responses ``y_1 … y_k``
    log-probability of recovering the clean tokens there: the same surrogate, with no ELBO weight
    to lose.
 
-4. **Loss** (this plugin's ``reinforce_rloo_pg``), over a micro-batch of ``B`` sequences,
+4. **Loss** (this plugin's ``reinforce_rloo_pg``), over a mini-batch of ``B`` sequences (``B``
+   counted over all its micro-batches and processes: the loss's ``totals``),
 
    .. math:: \mathcal L = -\frac1B \sum_{b=1}^{B} A_b\,\ell_b ,
 
@@ -52,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, corrupted_logprobs, SequenceBatch
+from dare_core.api import Components, Corrupted, corrupted_logprobs, mask_totals, SequenceBatch
 from dare_plugin_reinforce_rloo.config import ESTIMATOR, LOSS, ReinforceRLOOConfig
 
 
@@ -88,6 +89,9 @@ class SequenceReinforceLoss:
 
     .. math:: \mathcal L = -\frac{1}{M'B}\sum_{m=1}^{M'}\sum_{b=1}^{B} A_b\,\ell_{m,b}
 
+    with ``B = totals["rows"]``, the mini-batch's sequence count (:meth:`totals` summed over its
+    micro-batches and ranks; ``None``: these rows'), so each call returns its rows' share.
+
     Inputs: ``logp`` ``[M', B]`` or ``[B]`` per-sequence log-likelihoods (``M' = 1`` from
     ``reinforce_rloo_seq_logprob``); ``old_logp`` the same shape, used only for the
     ``ratio_mean`` diagnostic (``exp(ℓ - ℓ_old)``, 1.0 on-policy); ``advantages`` ``[B]``;
@@ -95,9 +99,14 @@ class SequenceReinforceLoss:
     Metrics: ``logp_mean``, ``ratio_mean``.
     """
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """The sequence count (``rows``) of ``mask`` ``[B, R]`` (with token and cell counts)."""
+        return mask_totals(mask)
+
     def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
                  ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: Optional[torch.Tensor] = None, *, extras: Optional[dict] = None):
+                 mask: Optional[torch.Tensor] = None, *, extras: Optional[dict] = None,
+                 totals: Optional[dict] = None):
         if logp.dim() == 1:
             logp = logp[None]
             old_logp = old_logp[None] if old_logp is not None else None
@@ -106,7 +115,8 @@ class SequenceReinforceLoss:
                 f"{LOSS} takes per-sequence log-likelihoods [M, B], got shape {tuple(logp.shape)}; "
                 f"pair it with a sequence-granularity estimator such as {ESTIMATOR}")
         adv = advantages.to(logp.dtype)[None, :]
-        loss = -(adv * logp).mean()
+        rows = float(logp.shape[-1]) if totals is None else totals["rows"].to(logp.dtype)
+        loss = -(adv * logp).sum() / (logp.shape[0] * rows)
         with torch.no_grad():
             metrics = {"logp_mean": float(logp.mean())}
             if old_logp is not None:

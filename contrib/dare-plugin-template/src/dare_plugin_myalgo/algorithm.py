@@ -20,9 +20,14 @@ Setting. For a prompt ``x`` the rollout samples a group of ``n`` responses ``y_1
    .. math:: \ell_{i,j} = \log p_θ(y_{i,j} \mid x̃_i).
 
 4. **Loss** (this plugin's ``myalgo_pg``), aggregated over the valid response tokens
-   (``m_{i,j} = 1``) with ``loss_agg_mode`` (token-mean by default):
+   (``m_{i,j} = 1``) of the whole mini-batch with ``loss_agg_mode`` (token-mean by default):
 
    .. math:: \mathcal L = -\frac{\sum_{i,j} m_{i,j} A_i \ell_{i,j}}{\sum_{i,j} m_{i,j}} .
+
+   The denominator is the mini-batch's: the loss declares what it divides by (``totals``, here
+   :func:`~dare_core.api.mask_totals`), the RL loop sums it over the micro-batches and ranks and
+   passes the sum to every call, so the gradient does not depend on ``trainer.micro_batch_size``
+   or the number of processes.
 
    Its gradient is the REINFORCE estimator with baseline, ``-Σ A_i ∇ log π(y_i|x)`` up to the
    normaliser, where ``log π(y|x)`` is replaced by the mean-field sum ``Σ_j ℓ_{i,j}``. There is
@@ -44,7 +49,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import agg_loss, Components, Corrupted, masked_mean, SequenceBatch
+from dare_core.api import agg_loss, Components, Corrupted, mask_totals, masked_mean, SequenceBatch
 from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyAlgoConfig
 
 
@@ -73,7 +78,8 @@ class ReinforceLoss:
     .. math:: \mathcal L = \frac1M \sum_m \mathrm{agg}\big(-A_b\,\ell_{m,b,j};\ m_{b,j}\big)
 
     Inputs: ``logp``/``old_logp`` ``[M, B, R]`` (or ``[B, R]``), ``advantages`` ``[B]``,
-    ``mask`` ``[B, R]``. ``old_logp`` only feeds the ``ratio_mean`` diagnostic (1.0 on-policy);
+    ``mask`` ``[B, R]``, ``totals`` the mini-batch's :meth:`totals` (``None``: these rows').
+    ``old_logp`` only feeds the ``ratio_mean`` diagnostic (1.0 on-policy);
     ``ref_logp`` is ignored. Metrics: ``logp_mean`` (token-mean of ``ℓ``), ``ratio_mean``.
     """
 
@@ -82,15 +88,19 @@ class ReinforceLoss:
             raise ValueError(f"agg must be one of {', '.join(AGG_MODES)}, got {agg!r}")
         self.agg = agg
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """What :func:`~dare_core.api.agg_loss` divides by: token, row and cell counts of ``mask``."""
+        return mask_totals(mask)
+
     def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
                  ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: torch.Tensor, *, extras: Optional[dict] = None):
+                 mask: torch.Tensor, *, extras: Optional[dict] = None, totals: Optional[dict] = None):
         if logp.dim() == 2:
             logp = logp.unsqueeze(0)
             old_logp = old_logp.unsqueeze(0) if old_logp is not None else None
         adv = advantages.to(logp.dtype)[:, None]  # [B, 1], broadcast over the response
         mask = mask.to(logp.dtype)
-        rows = [agg_loss(-adv * logp[m], mask, self.agg) for m in range(logp.shape[0])]
+        rows = [agg_loss(-adv * logp[m], mask, self.agg, totals) for m in range(logp.shape[0])]
         loss = torch.stack(rows).mean()
         with torch.no_grad():
             metrics = {"logp_mean": float(masked_mean(logp.mean(0), mask))}

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from dare_core.api import Corrupted, SequenceBatch
+from dare_core.api import Corrupted, SequenceBatch, mask_totals
 
 #: ``estimate(rows)`` evaluates the algorithm's estimator on the given Monte-Carlo rows only
 #: (with gradients unless the caller disables them) and returns ``[len(rows), B, ...]``.
@@ -284,18 +284,26 @@ def sequence_kl(elbo: torch.Tensor, ref_elbo: torch.Tensor, kind: str = "k2") ->
 class RowMeanObjective:
     """Base of losses defined on the row mean ``Ê = (1/M) Σ_m e_m`` of ``[M, B]`` estimates.
 
-    Subclasses implement ``objective(elbo, rows, old_rows, ref_rows, advantages, mask) ->
-    (loss, metrics)`` with ``elbo`` ``[B]`` (differentiable) and ``rows`` the detached ``[M, B]``
-    values. ``__call__`` evaluates it with every row's graph alive; ``accumulate`` gives the same
-    gradient through :func:`proxy_backward` with one row's graph at a time.
+    Subclasses implement ``objective(elbo, rows, old_rows, ref_rows, advantages, mask, *, totals)
+    -> (loss, metrics)`` with ``elbo`` ``[B]`` (differentiable), ``rows`` the detached ``[M, B]``
+    values and ``totals`` the mini-batch's (:meth:`totals` summed over micro-batches and ranks;
+    a mean over sequences is ``Σ_b / totals["rows"]``). ``__call__`` evaluates it with every row's
+    graph alive; ``accumulate`` gives the same gradient through :func:`proxy_backward` with one
+    row's graph at a time.
     """
 
-    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):  # pragma: no cover
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):  # pragma: no cover
         raise NotImplementedError
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """:func:`~dare_core.api.mask_totals` of ``mask`` (``rows``: the sequence count)."""
+        return mask_totals(mask)
+
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None):
-        return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask)
+                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+        totals = self.totals(mask, extras) if totals is None else totals
+        return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask,
+                              totals=totals)
 
     #: ``accumulate`` takes ``old_logp=None`` (policy unchanged since the rollout): the first,
     #: gradient-free pass over all rows then doubles as the old log-likelihoods
@@ -303,7 +311,8 @@ class RowMeanObjective:
 
     def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
                    scale: float, *, extras: Optional[dict] = None,
-                   backward: Callable = torch.Tensor.backward):
+                   backward: Callable = torch.Tensor.backward, totals: Optional[dict] = None):
+        totals = self.totals(mask, extras) if totals is None else totals
         values = None
         if old_logp is None:
             with torch.no_grad():
@@ -311,6 +320,6 @@ class RowMeanObjective:
             old_logp = values.detach()
 
         def objective(z, rows):
-            return self.objective(z, rows, old_logp, ref_logp, advantages, mask)
+            return self.objective(z, rows, old_logp, ref_logp, advantages, mask, totals=totals)
 
         return proxy_backward(estimate, num_rows, objective, scale, values=values, backward=backward)

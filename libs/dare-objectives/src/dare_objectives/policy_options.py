@@ -62,7 +62,9 @@ class PenalizedClippedLoss:
         \mathcal L = \frac1M\sum_m \mathrm{agg}\big(L^{clip}(\ell_m, \ell^{old}_m, A)\big)
                    + β\,\frac1M\sum_m \mathrm{agg}\big(\mathrm{KL}(\ell_m, \ell^{ref}_m, A)\big)
 
-    with the ``kl_type`` estimator of :func:`~dare_core.components.losses.kl_penalty`.
+    with the ``kl_type`` estimator of :func:`~dare_core.components.losses.kl_penalty`; both terms are
+    aggregated with the same mini-batch ``totals`` (:func:`~dare_core.api.mask_totals`, the
+    normalisation of :func:`~dare_core.api.agg_loss`).
     ``logp``/``old_logp``/``ref_logp``: ``[M, B, R]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``.
     """
 
@@ -73,9 +75,14 @@ class PenalizedClippedLoss:
         self.kl_type = kl_type
         self.agg = agg
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        """The clipped loss's totals (:func:`~dare_core.api.mask_totals` of ``mask``)."""
+        return self.clipped.totals(mask, extras)
+
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None):
-        loss, metrics = self.clipped(logp, old_logp, None, advantages, mask)
+                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+        totals = self.totals(mask, extras) if totals is None else totals
+        loss, metrics = self.clipped(logp, old_logp, None, advantages, mask, totals=totals)
         if self.kl_coef > 0:
             import torch
 
@@ -87,7 +94,7 @@ class PenalizedClippedLoss:
                 logp, ref_logp = logp[None], ref_logp[None]
             adv = advantages[None, :, None].to(logp.dtype)
             kl = kl_penalty(logp, ref_logp, adv, self.kl_type)
-            kl_loss = torch.stack([agg_loss(kl[m], mask, self.agg) for m in range(kl.shape[0])]).mean()
+            kl_loss = torch.stack([agg_loss(kl[m], mask, self.agg, totals) for m in range(kl.shape[0])]).mean()
             loss = loss + self.kl_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
         return loss, metrics

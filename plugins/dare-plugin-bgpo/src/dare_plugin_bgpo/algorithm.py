@@ -19,20 +19,20 @@ from dare_objectives.elbo import (
     per_row_backward,
     ratio_diagnostics,
 )
-from dare_core.api import agg_loss, Components, kl_penalty, masked_mean
+from dare_core.api import agg_loss, Components, kl_penalty, mask_totals, masked_mean
 from dare_plugin_bgpo.config import BGPOConfig
 
 
 def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *,
                    eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3.0,
-                   nan_guard: bool = True, agg: str = "token-mean"):
+                   nan_guard: bool = True, agg: str = "token-mean", totals: Optional[dict] = None):
     r"""BGPO clipped objective on same-shaped tensors (per token or per row broadcast).
 
     .. math::
         ρ = \begin{cases} 1 + (ℓ - ℓ_{old}) & A > 0 \\ e^{ℓ - ℓ_{old}} & A \le 0 \end{cases}
 
     then the dual-clipped PPO surrogate of ``ρ`` (ε_low, ε_high, ``c`` for ``A < 0``),
-    aggregated with ``agg``. With ``nan_guard=False`` the ``A > 0`` branch is evaluated as
+    aggregated with ``agg`` over the mini-batch ``totals`` (:func:`~dare_core.api.agg_loss`). With ``nan_guard=False`` the ``A > 0`` branch is evaluated as
     ``exp(log(1 + Δ))`` like the reference (NaN for ``Δ <= −1``).
 
     Returns ``(loss, metrics, ratio)``; metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``,
@@ -44,7 +44,7 @@ def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask
     lin = 1.0 + delta if nan_guard else torch.exp(torch.log1p(delta))
     ratio = torch.where(pos, lin, torch.exp(delta))
     loss_tok, clipped, dual = clipped_surrogate(ratio, adv, eps_low, eps_high, c)
-    loss = agg_loss(loss_tok, mask, agg)
+    loss = agg_loss(loss_tok, mask, agg, totals)
     with torch.no_grad():
         m = mask.to(loss_tok.dtype)
         bad = pos & (1.0 + delta <= 0) & (m > 0)
@@ -66,8 +66,9 @@ class BGPOLoss:
     ``β (1/M) Σ_m agg(KL(l_m, mean_m l^{ref}_m, A))`` with the dLLM KL rule of
     :func:`~dare_core.components.losses.kl_penalty` (one row against the reference's row mean, as
     the reference does; off in every recipe). ``logp``/``old_logp``/``ref_logp``: ``[M, B]``;
-    ``advantages``: ``[B]``; ``mask``: ``[B, R]``. ``accumulate`` computes the same gradient with
-    a backward per row (constant memory in ``M``)."""
+    ``advantages``: ``[B]``; ``mask``: ``[B, R]``; ``totals``: :func:`~dare_core.api.mask_totals`
+    of the mini-batch. ``accumulate`` computes the same gradient with a backward per row
+    (constant memory in ``M``)."""
 
     def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                  clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
@@ -77,30 +78,34 @@ class BGPOLoss:
         self.kl_coef = kl_coef
         self.kl_type = kl_type
 
+    def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
+        return mask_totals(mask)
+
     def row(self, l_row: torch.Tensor, old_row: torch.Tensor, ref_mean: Optional[torch.Tensor],
-            advantages: torch.Tensor, mask: torch.Tensor):
+            advantages: torch.Tensor, mask: torch.Tensor, totals: dict):
         shape = mask.shape
         new = l_row[:, None].expand(shape)
         old = old_row[:, None].to(new.dtype).expand(shape)
         adv = advantages.to(new.dtype)[:, None].expand(shape)
-        loss, metrics, ratio = bgpo_surrogate(new, old, adv, mask, **self.kw)
+        loss, metrics, ratio = bgpo_surrogate(new, old, adv, mask, totals=totals, **self.kw)
         metrics.update(ratio_diagnostics(ratio[:, 0], (mask.sum(-1) > 0).float()))
         if self.kl_coef > 0:
             if ref_mean is None:
                 raise ValueError("kl_coef > 0 needs reference ELBOs")
             kl = agg_loss(kl_penalty(new, ref_mean[:, None].to(new.dtype).expand(shape), adv, self.kl_type),
-                          mask, self.kw["agg"])
+                          mask, self.kw["agg"], totals)
             loss = loss + self.kl_coef * kl
             metrics["kl_loss"] = float(kl.detach())
         return loss, metrics
 
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None):
+                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+        totals = self.totals(mask, extras) if totals is None else totals
         M = logp.shape[0]
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         total, agg = 0.0, {}
         for m in range(M):
-            loss, metrics = self.row(logp[m], old_logp[m], ref_mean, advantages, mask)
+            loss, metrics = self.row(logp[m], old_logp[m], ref_mean, advantages, mask, totals)
             total = total + loss / M
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + v / M
@@ -112,14 +117,16 @@ class BGPOLoss:
     computes_own_old = True
 
     def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale, *,
-                   extras: Optional[dict] = None, backward: Callable = torch.Tensor.backward):
+                   extras: Optional[dict] = None, backward: Callable = torch.Tensor.backward,
+                   totals: Optional[dict] = None):
+        totals = self.totals(mask, extras) if totals is None else totals
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
 
         def row_loss(e, m):
             seen.append(e.detach())
             old = e.detach() if old_logp is None else old_logp[m]
-            return self.row(e, old, ref_mean, advantages, mask)
+            return self.row(e, old, ref_mean, advantages, mask, totals)
 
         loss, metrics = per_row_backward(estimate, num_rows, row_loss, scale, backward)
         metrics.update(mc_diagnostics(torch.stack(seen, 0), "elbo"))
