@@ -28,6 +28,9 @@ from dare_plugin_dtreerpo.algorithm import (
 )
 
 
+TREE_2X2 = {"num_tree_samples": 2, "branch_factor": 2}
+
+
 class TestDTreeContract(AlgorithmContract):
     algorithm = "dtreerpo"
     plugins = (dare_plugin_dtreerpo,)
@@ -35,9 +38,16 @@ class TestDTreeContract(AlgorithmContract):
     @pytest.fixture(scope="class")
     @classmethod
     def config(cls, spec):  # a 2 x 2 tree: the contract's 4 rollout rows are one prompt's leaves
-        cfg, problems = structure(spec.config_cls, {"num_tree_samples": 2, "branch_factor": 2})
+        cfg, problems = structure(spec.config_cls, TREE_2X2)
         assert not problems, problems
         return cfg
+
+    def test_gradient_does_not_depend_on_the_partition(self, spec, monkeypatch):
+        """The contract's check on the 2 x 2 tree (the default tree needs trainer.group_size)."""
+        from dare_core.testing import algorithm_checks
+
+        monkeypatch.setattr(algorithm_checks, "_options", lambda plugins, algo: [TREE_2X2])
+        algorithm_checks.check_partition_invariance(self.plugins, self.algorithm)
 
 
 def test_branch_points_and_schedule_oracles():
