@@ -7,6 +7,7 @@ import torch
 from dare_core.components import ClippedPolicyLoss, GroupNormAdvantage, RLOOAdvantage, agg_loss, masked_mean
 from dare_core.components.losses import mask_totals, sum_totals
 from dare_core.errors import DareError
+from dare_objectives.policy_options import PenalizedClippedLoss
 
 A = torch.tensor([0.5, -1.0])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -82,6 +83,8 @@ def test_ppo_kl_is_to_the_reference_when_given():
         _, m = ClippedPolicyLoss()(new[None], OLD[None], r, A, MASK)
         assert m["ppo_kl"] == pytest.approx(expected, rel=1e-6)
     _, m = ClippedPolicyLoss()(new, OLD, ref, A, MASK)
+    assert m["ppo_kl"] == pytest.approx(expected, rel=1e-6)
+    _, m = PenalizedClippedLoss(ClippedPolicyLoss(), kl_coef=0.1)(new[None], OLD[None], ref[None], A, MASK)
     assert m["ppo_kl"] == pytest.approx(expected, rel=1e-6)
 
 

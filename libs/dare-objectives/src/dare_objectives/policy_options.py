@@ -82,7 +82,7 @@ class PenalizedClippedLoss:
     def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
                  extras: Optional[dict] = None, totals: Optional[dict] = None):
         totals = self.totals(mask, extras) if totals is None else totals
-        loss, metrics = self.clipped(logp, old_logp, None, advantages, mask, totals=totals)
+        loss, metrics = self.clipped(logp, old_logp, ref_logp, advantages, mask, totals=totals)
         if self.kl_coef > 0:
             import torch
 
