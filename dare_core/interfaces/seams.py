@@ -331,6 +331,8 @@ class Components:
     * ``advantage`` (:class:`AdvantageEstimator`, ``None`` = group-normalised rewards);
     * ``accumulate`` (:class:`AccumulatingLoss`, ``None`` = the loop differentiates ``loss``);
     * ``needs_ref``: reference log-likelihoods from a frozen copy of the initial policy;
+    * ``remask_each_epoch``: a new corruption for each PPO epoch (all drawn, with their old and
+      reference log-likelihoods, before the first update; ``False`` = one per rollout batch);
     * ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT; ``None`` = pad id, padding
       not attended);
     * RL: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout config
@@ -347,6 +349,7 @@ class Components:
     advantage: Any = None
     accumulate: Any = None
     needs_ref: bool = False
+    remask_each_epoch: bool = False
     collate: Any = None
     rollout_config: Any = None
     wrap_rollout: Any = None

@@ -2,9 +2,10 @@
 
 Per step: sample prompts (sharded by rank, before group expansion so groups stay whole) → ``n``
 rollouts per prompt → reward → advantage (the algorithm's estimator, group-normalised by default)
-→ training input from the trajectory builder → corruption drawn **once** for the batch → old (and
-optional reference) log-likelihoods under that same corruption → for each PPO epoch and
-mini-batch: estimator → policy loss → backward over micro-batches → clip → optimizer step.
+→ training input from the trajectory builder → corruption drawn **once** for the batch (once per
+PPO epoch with ``Components.remask_each_epoch``) → old (and optional reference) log-likelihoods
+under that same corruption → for each PPO epoch and mini-batch: estimator → policy loss →
+backward over micro-batches → clip → optimizer step.
 With one optimizer step per batch (``ppo_epochs=1``, no mini-batches) the old log-likelihoods
 are the update's own forward, detached (``trainer.reuse_logprob``): one pass less, same values.
 The loop calls component objects directly; pluggy is only used for the step-end observers.
@@ -130,10 +131,12 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         # that runs its own backward passes must say it can take old_logp=None)
         on_policy = (tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total
                      and (not accumulating or comps.accumulate.computes_own_old))
-        old = None if on_policy else estimate_no_grad(engine, comps.estimator, wrapper, batch, corrupted,
-                                                      tr.micro_batch_size)
-        ref_logp = (ref.estimate(engine, comps.estimator, batch, corrupted, tr.micro_batch_size)
-                    if ref is not None else None)
+        draws = [corrupted] + [_corruption(ctx, batch, step, e) for e in range(1, tr.ppo_epochs)
+                               if comps.remask_each_epoch and rows.corrupted is None and corrupted is not None]
+        olds = [None if on_policy else estimate_no_grad(engine, comps.estimator, wrapper, batch, d,
+                                                        tr.micro_batch_size) for d in draws]
+        refs = [ref.estimate(engine, comps.estimator, batch, d, tr.micro_batch_size) if ref is not None
+                else None for d in draws]
         t_old = time.perf_counter()
 
         wrapper.module.train()
@@ -147,7 +150,8 @@ def run_rl(ctx: Context) -> dict[str, Any]:
             perm = (torch.arange(total) if mini >= total and tr.ppo_epochs == 1 else
                     torch.randperm(total, generator=ctx.stream(STREAM_ORDER, step, epoch, engine.rank)))
             for msl in chunks(total, mini):
-                mb_loss, mb_micro = minibatch_backward(comps, wrapper, rows, corrupted, old, ref_logp,
+                k = epoch % len(draws)
+                mb_loss, mb_micro = minibatch_backward(comps, wrapper, rows, draws[k], olds[k], refs[k],
                                                        advantages, perm[msl], tr.micro_batch_size, agg,
                                                        engine=engine)
                 loss_sum += mb_loss
@@ -267,22 +271,22 @@ def _join(parts: list[RolloutBatch]) -> RolloutBatch:
                         num_steps=max(p.num_steps for p in parts), nfe=sum(p.nfe for p in parts))
 
 
-def _corruption(ctx: Context, batch: SequenceBatch, step: int) -> Any:
-    """The corruption of this rank's rows, drawn over the global batch (every rank gathers the
-    rows' ids and draws the same global corruption), so a corruption coupled across rows (e.g.
-    stratified over the batch) and its random draws are those of one process. Rows whose shape
-    differs between ranks are drawn per rank."""
+def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Any:
+    """The corruption of this rank's rows (stream ``key``: the step, then the PPO epoch after the
+    first), drawn over the global batch (every rank gathers the rows' ids and draws the same global
+    corruption), so a corruption coupled across rows (e.g. stratified over the batch) and its random
+    draws are those of one process. Rows whose shape differs between ranks are drawn per rank."""
     engine, corrupt = ctx.engine, ctx.components.corruption
     if engine.world_size == 1:
-        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, step))
+        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, *key))
     shapes = engine.gather([(tuple(batch.input_ids.shape), batch.prompt_len)])
     if len(set(shapes)) > 1:
-        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, step, engine.rank + 1))
+        return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, *key, engine.rank + 1))
     parts = engine.gather([(batch.input_ids.cpu(), batch.attention_mask.cpu())])
     full = SequenceBatch(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                          batch.prompt_len).to(batch.input_ids.device)
     n = batch.batch_size
-    return corrupt(ctx.wrapper, full, ctx.stream(STREAM_CORRUPTION, step)).select(
+    return corrupt(ctx.wrapper, full, ctx.stream(STREAM_CORRUPTION, *key)).select(
         torch.arange(engine.rank * n, (engine.rank + 1) * n))
 
 
