@@ -103,3 +103,65 @@ def test_config_invariants_are_validators():
 
     _, problems = structure(D1Config, {"p_mask_prompt": 1.5, "clip_ratio_c": 0.5, "mc_num": 0}, "algorithm")
     assert len(problems) == 3
+
+
+def test_defaults_are_the_papers():
+    cfg = D1Config()
+    assert cfg.remask_each_update and cfg.truncate_at_eos and cfg.kl_type == "k3"
+    comps = _components()
+    assert comps.remask_each_epoch
+    from dare_plugin_samplers.config import LowConfidenceConfig
+
+    assert comps.training_rollout_config(LowConfidenceConfig()).truncate_at_eos
+    assert not _components(truncate_at_eos=False).training_rollout_config(
+        LowConfidenceConfig(truncate_at_eos=True)).truncate_at_eos
+    assert not _components(remask_each_update=False).remask_each_epoch
+
+
+def test_completion_ends_at_first_eos_rewards_read_the_truncated_text():
+    from dare_core.api import RolloutBatch, TrajectoryContext, decode_responses
+    from dare_plugin_samplers.low_confidence import mask_through_first_stop
+
+    w = make_toy_wrapper()
+    eos, a, b = w.eos_token_id, 20, 21
+    response = torch.tensor([[a, eos, b, b], [a, a, a, b]])
+    mask = mask_through_first_stop(response, [eos], True)  # the sampler under truncate_at_eos
+    roll = RolloutBatch(torch.full((2, 3), 12), torch.ones(2, 3, dtype=torch.long), response, mask)
+    texts = decode_responses(w, response, mask)
+    assert texts[0] == decode_responses(w, response[:1, :2], torch.ones(1, 2))[0]
+    assert texts[1] == decode_responses(w, response[1:], torch.ones(1, 4))[0] != texts[0]
+    ctx = TrajectoryContext(torch.tensor([1.0, 0.0]), torch.tensor([0.5, -0.5]), torch.tensor([0, 0]), None)
+    rows = _components().trajectory.rows(w, roll, ctx)
+    # the forward sees the whole completion (all of it masked by d1_masking), the loss its first
+    # EOS-terminated part only (d1's completion_mask)
+    assert rows.batch.attention_mask.tolist() == [[1] * 7, [1] * 7]
+    assert rows.loss_weights().tolist() == [[1.0, 1.0, 0.0, 0.0], [1.0] * 4]
+    c = _components().corruption(w, rows.batch, torch.Generator().manual_seed(0))
+    assert c.masked[0, :, 3:].all()
+
+
+@pytest.mark.parametrize("remask", [True, False])
+def test_prompt_masking_redrawn_for_each_inner_update(tmp_path, remask):
+    """d1's regulariser: a new prompt masking per inner update (PPO epoch), its old/new
+    log-probabilities under that masking; one masking per batch with remask_each_update=false."""
+    from dare_core.testing import toy
+    from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
+
+    log = spy_run(tmp_path, dare_plugin_d1, "d1", toy, [
+        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "trainer.ppo_epochs=2",
+        f"algorithm.remask_each_update={str(remask).lower()}"])
+    if not remask:
+        assert_one_draw_per_batch(log, steps=2)
+        return
+    draws = log.draws
+    assert len(draws) == 4 and all(draws[2 * s] != draws[2 * s + 1] for s in (0, 1))
+    for s in (0, 1):  # events of step s: two draws, old log-probs of both, then epoch 0 and 1 updates
+        start = log.events.index(("draw", draws[2 * s]))
+        stop = log.events.index(("draw", draws[2 * s + 2])) if s == 0 else len(log.events)
+        est = [e for e in log.events[start:stop] if e[0] == "estimate"]
+        grad = [rows for _, g, rows in est if g]
+        half = len(grad) // 2
+        assert half and all(r <= draws[2 * s] for r in grad[:half])
+        assert all(r <= draws[2 * s + 1] for r in grad[half:])
+        nograd = [rows for _, g, rows in est if not g]
+        assert any(r <= draws[2 * s] for r in nograd) and any(r <= draws[2 * s + 1] for r in nograd)

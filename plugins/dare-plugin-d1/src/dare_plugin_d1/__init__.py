@@ -17,6 +17,15 @@ def dare_register_corruptions(register):
 
 
 @hookimpl
+def dare_register_trajectory_builders(register):
+    register(ComponentSpec(
+        "d1_completion", lazy("dare_plugin_d1.algorithm:CompletionRows"),
+        "final sequence, whole completion attended, loss weights = the response mask (to the first EOS)",
+        kinds=frozenset({"masked"}), reference="arXiv:2504.12216",
+    ))
+
+
+@hookimpl
 def dare_register_algorithms(register):
     register(AlgorithmSpec(
         name="d1",
@@ -24,10 +33,11 @@ def dare_register_algorithms(register):
         config_cls=D1Config,
         build=lazy("dare_plugin_d1.algorithm:build"),
         kinds=frozenset({"masked"}),
-        components={"corruption": "d1_masking", "trajectory": "final_sequence",
+        components={"corruption": "d1_masking", "trajectory": "d1_completion",
                     "estimator": "response_token_logprob",
                     "loss": "clipped_pg", "advantage": "group_norm"},
         paper="arXiv:2504.12216",
         description="diffu-GRPO: GRPO with a one-step mean-field log-prob estimate",
         recipe=RECIPE,
+        rollout_fields=frozenset({"truncate_at_eos"}),
     ))

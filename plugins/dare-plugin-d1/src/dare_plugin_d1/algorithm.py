@@ -3,8 +3,12 @@ via Reinforcement Learning", arXiv:2504.12216).
 
 GRPO where the per-token log-probability of a sampled completion is a one-step mean-field
 estimate: mask the whole completion and a random fraction of the prompt, and read
-``log p(y_j | ·)`` at every completion position from a single forward. The corruption is drawn
-once per rollout batch and reused for the old and new log-probabilities.
+``log p(y_j | ·)`` at every completion position from a single forward. The prompt masking is drawn
+anew for each inner update (PPO epoch; the paper's μ, its regulariser) and shared by that update's
+old, reference and new log-probabilities, all computed before the first update as d1's code does
+(``remask_each_update=false``: one masking per rollout batch). The completion ends at its first
+EOS (``truncate_at_eos``): rewards read the text up to it and the loss counts its tokens only,
+while the forward sees the whole masked completion the sampler generated.
 
 "Mask" is the family's forward noise (``wrapper.noise``). On a uniform-noise family
 (``uniform_noise``, no MASK token) the completion becomes uniform random tokens: the kernel's fully
@@ -16,10 +20,13 @@ perturbation per draw that the paper uses as a regulariser.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
 
+import attrs
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch
+from dare_core.api import Components, Corrupted, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext
 from dare_objectives.policy_options import PenalizedClippedLoss
 from dare_plugin_d1.config import D1Config
 
@@ -50,6 +57,27 @@ class D1Masking:
         return Corrupted(noisy, masked, p_mask.clone())
 
 
+def eos_truncation(on: bool, rollout_cfg: Any) -> Any:
+    """``Components.rollout_config``: the training rollout config with ``truncate_at_eos=on`` (the
+    response mask, and so the decoded text the rewards read, ends at the first EOS)."""
+    return attrs.evolve(rollout_cfg, truncate_at_eos=on)
+
+
+class CompletionRows:
+    """d1's training rows: the final ``[prompt | completion]`` sequence with every generated
+    completion position attended (the forward sees the whole masked completion, as d1's code), and
+    the loss weights of the rollout's response mask (``[B, R]``, 1 up to and including the first
+    EOS under ``truncate_at_eos``: d1's ``completion_mask``)."""
+
+    records: frozenset[str] = frozenset()
+
+    def rows(self, wrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows:
+        seq = rollout.sequences()
+        canvas = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.response_mask)], 1).long()
+        return TrainingRows(SequenceBatch(seq.input_ids, canvas, seq.prompt_len), context.advantages,
+                            weights=rollout.response_mask.float())
+
+
 #: d1's objective is the core's clipped surrogate per Monte-Carlo draw plus the optional dLLM KL
 #: penalty (:class:`dare_objectives.policy_options.PenalizedClippedLoss`).
 D1Loss = PenalizedClippedLoss
@@ -61,9 +89,11 @@ def build(cfg: D1Config, lookup) -> Components:
                           agg=cfg.loss_agg_mode)
     return Components(
         corruption=lookup.corruption("d1_masking", p_mask_prompt=cfg.p_mask_prompt, mc_num=cfg.mc_num),
-        trajectory=lookup.trajectory("final_sequence"),
+        trajectory=lookup.trajectory("d1_completion"),
         estimator=lookup.estimator("response_token_logprob"),
         loss=D1Loss(clipped, cfg.kl_coef, cfg.kl_type, cfg.loss_agg_mode),
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
+        remask_each_epoch=cfg.remask_each_update,
+        rollout_config=functools.partial(eos_truncation, cfg.truncate_at_eos),
     )

@@ -11,11 +11,18 @@ from dare_objectives.policy_options import KL_TYPES
 
 @attrs.frozen
 class D1Config:
-    """d1 options with the recipe defaults (LLaDA math recipe)."""
+    """d1 options (defaults: README "Defaults" table; d1, arXiv:2504.12216)."""
 
     p_mask_prompt: float = option(
         0.15, "Probability of masking each valid prompt token in the log-prob forward.",
         in_range(0.0, 1.0, high_open=True))
+    remask_each_update: bool = option(
+        True, "A new prompt masking for each inner update (PPO epoch, the paper's μ): the paper's "
+        "regulariser; false = one masking per rollout batch (the DARE reference's).")
+    truncate_at_eos: bool = option(
+        True, "The completion ends at its first EOS (inclusive): rewards read the truncated text and "
+        "the loss counts its tokens only, as d1's code; false = every generated position counts "
+        "(the DARE reference's). The forward always sees the whole masked completion.")
     mc_num: int = option(1, "Corruption draws per rollout (the recipe uses 1).", positive)
     clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
     clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
