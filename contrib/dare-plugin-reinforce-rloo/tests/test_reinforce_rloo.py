@@ -100,8 +100,8 @@ def test_loss_hand_computed_value_and_gradient():
 def test_composed_advantage_is_leave_one_out():
     comps = build(ReinforceRLOOConfig(), ComponentLookup(toy_build().registries))
     adv = comps.advantage(torch.tensor([1.0, 0.0, 0.0, 2.0]), torch.tensor([0, 0, 0, 1]))
-    # group 0: 1 - (0+0)/2 = 1, 0 - (1+0)/2 = -0.5 (twice); singleton group 1 -> 0
-    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 0.0]))
+    # group 0: 1 - (0+0)/2 = 1, 0 - (1+0)/2 = -0.5 (twice); singleton group 1 -> its reward (baseline 0)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 2.0]))
 
 
 def test_config_invariants_are_validators():
