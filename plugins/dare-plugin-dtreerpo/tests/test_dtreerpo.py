@@ -134,6 +134,11 @@ def test_policy_and_kl_hand_computed():
     kl = math.exp(-1.0)
     assert m["kl_loss"] == pytest.approx(kl, abs=1e-6)
     assert total_kl.item() == pytest.approx(-(1.0 - 1.0) / 2 + 0.5 * kl, abs=1e-6)
+    # a gap of 200 nats (e^200 overflows float32) on an inactive position: finite loss and gradient
+    far = old.clone().requires_grad_(True)
+    total_far, m = loss(far, old, old + torch.tensor([[0.0, 0.0, 200.0], [0.0, 0.0, 0.0]]), adv, active)
+    total_far.backward()
+    assert m["kl_loss"] == pytest.approx(0.0, abs=1e-6) and bool(torch.isfinite(far.grad).all())
 
 
 def _sd(logp, active, adv, parent, tokens, tau=1.0):

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import (
-    Components, Corrupted, DareError, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext,
+    Components, Corrupted, DareError, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext, kl_penalty,
 )
 from dare_plugin_dtreerpo.config import RESUMABLE, DTreeConfig
 
@@ -278,8 +278,8 @@ class TreeLoss:
         if self.kl_coef > 0:
             if ref_logp is None:
                 raise ValueError("kl_coef > 0 needs reference log-probabilities")
-            d = ref_logp - logp
-            kl = ((torch.exp(d) - d - 1.0) * a).sum(-1).div(L).sum() / n_rows
+            # k3 = e^{ℓ_ref-ℓ} - (ℓ_ref-ℓ) - 1, finite for any gap (inactive positions included)
+            kl = (kl_penalty(logp, ref_logp, A, "k3") * a).sum(-1).div(L).sum() / n_rows
             total = total + self.kl_coef * kl
             metrics["kl_loss"] = float(kl.detach())
         if self.self_distillation and extras is not None and "sd_weight" in extras:
