@@ -78,29 +78,36 @@ def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
 
 def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: int,
                        engine: Any = None) -> list[torch.Tensor]:
-    """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64, old
-    log-likelihoods off the policy so ratios and clips are active) through the RL loop's
-    :func:`~dare_core.workflows.rl.minibatch_backward` in micro-batches of ``micro``; under a
-    multi-process ``engine`` this rank takes its contiguous share of the rows and the gradients
-    are averaged over ranks as the engine's step does."""
+    """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64) through
+    the loop's :func:`~dare_core.workflows.rl.minibatch_backward` (RL; old log-likelihoods off
+    the policy, so ratios and clips are active) or :func:`~dare_core.workflows.sft.sft_backward`
+    (SFT) in micro-batches of ``micro``; under a multi-process ``engine`` this rank takes its
+    contiguous share of the rows and the gradients are averaged over ranks as the engine's step
+    does."""
     from dare_core.testing.contracts import _corrupted, toy_rows
     from dare_core.testing.toy import make_toy_wrapper
     from dare_core.workflows.rl import minibatch_backward
+    from dare_core.workflows.sft import sft_backward
 
     comps = algorithm_components(plugins, algo, **options)
     wrapper = make_toy_wrapper()
     wrapper.module.double()
     rows = toy_rows(plugins, algo, comps, wrapper, LENGTHS)
     corrupted = _corrupted(comps, wrapper, rows)
-    with torch.no_grad():
-        old = comps.estimator(wrapper, rows.batch, corrupted)
-    g = torch.Generator().manual_seed(1)
-    old = old + 0.3 * torch.randn(old.shape, generator=g, dtype=old.dtype)
-    ref = old + 0.1 * torch.randn(old.shape, generator=g, dtype=old.dtype) if comps.needs_ref else None
     world, rank = (engine.world_size, engine.rank) if engine is not None else (1, 0)
     n = rows.batch.batch_size // world
-    minibatch_backward(comps, wrapper, rows, corrupted, old, ref, rows.advantages,
-                       torch.arange(rank * n, (rank + 1) * n), micro, {}, engine=engine)
+    mine = torch.arange(rank * n, (rank + 1) * n)
+    if build_for(*plugins).registries.algorithms.get(algo).workflow == "sft":
+        sft_backward(comps, wrapper, rows.batch.select(mine), corrupted.select(mine) if corrupted is not None else None,
+                     micro, {}, engine=engine)
+    else:
+        with torch.no_grad():
+            old = comps.estimator(wrapper, rows.batch, corrupted)
+        g = torch.Generator().manual_seed(1)
+        old = old + 0.3 * torch.randn(old.shape, generator=g, dtype=old.dtype)
+        ref = old + 0.1 * torch.randn(old.shape, generator=g, dtype=old.dtype) if comps.needs_ref else None
+        minibatch_backward(comps, wrapper, rows, corrupted, old, ref, rows.advantages, mine, micro, {},
+                           engine=engine)
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in wrapper.module.parameters()]
     if world > 1:
         flat = torch.cat([x.reshape(-1) for x in grads])

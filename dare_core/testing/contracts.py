@@ -312,8 +312,8 @@ class AlgorithmContract(_PluginSuite):
         """One normalisation over the global mini-batch: micro-batches of 1, 2 and all rows, and
         2 gloo ranks, give the same gradient on rows of different lengths, for every
         ``loss_agg_mode`` the algorithm offers (:func:`check_partition_invariance`)."""
-        if spec.workflow != "rl":
-            pytest.skip("not an RL algorithm")
+        if spec.workflow not in ("rl", "sft"):
+            pytest.skip("an RL or SFT algorithm")
         from dare_core.testing.algorithm_checks import check_partition_invariance
 
         check_partition_invariance(self.plugins, self.algorithm)

@@ -1,14 +1,15 @@
 """The supervised loop (SFT and any objective over reference responses).
 
 Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
-trains on its rows) → the algorithm's collate → for each micro-batch: corruption → estimator →
-objective, normalised by the step's totals (:meth:`SFTObjective.totals` summed over the
+trains on its rows) → the algorithm's collate → corruption, drawn once over the global batch →
+for each micro-batch: estimator → objective, normalised by the step's totals (:meth:`SFTObjective.totals` summed over the
 micro-batches and ranks) → backward scaled by the world size (the engine averages over
 processes), so the gradient is the global batch's whatever the partition → clip → step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Optional, Sequence
 
@@ -63,38 +64,47 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     wrapper.module.train()
     for step in range(first, tr.steps + 1):
         t0 = time.perf_counter()
-        # the whole global batch is collated on every rank (same padding as one process) and
-        # each rank trains on its rows; a micro-batch's corruption is keyed by its global rows
+        # the whole global batch is collated and corrupted on every rank (same padding and
+        # draws as one process) and each rank trains on its rows
         items = next(batches)
         prompts = encode_prompts(wrapper, items, tr.max_prompt_length)
         responses = [(wrapper.encode(ex.response) + [wrapper.eos_token_id])[: tr.max_response_length]
                      for ex in items]
         rows = torch.tensor(engine.shard(range(len(items))))
-        batch = collate(prompts, responses, wrapper).select(rows).to(wrapper.device)
-        slices = list(chunks(batch.batch_size, tr.micro_batch_size))
-        totals = global_totals(engine, [comps.loss.totals(batch.select(torch.arange(sl.start, sl.stop)))
-                                        for sl in slices])
-        loss_sum, n_micro = 0.0, 0
+        full = collate(prompts, responses, wrapper).to(wrapper.device)
+        corrupted = (comps.corruption(wrapper, full, ctx.stream(STREAM_CORRUPTION, step))
+                     if comps.corruption is not None else None)
         agg: dict[str, float] = {}
-        for sl in slices:
-            idx = torch.arange(sl.start, sl.stop)
-            micro = batch.select(idx)
-            gen = ctx.stream(STREAM_CORRUPTION, step, int(rows[sl.start]))
-            with engine.autocast():
-                corrupted = comps.corruption(wrapper, micro, gen) if comps.corruption is not None else None
-                logp = comps.estimator(wrapper, micro, corrupted)
-                loss, metrics = comps.loss(logp, corrupted, micro, totals=totals)
-            engine.backward(loss * engine.world_size)
-            loss_sum += float(loss.detach()) * engine.world_size  # the ranks' mean: the batch loss
-            n_micro += 1
-            for k, v in metrics.items():
-                agg[k] = agg.get(k, 0.0) + float(v)
+        loss_sum, n_micro = sft_backward(comps, wrapper, full.select(rows),
+                                         corrupted.select(rows) if corrupted is not None else None,
+                                         tr.micro_batch_size, agg, engine=engine)
         lr = lr_at(tr, step - 1)
         norm, ok = engine.step(tr.grad_clip, lr)
-        record = {
-            "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
+        record = {  # this rank's shares times the world size: the ranks' mean is the batch loss
+            "step": step, "loss": loss_sum * engine.world_size, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
             "lr": lr, "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record = tracker.step_end(step, record, loss=f"{record['loss']:.4f}")
     return tracker.finish({"steps": tr.steps, "final_loss_mean_last20": tracker.last("loss", 20)})
+
+
+def sft_backward(comps: Any, wrapper: Any, batch: SequenceBatch, corrupted: Any, micro_batch_size: int,
+                 agg: dict[str, float], *, engine: Any = None) -> tuple[float, int]:
+    """Accumulate the gradient of this rank's rows in micro-batches: each objective call is
+    normalised by the step's totals (:meth:`SFTObjective.totals` summed over the micro-batches
+    and ranks) and its backward scaled by the world size (the engine averages over ranks).
+    Adds the metrics into ``agg``; returns this rank's share of the loss and the micro-batches run."""
+    slices = [torch.arange(sl.start, sl.stop) for sl in chunks(batch.batch_size, micro_batch_size)]
+    totals = global_totals(engine, [comps.loss.totals(batch.select(idx)) for idx in slices])
+    world = engine.world_size if engine is not None else 1
+    loss_sum = 0.0
+    for idx in slices:
+        micro, corr = batch.select(idx), corrupted.select(idx) if corrupted is not None else None
+        with engine.autocast() if engine is not None else contextlib.nullcontext():
+            loss, metrics = comps.loss(comps.estimator(wrapper, micro, corr), corr, micro, totals=totals)
+        (engine.backward if engine is not None else torch.Tensor.backward)(loss * world)
+        loss_sum += float(loss.detach())
+        for k, v in metrics.items():
+            agg[k] = agg.get(k, 0.0) + float(v)
+    return loss_sum, len(slices)

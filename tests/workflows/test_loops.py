@@ -212,7 +212,7 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
 
 def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
     """The loop and the probe script accumulate a mini-batch's gradient in micro-batches (each
-    scaled by its share): the sum must be the gradient of one pass over every row, so that a
+    normalised by the mini-batch's totals): the sum must be the gradient of one pass over every row, so that a
     probe of a many-row algorithm (one row per trained step) fits in memory and still measures
     the loop's gradient."""
     import torch

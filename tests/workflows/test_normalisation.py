@@ -1,6 +1,6 @@
 """One normalisation over the global mini-batch: the RL loop's gradient does not depend on
 ``trainer.micro_batch_size`` or the world size, for every ``agg_loss`` mode of the core's clipped
-policy loss (token counts, row counts and cells of the whole mini-batch, summed over its
+policy loss and for an SFT objective (token counts, row counts and cells of the whole mini-batch, summed over its
 micro-batches and ranks before the backward, as DAPO arXiv:2503.14476 does), and a loss that
 cannot say what it divides by is refused before any work."""
 
@@ -16,6 +16,7 @@ from dare_core.errors import DareError
 from dare_core.interfaces import AlgorithmSpec, Components, PolicyLoss, SFTObjective
 from dare_core.plugins import hookimpl
 from dare_core.testing.algorithm_checks import check_partition_invariance
+from dare_core.testing.digits import DigitsPlugin
 from dare_core.workflows.rl import require_totals
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # the spawned ranks import AggPlugin
@@ -48,6 +49,12 @@ def test_clipped_loss_gradient_is_the_same_for_every_partition_and_agg_mode():
     give the same gradient within 1e-6 for token-mean, seq-mean-token-sum, seq-mean-token-mean
     and seq-mean-token-sum-norm."""
     check_partition_invariance([AggPlugin()], "agg_test")
+
+
+def test_sft_objective_gradient_is_the_same_for_every_partition():
+    """The SFT loop's objective over totals of the whole batch (the digits test objective, a
+    masked NLL over the batch's response tokens), corruption drawn once over the batch."""
+    check_partition_invariance([DigitsPlugin(rl_name=None)], "sup_test")
 
 
 def test_a_loss_without_totals_is_refused_before_any_work():

@@ -179,8 +179,9 @@ def _grads(w):
 
 
 class SquaredGap(RowMeanObjective):
-    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask):
-        return ((elbo - old_rows.mean(0)) ** 2 * advantages + elbo.exp() * 0.1).sum(), {"n": float(rows.shape[0])}
+    def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):
+        loss = ((elbo - old_rows.mean(0)) ** 2 * advantages + elbo.exp() * 0.1).sum() / totals["rows"]
+        return loss, {"n": float(rows.shape[0])}
 
 
 def test_proxy_backward_equals_full_graph_gradient():
@@ -188,10 +189,11 @@ def test_proxy_backward_equals_full_graph_gradient():
     old = estimate(list(range(4))).detach() - 0.3
     adv = torch.tensor([1.0, -0.5, 2.0])
     obj = SquaredGap()
-    loss_full, _ = obj(estimate(list(range(4))), old, None, adv, None)
+    mask = torch.ones(3, 2)
+    loss_full, _ = obj(estimate(list(range(4))), old, None, adv, mask)
     (loss_full * 0.5).backward()
     full = _grads(w)
-    loss_acc, metrics = obj.accumulate(estimate, 4, old, None, adv, None, 0.5)
+    loss_acc, metrics = obj.accumulate(estimate, 4, old, None, adv, mask, 0.5)
     acc = _grads(w)
     assert loss_acc.item() == pytest.approx(loss_full.item(), rel=1e-5)
     assert metrics["n"] == 4.0
