@@ -156,10 +156,10 @@ def test_countdown_references_score_one():
         expression = solve_countdown(numbers).get(int(ex.ground_truth))
         if ex.response is not None:
             assert score_example(ex, ex.response).score == 1.0, ex.response
-        if expression is not None:  # test items the integer solver reaches
+        if expression is not None:  # every test item: the integer solver reaches each target
             solved += 1
             assert score_example(ex, f"<answer>{expression}</answer>").score == 1.0, expression
-    assert solved >= 200
+    assert solved >= 256
 
 
 def test_sudoku_references_score_one():
