@@ -160,13 +160,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Ten
     ``k = log(1 + d)`` where ``A > 0`` and ``k = d`` elsewhere (k3 clamped to [-10, 10]). It is not
     a KL and is undefined for ``d ≤ -1`` where ``A > 0`` (the reference's NaN): there it raises.
 
-    Args:
-        logp, ref_logp: ``[..., B, R]`` policy and reference log-likelihoods.
-        advantages: broadcastable to them; read only by the ``dare_log1p_*`` kinds.
-        kind: one of :data:`KL_KINDS`.
-
-    Returns:
-        ``[..., B, R]`` per-token penalties.
+    ``logp``/``ref_logp``: ``[..., B, R]``; ``advantages``: broadcastable to them (read by the
+    ``dare_log1p_*`` kinds only); ``kind``: one of :data:`KL_KINDS`. Returns ``[..., B, R]``.
     """
     d = logp - ref_logp
     base = kind.removeprefix("dare_log1p_")
