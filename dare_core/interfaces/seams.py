@@ -194,15 +194,13 @@ class PolicyLoss(Protocol):
     """
 
     def totals(self, mask: torch.Tensor, extras: Optional[dict[str, torch.Tensor]]) -> Totals:
-        """The additive statistics of these rows the loss divides by (from ``mask`` ``[B, R]`` and
-        ``extras`` only, before any forward), e.g. :func:`~dare_core.api.mask_totals`."""
+        """What the loss divides by, of these rows (before any forward), e.g. ``mask_totals``."""
 
     def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
                  advantages: torch.Tensor, mask: torch.Tensor, *,
                  extras: Optional[dict[str, torch.Tensor]] = None,
                  totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """These rows' numerator divided by the mini-batch's ``totals`` (their share of the
-        mini-batch objective); ``totals=None``: by ``self.totals(mask, extras)``."""
+        """These rows' numerator over ``totals`` (``None``: ``self.totals(mask, extras)``)."""
 
 
 class AccumulatingLoss(Protocol):

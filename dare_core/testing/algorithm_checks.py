@@ -116,11 +116,6 @@ def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: 
     return [x.reshape(-1) for x in grads]
 
 
-def _plugin_refs(plugins: Sequence[Any]) -> list[Any]:
-    """``plugins`` picklable for a spawned process (modules by name)."""
-    return [p.__name__ if isinstance(p, types.ModuleType) else p for p in plugins]
-
-
 def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro: int) -> list:
     """In a gloo rank: :func:`partition_gradient` under the ``ddp`` engine for every option set."""
     from dare_core.config import RunConfig
@@ -128,9 +123,8 @@ def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro:
 
     plugins = [importlib.import_module(r) if isinstance(r, str) else r for r in refs]
     cfg = RunConfig()
-    cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, device="cpu"),
-                       engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32"))
-    engine = ProcessGroupEngine(cfg)
+    engine = ProcessGroupEngine(attrs.evolve(cfg, model=attrs.evolve(cfg.model, device="cpu"),
+                                             engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32")))
     try:
         return [partition_gradient(plugins, algo, o, micro, engine) for o in option_sets]
     finally:
@@ -145,7 +139,8 @@ def check_partition_invariance(plugins: Sequence[Any], algo: str, tol: float = 1
 
     option_sets = _options(plugins, algo)
     whole = [partition_gradient(plugins, algo, o, 4) for o in option_sets]
-    ranks = run_ranks(2, _ranks_gradients, _plugin_refs(plugins), algo, option_sets, 1)[0]
+    refs = [p.__name__ if isinstance(p, types.ModuleType) else p for p in plugins]  # picklable
+    ranks = run_ranks(2, _ranks_gradients, refs, algo, option_sets, 1)[0]
     for o, full, two in zip(option_sets, whole, ranks):
         assert any(bool(x.abs().sum() > 0) for x in full), f"{algo} {o}: the loss has no gradient"
         for name, parts in [("micro 1", partition_gradient(plugins, algo, o, 1)),

@@ -46,19 +46,25 @@ def _context(B, adv=None):
     return TrajectoryContext(torch.zeros(B), adv, torch.arange(B), lambda *a: torch.zeros(B))
 
 
+def _reduce(x, w, mode):
+    """``ReplayClippedLoss``'s reduction of ``x`` over the totals of ``w`` (all rows: one batch)."""
+    den = ReplayClippedLoss._den(ReplayClippedLoss.totals(None, w), mode, slice(None), x.shape[0])
+    return ReplayClippedLoss._reduce(x, w, mode, 3, den)
+
+
 def test_paper_reduction_is_27_17_and_differs_from_step_mean():
     const = {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 10.0, (1, 1): 20.0, (1, 2): 30.0, (2, 0): 100.0}
     vals = torch.tensor([[const[(int(b), int(k))] for b, k in zip(BLOCKS[0], LOCAL[0])]], dtype=torch.float64)
     x = vals[None].expand(3, 1, 12)
     w = transition_weights(LOCAL, BLOCKS, 3)
-    paper = ReplayClippedLoss._reduce(x, w, "per_sample", 3, w.sum())
+    paper = _reduce(x, w, "per_sample")
     assert paper.item() == pytest.approx(27.1666667, abs=1e-6)
     targets = (LOCAL[None] == torch.arange(3)[:, None, None]).double()
-    step_mean = ReplayClippedLoss._reduce(x, targets, "step_mean", 3, targets.sum())
+    step_mean = _reduce(x, targets, "step_mean")
     assert step_mean.item() == pytest.approx(32.2857143, abs=1e-6)
     # ratio 1 with token advantages: loss = -Σ w A
     adv = torch.tensor([[0.9, -0.4, 0.3, -0.8, 1.1, -0.6, 0.7, -0.2, 0.5, -1.0, 0.4, -0.3]], dtype=torch.float64)
-    loss = ReplayClippedLoss._reduce(-adv[None].expand(3, 1, 12), w, "per_sample", 3, w.sum())
+    loss = _reduce(-adv[None].expand(3, 1, 12), w, "per_sample")
     assert loss.item() == pytest.approx(-0.1083333, abs=1e-6)
 
 
