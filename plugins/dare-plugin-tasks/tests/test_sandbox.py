@@ -306,6 +306,39 @@ def test_check_program_mbpp_style_and_errors():
         check_program("pass", "pass", "not an identifier")
 
 
+def test_check_program_results_cross_by_value_and_type():
+    program = (
+        "def values(x, *, scale=1):\n"
+        "    return [None, True, 3 * scale, 0.1 + 0.2, 1 + 2j, 'é', b'\\x00', (1, [2]), {3}, frozenset({4}),\n"
+        "            {'k': (x,)}]\n"
+        "def fails(kind):\n"
+        "    raise {'value': ValueError, 'mine': type('Mine', (Exception,), {})}[kind]('no')\n"
+    )
+    tests = (
+        "out = values([1.5], scale=2)\n"
+        "assert out == [None, True, 6, 0.1 + 0.2, 1 + 2j, 'é', b'\\x00', (1, [2]), {3}, frozenset({4}),\n"
+        "               {'k': ([1.5],)}]\n"
+        "assert [type(v) for v in out] == [type(None), bool, int, float, complex, str, bytes, tuple, set,\n"
+        "                                  frozenset, dict]\n"
+        "try:\n    fails('value')\nexcept ValueError as exc:\n    assert str(exc) == 'no'\n"
+        "try:\n    fails('mine')\nexcept Exception as exc:\n    assert 'Mine: no' in str(exc)\n"
+    )
+    assert check_program(program, tests).status == "passed"
+    # a result that is not a plain value fails the call
+    assert check_program("def f():\n    return object()\n", "f()\n").status == "error"
+    assert check_program("def f():\n    return [len]\n", "f()\n").status == "error"
+
+
+def test_check_program_context_is_the_checkers():
+    # the checker runs the trusted context, not the program's redefinition of its helpers
+    context = "def helper(x):\n    return x + 1\n\ndef f(x):\n    pass\n"
+    tests = "def check(candidate):\n    assert helper(candidate(1)) == 3\n"
+    program = "def helper(x):\n    return 3\n\ndef f(x):\n    return 0\n"
+    assert check_program(program, tests, "f").status == "error"  # no helper in the checker
+    assert check_program(program, tests, "f", context=context).status == "wrong"
+    assert check_program(program.replace("return 0", "return 2"), tests, "f", context=context).status == "passed"
+
+
 @pytest.mark.parametrize("escape", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "quit()"])
 def test_check_program_early_exit_is_not_a_pass(escape):
     program = HUMANEVAL_PROMPT + "    return 0\n" + escape + "\n"

@@ -1,8 +1,9 @@
 """Bounded execution of generated Python programs: an evaluation grader and an RL reward.
 
 :func:`run_program` runs one source file, :func:`check_program` runs a HumanEval/MBPP item
-(program + tests, optionally followed by ``check(entry_point)``) and :func:`run_many` runs many of
-either on a thread pool, each in its own subprocess, results in input order.
+(the program in a candidate process, the tests, optionally followed by ``check(entry_point)``,
+in a checker process that gets the candidate's results by value) and :func:`run_many` runs many
+of either on a thread pool, each in its own sandbox, results in input order.
 
 Every run gets
 
@@ -59,11 +60,12 @@ Outcome (:attr:`ExecutionResult.status`): the program is executed by a small har
 uncaught ``AssertionError`` to ``wrong`` and ``MemoryError`` to ``memory``; any other uncaught
 exception, a syntax error or a non-zero exit is ``error``; a signal is ``killed``; the wall clock
 running out is ``timeout``; exit status 0 is ``passed``. :func:`check_program` is stricter: the
-harness writes a random token (given to it through a pipe, never through the environment or a
-file) to a marker file only after the tests ran to the end, and ``passed`` needs that token, so
+harness forks the candidate process first, then reads a random token (given to it through a
+pipe, never through the environment or a file) that the checker process writes to a marker file
+only after the tests ran to the end, and ``passed`` needs that token, so
 ``sys.exit(0)``/``os._exit(0)``/``quit()`` before the tests finish is ``error`` rather than a
-reward. (A program that walks the interpreter's frames can still find the token; the check stops
-accidental and the common deliberate exits, not an adversary with full introspection.)
+reward. The candidate's process never holds the token nor runs a test; only a process with
+ptrace rights over the checker (root with ``CAP_SYS_PTRACE``) could reach into it.
 """
 
 from __future__ import annotations
@@ -424,9 +426,9 @@ def _dare_checker(requests, replies, names, modules, tests, context, entry):
 
     namespace = {{"__name__": "__main__", "__builtins__": builtins}}
     stdlib = getattr(sys, "stdlib_module_names", ())
-    for name, module_name in modules.items():
-        if str(module_name).split(".")[0] in stdlib:
-            namespace[name] = importlib.import_module(module_name)
+    for name, module_name in modules.items():  # `import math`, `import os.path` (as `os`)
+        if name in stdlib and str(module_name).split(".")[0] == name and name not in builtins.__dict__:
+            namespace[name] = importlib.import_module(name)
     if entry:
         if context:
             exec(compile(context, "<prompt>", "exec"), namespace)
@@ -1007,8 +1009,8 @@ def check_program(
     ``tuple``/``set``/``frozenset``/``dict`` of those (exact types, no subclasses), rebuilt by
     the checker; any other result, e.g. an object with its own ``__eq__``, fails the call with
     ``TypeError``. An exception in the candidate is raised in the checker as the builtin
-    exception of the same name (else a generic one). Stdlib modules the program imported are
-    imported afresh in the checker under the same names.
+    exception of the same name (else a generic one). Stdlib modules the program imported under
+    their own names (``import math``) are imported afresh in the checker.
 
     ``passed`` means the tests ran to their end; a failed assertion is ``wrong``; exiting before
     the tests finish (``sys.exit``, ``os._exit``) or an invalid result is ``error``.
