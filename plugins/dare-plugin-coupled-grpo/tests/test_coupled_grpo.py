@@ -85,6 +85,7 @@ def test_rows_partition_the_valid_response_with_p_mask():
 def test_default_draws_fresh_masks_every_step():
     """DiffuCoder's code draws new masks per batch; 'fixed' (one mask per run) is the reference's."""
     assert CoupledConfig().seed_mode == "stream"
+    assert _components().remask_each_epoch and not _components(seed_mode="fixed").remask_each_epoch
     w, batch = make_toy_wrapper(), _batch()
     corrupt = _components().corruption
     steps = [corrupt(w, batch, torch.Generator().manual_seed(s)) for s in (0, 1)]

@@ -4,8 +4,9 @@ Models for Code Generation", arXiv:2506.20639).
 GRPO whose per-token log-likelihood is scored under a pair of *complementary* masks: a random
 fraction ``t`` of the response is masked in one row, the rest in the other, so every response
 token is predicted exactly once at a partial mask level; the fully masked (one-step) estimate is
-added and the two are averaged. The three rows are drawn once per rollout batch and shared by the
-old, reference and new log-likelihoods.
+added and the two are averaged. The three rows are drawn for each PPO epoch (``seed_mode=stream``;
+once per rollout batch with ``fixed``), all before the first update, and shared by that epoch's old,
+reference and new log-likelihoods.
 
 "Masked" means replaced by the family's forward noise (``wrapper.noise``), so the algorithm also
 runs on a uniform-noise family (``uniform_noise``, no MASK token); :class:`CoupledTokenLogProb`
@@ -134,4 +135,6 @@ def build(cfg: CoupledConfig, lookup) -> Components:
         loss=build_clipped_objective(cfg, lookup),
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
+        # DiffuCoder's code draws a mask seed per inner iteration; one fixed mask needs no redraw
+        remask_each_epoch=cfg.seed_mode == "stream",
     )
