@@ -67,6 +67,7 @@ def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any,
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 #: response lengths of the 4 toy rows (rows of different lengths)
 LENGTHS = (8, 5, 2, 7)
+TOY = "dare_core.testing.toy:make_toy_wrapper"
 
 
 def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
@@ -77,20 +78,20 @@ def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
 
 
 def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: int,
-                       engine: Any = None) -> list[torch.Tensor]:
+                       engine: Any = None, toy: str = TOY) -> list[torch.Tensor]:
     """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64) through
     the loop's :func:`~dare_core.workflows.rl.minibatch_backward` (RL; old log-likelihoods off
     the policy, so ratios and clips are active) or :func:`~dare_core.workflows.sft.sft_backward`
     (SFT) in micro-batches of ``micro``; under a multi-process ``engine`` this rank takes its
     contiguous share of the rows and the gradients are averaged over ranks as the engine's step
-    does."""
+    does. ``toy``: ``"module:function"`` making the toy wrapper."""
     from dare_core.testing.contracts import _corrupted, toy_rows
-    from dare_core.testing.toy import make_toy_wrapper
     from dare_core.workflows.rl import minibatch_backward
     from dare_core.workflows.sft import sft_backward
 
     comps = algorithm_components(plugins, algo, **options)
-    wrapper = make_toy_wrapper()
+    module, name = toy.split(":")
+    wrapper = getattr(importlib.import_module(module), name)()
     wrapper.module.double()
     rows = toy_rows(plugins, algo, comps, wrapper, LENGTHS)
     corrupted = _corrupted(comps, wrapper, rows)
@@ -116,7 +117,7 @@ def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: 
     return [x.reshape(-1) for x in grads]
 
 
-def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro: int) -> list:
+def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro: int, toy: str) -> list:
     """In a gloo rank: :func:`partition_gradient` under the ``ddp`` engine for every option set."""
     from dare_core.config import RunConfig
     from dare_core.engines.distributed import ProcessGroupEngine
@@ -126,25 +127,25 @@ def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro:
     engine = ProcessGroupEngine(attrs.evolve(cfg, model=attrs.evolve(cfg.model, device="cpu"),
                                              engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32")))
     try:
-        return [partition_gradient(plugins, algo, o, micro, engine) for o in option_sets]
+        return [partition_gradient(plugins, algo, o, micro, engine, toy) for o in option_sets]
     finally:
         engine.close()
 
 
-def check_partition_invariance(plugins: Sequence[Any], algo: str, tol: float = 1e-6) -> None:
+def check_partition_invariance(plugins: Sequence[Any], algo: str, tol: float = 1e-6, toy: str = TOY) -> None:
     """The mini-batch gradient of ``algo`` is the same (max difference ``≤ tol·max(1, max|g|)``)
     with micro-batches of 1, 2 and all 4 rows and on 2 gloo ranks (``ddp``, one spawn for every
-    ``loss_agg_mode`` the algorithm offers)."""
+    ``loss_agg_mode`` the algorithm offers); ``toy`` as in :func:`partition_gradient`."""
     from dare_core.testing.distributed import run_ranks
 
     option_sets = _options(plugins, algo)
-    whole = [partition_gradient(plugins, algo, o, 4) for o in option_sets]
+    whole = [partition_gradient(plugins, algo, o, 4, toy=toy) for o in option_sets]
     refs = [p.__name__ if isinstance(p, types.ModuleType) else p for p in plugins]  # picklable
-    ranks = run_ranks(2, _ranks_gradients, refs, algo, option_sets, 1)[0]
+    ranks = run_ranks(2, _ranks_gradients, refs, algo, option_sets, 1, toy)[0]
     for o, full, two in zip(option_sets, whole, ranks):
         assert any(bool(x.abs().sum() > 0) for x in full), f"{algo} {o}: the loss has no gradient"
-        for name, parts in [("micro 1", partition_gradient(plugins, algo, o, 1)),
-                            ("micro 2", partition_gradient(plugins, algo, o, 2)), ("2 ranks", two)]:
+        for name, parts in [("micro 1", partition_gradient(plugins, algo, o, 1, toy=toy)),
+                            ("micro 2", partition_gradient(plugins, algo, o, 2, toy=toy)), ("2 ranks", two)]:
             scale = max(1.0, max(float(x.abs().max()) for x in full))
             diff = max(float((a - b).abs().max()) for a, b in zip(full, parts))
             assert diff <= tol * scale, f"{algo} {o}: {name} gradient differs from the whole mini-batch's by {diff:.3g}"

@@ -238,6 +238,9 @@ class AlgorithmContract(_PluginSuite):
     """What every algorithm must do, checked on the family-free toy model."""
 
     algorithm: ClassVar[str] = ""
+    #: ``"module:function"`` making the toy wrapper of the partition check, and its tolerance
+    partition_toy: ClassVar[str] = "dare_core.testing.toy:make_toy_wrapper"
+    partition_tol: ClassVar[float] = 1e-6
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -316,7 +319,7 @@ class AlgorithmContract(_PluginSuite):
             pytest.skip("an RL or SFT algorithm")
         from dare_core.testing.algorithm_checks import check_partition_invariance
 
-        check_partition_invariance(self.plugins, self.algorithm)
+        check_partition_invariance(self.plugins, self.algorithm, self.partition_tol, self.partition_toy)
 
     def test_one_update_is_finite_and_moves_parameters(self, spec, components):
         wrapper = make_toy_wrapper()
