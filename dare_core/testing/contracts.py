@@ -174,6 +174,47 @@ class ModelFamilyContract(_PluginSuite):
         assert out.response_ids.shape[0] == 2
         assert not (out.response_ids == wrapper.mask_token_id).any()
 
+    def test_default_rollout_steps_in_lockstep(self, dare, spec, wrapper):
+        """The rollout-backend contract under collective forwards (docs/engines.md, "Lockstep"):
+        every forward runs through ``wrapper.module``, so a rank that has finished keeps stepping
+        while another rank decodes (here: 3 more steps) with its responses unchanged — or the
+        backend refuses such engines in one line."""
+        from dare_core.engines.lockstep import lockstep
+        from dare_core.errors import DareError
+        from dare_core.workflows.batching import left_pad
+
+        rspec = dare.registries.rollouts.get(spec.default_rollout)
+        names = {f.name for f in attrs.fields(rspec.config_cls)}
+        cfg, _ = structure(rspec.config_cls, {k: v for k, v in dict(gen_length=8, block_length=8, steps=4).items()
+                                              if k in names})
+        pid, pmask = left_pad([self._ids(wrapper, "a"), self._ids(wrapper, "a longer prompt")], wrapper.pad_token_id)
+        polls: list[bool] = []
+
+        class Straggler:  # the engine of rank 0 of 2, whose other rank decodes 3 steps longer
+            collective_forwards, world_size = True, 2
+
+            def any_active(self, local: bool) -> bool:
+                polls.append(local)
+                return local or polls.count(False) <= 3
+
+        forwards = [0]
+        hook = wrapper.module.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            with torch.no_grad():
+                alone = rspec.build(cfg).generate(wrapper, pid, pmask, generator=torch.Generator().manual_seed(0))
+                own = forwards[0]
+                try:
+                    with lockstep(Straggler(), wrapper, pid, pmask):
+                        out = rspec.build(cfg).generate(wrapper, pid, pmask, generator=torch.Generator().manual_seed(0))
+                except DareError as exc:  # refused where forwards are collective: one line
+                    assert "\n" not in str(exc) and forwards[0] == own
+                    return
+        finally:
+            hook.remove()
+        assert own > 0 and polls == [True] * own + [False] * 4, "forwards bypass wrapper.module"
+        assert forwards[0] == 2 * own + 3
+        assert torch.equal(out.response_ids, alone.response_ids)
+
     @pytest.mark.parametrize("device,dtype", [
         ("cpu", torch.float32),
         pytest.param("cuda", torch.float32, marks=_NEEDS_CUDA),
@@ -293,7 +334,14 @@ class AlgorithmContract(_PluginSuite):
             "(AlgorithmSpec.rollout_fields / rollout_methods)")
 
     def test_members_the_loops_call_are_declared(self, spec, components):
-        """Each member the loop calls is one the interfaces declare (dare_core.interfaces)."""
+        """Each member the loop calls is one the interfaces declare (dare_core.interfaces); the
+        loss has the ``totals`` its loop normalises by."""
+        from dare_core.interfaces import PolicyLoss, PreferenceLoss, SFTObjective
+
+        seam = {"rl": PolicyLoss, "sft": SFTObjective, "preference": PreferenceLoss}.get(spec.workflow)
+        assert seam is None or isinstance(components.loss, seam), (
+            f"{spec.name}'s loss {type(components.loss).__name__} lacks a member of {seam.__name__} "
+            "(totals(...) and __call__(..., totals=None))")
         if spec.workflow != "rl":
             pytest.skip("not an RL algorithm")
         traj = components.trajectory
