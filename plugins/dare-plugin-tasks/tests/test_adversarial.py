@@ -29,6 +29,7 @@ from dare_plugin_tasks.sudoku import SudokuTask
 
 PUZZLE = "3102200002100320"
 SOLUTION = "3142243142131324"
+FULLWIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
 
 
 def _example(source: str, truth: str, **info) -> Example:
@@ -49,7 +50,8 @@ MBPP = {i: ex for i, ex in enumerate(MBPPTask().eval_set()) if i in (1, 3, 5)}
 SET_ITEM = _mbpp("assert set(evens(5)) == set([0, 2, 4])")
 ISCLOSE_ITEM = _mbpp("import math", "assert math.isclose(area(2.0), 12.566, rel_tol=1e-3)")
 
-ALWAYS_EQUAL = "class Any:\n    def __eq__(self, other):\n        return True\n\n    def __sub__(self, other):\n        return 0\n"
+ALWAYS_EQUAL = ("class Any:\n    def __eq__(self, other):\n        return True\n\n"
+                "    def __sub__(self, other):\n        return 0\n")
 
 # (id, example, response): every row must score 0
 ADVERSARIAL = [
@@ -82,7 +84,7 @@ ADVERSARIAL = [
     # ---- sudoku: only ASCII digits in the last <answer> block count
     ("sudoku-echo-puzzle", _example("sudoku", SOLUTION, puzzle=PUZZLE), f"<answer>{PUZZLE}</answer>"),
     ("sudoku-fullwidth-digits", _example("sudoku", SOLUTION, puzzle=PUZZLE),
-     "<answer>" + SOLUTION.translate(str.maketrans("0123456789", "０１２３４５６７８９")) + "</answer>"),
+     "<answer>" + SOLUTION.translate(FULLWIDTH) + "</answer>"),
     ("sudoku-outside-tag", _example("sudoku", SOLUTION, puzzle=PUZZLE),
      f"<reasoning>{SOLUTION}</reasoning><answer></answer>"),
     ("sudoku-unclosed-tag", _example("sudoku", SOLUTION, puzzle=PUZZLE), f"<answer>{SOLUTION}"),
@@ -100,7 +102,8 @@ ADVERSARIAL = [
      "class I(int):\n    __hash__ = int.__hash__\n\n    def __eq__(self, other):\n        return True\n\n"
      "def find_Volume(l, b, h):\n    return I(0)\n"),
     ("code-list-subclass", MBPP[1],
-     "class L(list):\n    def __eq__(self, other):\n        return True\n\ndef sort_matrix(m):\n    return L()\n"),
+     "class L(list):\n    def __eq__(self, other):\n        return True\n\n"
+     "def sort_matrix(m):\n    return L()\n"),
     ("code-str-subclass", MBPP[5],
      "class S(str):\n    def __eq__(self, other):\n        return True\n\n"
      "def text_lowercase_underscore(text):\n    return S()\n"),
@@ -113,7 +116,8 @@ ADVERSARIAL = [
 
 # honest solutions of the items the code rows attack: each must score 1
 CODE_REFERENCES = [
-    ("truncate_number", HUMANEVAL[2], "```python\ndef truncate_number(number):\n    return number % 1.0\n```"),
+    ("truncate_number", HUMANEVAL[2],
+     "```python\ndef truncate_number(number):\n    return number % 1.0\n```"),
     ("find_zero", HUMANEVAL[32],
      "```python\ndef find_zero(xs):\n    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n"
      "        lo, hi = lo * 2.0, hi * 2.0\n    for _ in range(200):\n        mid = (lo + hi) / 2.0\n"

@@ -387,7 +387,8 @@ def _dare_serve(program, requests, replies):
 
     namespace = _dare_load(program, leave)
     module = type(os)
-    names = [n for n, v in namespace.items() if not n.startswith("__") and callable(v) and type(v) is not module]
+    names = [n for n, v in namespace.items()
+             if not n.startswith("__") and callable(v) and type(v) is not module]
     modules = {{n: v.__name__ for n, v in namespace.items() if type(v) is module and type(v.__name__) is str}}
     _dare_send(replies, ["ready", names, modules])
     while True:
