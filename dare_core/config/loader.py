@@ -29,8 +29,10 @@ def load_yaml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise DareError(f"config file {path!r} does not exist; pass an existing YAML file to --config")
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
+    except UnicodeDecodeError as exc:
+        raise DareError(f"config file {path!r} is not valid UTF-8 (byte {exc.start}); save it as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import attrs
 import pytest
@@ -78,9 +78,12 @@ def _only_model_type(ckpt: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps({"model_type": model_type}))
 
 
-def _file(name: str, text: str = "x") -> Callable[[Path], dict]:
+def _file(name: str, text: Union[str, bytes] = "x") -> Callable[[Path], dict]:
     def setup(tmp: Path) -> dict:
-        (tmp / name).write_text(text)
+        if isinstance(text, bytes):
+            (tmp / name).write_bytes(text)
+        else:
+            (tmp / name).write_text(text)
         return {name.replace(".", "_"): str(tmp / name)}
 
     return setup
@@ -144,6 +147,8 @@ CASES = [
     Case("config-file-bad-yaml", TRAIN + ("--config", "{bad_yaml}"), ("bad.yaml",),
          setup=_file("bad.yaml", "trainer: {lr: [1,\n")),
     Case("config-file-list", TRAIN + ("--config", "{list_yaml}"), ("list.yaml",), setup=_file("list.yaml", "- 1\n- 2\n")),
+    Case("config-file-not-utf8", TRAIN + ("--config", "{latin1_yaml}"), ("latin1.yaml", "utf-8"),
+         setup=_file("latin1.yaml", b"seed: \xff\n")),
     Case("config-file-unknown-key", TRAIN + ("--config", "{keys_yaml}"), ("trainer.nope",),
          setup=_file("keys.yaml", "trainer:\n  nope: 1\n")),
     Case("config-file-is-directory", TRAIN + ("--config", "{tmp}"), ("config",)),
