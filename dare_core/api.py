@@ -44,7 +44,7 @@ _EXPORTS = {
     "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
                                 "resolve_precision set_lr trainable_parameters",
     "dare_core.engines.distributed": "LAUNCH_HINT ProcessGroupEngine",
-    "dare_core.engines.lockstep": "lockstep",
+    "dare_core.engines.lockstep": "collective_generation lockstep",
     "dare_core.engines.single": "SingleProcessEngine",
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}

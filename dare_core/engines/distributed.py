@@ -83,6 +83,11 @@ class ProcessGroupEngine(SingleProcessEngine):
     def barrier(self) -> None:
         dist.barrier()
 
+    def any_active(self, local: bool) -> bool:
+        flag = torch.tensor([int(local)], device=self._comm_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def _comm_device(self) -> torch.device:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 

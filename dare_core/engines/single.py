@@ -29,6 +29,7 @@ class SingleProcessEngine:
     name = "single"
     rank = 0
     world_size = 1
+    collective_forwards = False
 
     def __init__(self, config: Any, device: Optional[torch.device] = None):
         self.config = config
@@ -54,6 +55,9 @@ class SingleProcessEngine:
                             f"processes; make the batch a multiple of the world size")
         n = len(items) // self.world_size
         return items[self.rank * n:(self.rank + 1) * n]
+
+    def any_active(self, local: bool) -> bool:
+        return bool(local)
 
     # -- models -------------------------------------------------------------------------------
     def prepare(self, wrapper: Any, *, trainable: bool) -> None:

@@ -35,6 +35,9 @@ class Engine(Protocol):
     device: torch.device
     #: the resolved precision policy: ``fp32``, ``bf16-mixed`` or ``bf16``
     precision: str
+    #: forwards of the prepared policy are collectives (parameters gathered per forward): the
+    #: ranks generate in lockstep (:mod:`dare_core.engines.lockstep`)
+    collective_forwards: bool
 
     @property
     def is_main(self) -> bool:
@@ -76,6 +79,9 @@ class Engine(Protocol):
 
     def barrier(self) -> None:
         """Wait for every rank. Collective."""
+
+    def any_active(self, local: bool) -> bool:
+        """Whether this rank (``local``) or any other is still active: one all-reduce. Collective."""
 
     def save_state(self, path: str) -> None:
         """Write model and optimizer state (sharded where the engine shards) into the existing

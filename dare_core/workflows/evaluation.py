@@ -9,49 +9,64 @@ from typing import Any, Optional, Sequence
 import torch
 from tqdm import tqdm
 
+from dare_core.engines.lockstep import lockstep
 from dare_core.interfaces import Example
 from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
 from dare_core.workflows.runtime import Context
 
 
+#: the key of evaluation's random streams within the run seed (:meth:`Context.stream`)
+STREAM_EVAL = 7919
+
+
 def evaluate(ctx: Context, examples: Sequence[Example], label: str, items: Optional[list[float]] = None,
              records: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-    """Generate for ``examples`` with the eval sampling config (each rank for every world-size-th
-    item) and score them; returns ``{"accuracy", "reward", "n", "nfe", "seconds"}`` (``nfe``: this
-    rank's), writes decoded samples and appends, every rank's in the order of ``examples``, the
-    per-item accuracies to ``items`` and ``{"response", "pred", "score", "acc", "kind"}`` to
-    ``records`` where given."""
+    """Generate for ``examples`` with the eval sampling config and score them; returns ``{"accuracy",
+    "reward", "n", "nfe", "seconds"}`` (``nfe``: every rank's counted items'), writes decoded samples and appends,
+    in the order of ``examples``, the per-item accuracies to ``items`` and ``{"response", "pred",
+    "score", "acc", "kind"}`` to ``records`` where given.
+
+    The items form global batches of ``eval.batch_size`` (the same on every world size); rank ``r``
+    generates batches ``r, r + W, ...``, padded with a one-row batch that never counts so that every
+    rank makes the same generate calls (in lockstep where forwards are collective). Batch ``j``
+    samples from the stream ``(STREAM_EVAL, j)`` of the run seed: results do not depend on the
+    world size."""
     cfg = ctx.config
-    wrapper = ctx.wrapper
-    rank, world = ctx.engine.rank, ctx.engine.world_size
-    shard = list(examples)[rank::world]
-    prompts = encode_prompts(wrapper, shard, cfg.trainer.max_prompt_length)
-    gen = torch.Generator().manual_seed(cfg.seed + 7919)
-    done: list[tuple] = []  # (position in examples, acc, score, record)
-    samples: list[dict[str, Any]] = []
+    wrapper, engine = ctx.wrapper, ctx.engine
+    size = cfg.eval.batch_size
+    examples = list(examples)
+    prompts = encode_prompts(wrapper, examples, cfg.trainer.max_prompt_length)
+    batches = list(chunks(len(examples), size))
+    padded = len(batches) + -len(batches) % engine.world_size  # every rank as many calls
+    mine = [(j, batches[j] if j < len(batches) else None) for j in range(engine.rank, padded, engine.world_size)]
+    done: list[tuple] = []  # (position in examples, acc, score, record, sample)
     nfe = 0
     start = time.perf_counter()
     device = wrapper.device
-    bar = tqdm(total=len(shard), desc=label if label == "eval" else f"eval {label}", unit="prompt", leave=False,
-               dynamic_ncols=True, disable=None if cfg.progress and ctx.engine.is_main else True)  # None: TTY only
-    for sl in chunks(len(shard), cfg.eval.batch_size):
-        ids, mask = left_pad(prompts[sl], wrapper.pad_token_id)
-        with ctx.engine.autocast():
-            roll = ctx.eval_rollout.generate(wrapper, ids.to(device), mask.to(device), generator=gen)
+    bar = tqdm(total=sum(sl.stop - sl.start for _, sl in mine if sl is not None),
+               desc=label if label == "eval" else f"eval {label}", unit="prompt", leave=False, dynamic_ncols=True,
+               disable=None if cfg.progress and engine.is_main else True)  # None: TTY only
+    for j, sl in mine:
+        ids, mask = left_pad(prompts[sl or slice(0, 1)], wrapper.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        with engine.autocast(), lockstep(engine, wrapper, ids, mask):
+            roll = ctx.eval_rollout.generate(wrapper, ids, mask, generator=ctx.stream(STREAM_EVAL, j))
+        if sl is None:  # padding: generated in step with the other ranks, never counted
+            continue
         nfe += roll.nfe
         texts = decode_responses(wrapper, roll.response_ids.cpu(), roll.response_mask.cpu())
-        for ex, text in zip(shard[sl], texts):
+        for i, (ex, text) in enumerate(zip(examples[sl], texts), start=sl.start):
             s = ctx.task.score(ex, text)
             rec = None if records is None else {"response": text, "pred": s.pred, "score": float(s.score),
                                                 "acc": float(s.acc), "kind": s.kind}
-            done.append((rank + world * len(done), float(s.acc), float(s.score), rec))
-            if len(samples) < cfg.eval.save_samples:
-                samples.append({"prompt": ex.prompt[-1]["content"][-200:], "response": text,
-                                "ground_truth": ex.ground_truth, "score": s.score, "acc": s.acc})
+            sample = None if i >= cfg.eval.save_samples else {
+                "prompt": ex.prompt[-1]["content"][-200:], "response": text, "ground_truth": ex.ground_truth,
+                "score": s.score, "acc": s.acc}
+            done.append((i, float(s.acc), float(s.score), rec, sample))
         bar.update(len(texts))
     bar.close()
     seconds = time.perf_counter() - start
-    scored = sorted(ctx.engine.gather(done), key=lambda t: t[0])  # every rank's, in order
+    scored = sorted(engine.gather(done), key=lambda t: t[0])  # every rank's, in order
     accs, scores = [t[1] for t in scored], [t[2] for t in scored]
     n = len(accs)
     if items is not None:
@@ -59,8 +74,7 @@ def evaluate(ctx: Context, examples: Sequence[Example], label: str, items: Optio
     if records is not None:
         records.extend(t[3] for t in scored)
     result = {"accuracy": sum(accs) / max(1, n), "reward": sum(scores) / max(1, n), "n": n,
-              "nfe": nfe, "seconds": round(seconds, 2)}
-    samples = ctx.engine.gather(samples)[: cfg.eval.save_samples]
-    if ctx.rundir is not None and ctx.engine.is_main:
-        ctx.rundir.write_json(f"eval_samples/{label}.json", samples)
+              "nfe": sum(engine.gather([nfe])), "seconds": round(seconds, 2)}
+    if ctx.rundir is not None and engine.is_main:
+        ctx.rundir.write_json(f"eval_samples/{label}.json", [t[4] for t in scored if t[4] is not None])
     return result

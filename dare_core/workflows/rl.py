@@ -23,6 +23,7 @@ import torch
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.components.losses import sum_totals
 from dare_core.engines.common import lr_at
+from dare_core.engines.lockstep import lockstep
 from dare_core.errors import DareError
 from dare_core.interfaces import PolicyLoss, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
@@ -247,7 +248,7 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     parts = []
     for sl in chunks(len(expanded), chunk):
         gen = ctx.stream(STREAM_ROLLOUT, step, mine[0] * group_size + sl.start)
-        with engine.autocast():
+        with engine.autocast(), lockstep(engine, wrapper, prompt_ids[sl], prompt_mask[sl]):
             parts.append(rollout_backend.generate(wrapper, prompt_ids[sl], prompt_mask[sl],
                                                   record=trajectory.records, generator=gen))
     rollout = parts[0] if len(parts) == 1 else _join(parts)

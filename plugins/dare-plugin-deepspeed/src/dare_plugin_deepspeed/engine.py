@@ -85,6 +85,8 @@ class DeepSpeedEngine(ProcessGroupEngine):
             raise DareError("engine.name=deepspeed does not run engine.precision=bf16: DeepSpeed keeps "
                             "fp32 master weights of bf16 parameters; use engine.precision=bf16-mixed")
         self.section: DeepSpeedConfig = config.plugin_section(SECTION, DeepSpeedConfig)
+        #: ZeRO-3 partitions the parameters: every forward gathers them
+        self.collective_forwards = self.section.zero_stage == 3
         if self.section.zero_stage == 3 and config.model.cross_entropy == "fused":
             raise DareError("model.cross_entropy=fused reads the output head outside the module's "
                             "forward, where ZeRO-3 keeps it partitioned; use model.cross_entropy=naive "

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import RolloutBatch
+from dare_core.api import DareError, RolloutBatch, collective_generation
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 from dare_plugin_diffusiongemma.config import RECORDS, EntropyBoundConfig
@@ -124,6 +124,11 @@ class EntropyBoundSampler(ConfiguredSampler):
         if "uniform_noise" not in wrapper.capabilities:
             raise ValueError(f"the entropy_bound rollout drives DiffusionGemma (uniform_noise) models, got the "
                              f"{wrapper.family!r} family; choose a rollout backend that supports it")
+        if collective_generation():
+            raise DareError("the entropy_bound rollout decodes through transformers' DiffusionGemma generate, "
+                            "which calls the encoder and decoder outside the module's forward and cannot step "
+                            "in lockstep where forwards are collective (engine.name=fsdp, deepspeed.zero_stage=3); "
+                            "use engine.name=ddp or deepspeed.zero_stage 1 or 2")
         check_prompt_shapes(prompt_ids, prompt_mask)
         B, P = prompt_ids.shape
         R = self.config.gen_length

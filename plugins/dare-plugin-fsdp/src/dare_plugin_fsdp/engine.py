@@ -80,6 +80,7 @@ class FSDPEngine(ProcessGroupEngine):
     docstring). Options: the ``fsdp:`` config section (:class:`FSDPConfig`)."""
 
     name = "fsdp"
+    collective_forwards = True  # every forward all-gathers the sharded parameters
 
     def __init__(self, config: Any):
         if config.engine.precision == "bf16" and config.engine.bf16_update == "stochastic":

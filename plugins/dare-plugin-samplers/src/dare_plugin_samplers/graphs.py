@@ -35,7 +35,7 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
-from dare_core.api import DareError
+from dare_core.api import DareError, collective_generation
 
 __all__ = ["GRAPHS", "GRAPHS_HELP", "graph_mode", "weights_key", "Step", "Captures"]
 
@@ -60,6 +60,9 @@ def graph_mode(setting: str, device: Any, module: Any = None) -> str:
     if setting == "auto":
         hooked = module is not None and any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())
         return "cuda_graph" if kind == "cuda" and not hooked else "eager"
+    if setting in ("cuda_graph", "compile") and collective_generation():
+        raise DareError(f"rollout.graphs={setting} replays captured steps, which cannot step in lockstep "
+                        f"where forwards are collective (fsdp, ZeRO-3); use rollout.graphs=auto or static")
     if setting == "cuda_graph" and kind != "cuda":
         raise DareError(f"rollout.graphs=cuda_graph needs a CUDA device, the model is on {kind}; "
                         f"use rollout.graphs=static or compile (or auto)")
