@@ -256,7 +256,12 @@ class AdvantageEstimator(Protocol):
 
 
 class RolloutBackend(Protocol):
-    """A generation engine for one wrapper kind."""
+    """A generation engine for one wrapper kind.
+
+    Lockstep (docs/engines.md): every model forward of ``generate`` runs through
+    ``wrapper.module``'s forward, so that under an engine whose forwards are collective the loops
+    keep a finished rank stepping until every rank is done (:func:`dare_core.api.lockstep`); a
+    backend that cannot refuses with a one-line ``DareError`` when ``collective_generation()``."""
 
     def generate(self, wrapper: ModelWrapper, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                  record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch: ...
