@@ -329,6 +329,14 @@ def test_check_program_results_cross_by_value_and_type():
     assert check_program("def f():\n    return [len]\n", "f()\n").status == "error"
 
 
+def test_check_program_candidate_process_endings():
+    kill = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    assert check_program(kill, "pass").status == "killed"  # while loading
+    assert check_program("def f():\n    " + kill.replace("\n", "\n    "), "f()").status == "killed"
+    assert check_program("def f():\n    import os\n    os._exit(0)\n", "f()").status == "error"
+    assert check_program("assert False\n", "pass").status == "wrong"
+
+
 def test_check_program_context_is_the_checkers():
     # the checker runs the trusted context, not the program's redefinition of its helpers
     context = "def helper(x):\n    return x + 1\n\ndef f(x):\n    pass\n"

@@ -279,16 +279,16 @@ def _dare_send(fd, obj):
         data = data[os.write(fd, data):]
 
 def _dare_recv(fd):
-    chunks, need, header = [], 8, True
+    need, header = 8, True
     while True:
-        buf = b""
+        buf = bytearray()
         while len(buf) < need:
             chunk = os.read(fd, min(need - len(buf), 1 << 20))
             if not chunk:
                 return None
             buf += chunk
         if not header:
-            return json.loads(buf)
+            return json.loads(bytes(buf))
         need, header = int.from_bytes(buf, "little"), False
         if need > {_MAX_MESSAGE}:
             raise MemoryError("a candidate result larger than {_MAX_MESSAGE} bytes")
@@ -408,13 +408,27 @@ def _dare_serve(program, requests, replies):
 class _DareCandidateError(Exception):
     pass
 
-def _dare_checker(requests, replies, names, modules, tests, context, entry):
+def _dare_ended(child):
+    # the candidate's process has ended: leave the way it did (a signal, a failing status)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP
+            pass
+        os.kill(os.getpid(), sig)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+        os._exit(os.WEXITSTATUS(status))
+
+def _dare_checker(child, requests, replies, names, modules, tests, context, entry):
     # the checker's process: the candidate's code never ran here
     def proxy(name):
         def call(*args, **kwargs):
             _dare_send(requests, [name, _dare_encode(list(args)), _dare_encode(dict(kwargs))])
             reply = _dare_recv(replies)
             if reply is None:
+                _dare_ended(child)
                 raise _DareCandidateError(f"the candidate's process ended during a call of {{name}}")
             if reply[0] == "ok":
                 return _dare_decode(reply[1])
@@ -473,13 +487,11 @@ def _dare_check(token_fd, marker, program, tests_path, context_path, entry):
             context = handle.read()
     ready = _dare_recv(rep_r)
     if ready is None:  # the program exited (or was killed) before the tests ran
-        _, status = os.waitpid(child, 0)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
-            os._exit(os.WEXITSTATUS(status))
+        _dare_ended(child)
         os.write(2, b"the program ended before the tests ran\\n")
         os._exit(1)
     try:
-        _dare_checker(req_w, rep_r, ready[1], ready[2], tests, context, entry)
+        _dare_checker(child, req_w, rep_r, ready[1], ready[2], tests, context, entry)
     except MemoryError:
         os.write(2, b"MemoryError\\n")
         finish({EXIT_MEMORY})
