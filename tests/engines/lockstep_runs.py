@@ -42,8 +42,8 @@ def _counting(module: torch.nn.Module) -> list[int]:
     return count
 
 
-def rollouts(root: str, cases: list[str], engines: list[str], use_lockstep: bool = True) -> dict[str, Any]:
-    """For each engine (``fsdp``, ``zero3``) and case: this rank's response ids from the sharded
+def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lockstep: bool = True) -> dict[str, Any]:
+    """For each engine (``(fsdp or zero3, port)``) and case: this rank's response ids from the sharded
     policy (inside :func:`~dare_core.api.lockstep` when ``use_lockstep``) and from the unsharded one,
     and the forwards the unsharded generation made."""
     from dare_core.api import DareError, lockstep
@@ -60,7 +60,8 @@ def rollouts(root: str, cases: list[str], engines: list[str], use_lockstep: bool
     dare = build_for(toy, DigitsPlugin(), fsdp_plugin, ds_plugin, dare_plugin_samplers,
                      *[importlib.import_module(m) for m in sorted(modules)])
     out: dict[str, Any] = {}
-    for eng_name in engines:
+    for eng_name, port in engines:
+        os.environ["MASTER_PORT"] = str(port)  # each engine its own process group
         over = (["engine.name=fsdp"] if eng_name == "fsdp" else
                 ["engine.name=deepspeed", "deepspeed.zero_stage=3", f"deepspeed.config={root}/zero3.json"])
         cfg = resolve(dare, algo="sup_test", model="toy", overrides=[

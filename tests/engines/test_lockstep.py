@@ -33,7 +33,7 @@ def root(tmp_path_factory):
 
 
 def test_every_default_backend_steps_in_lockstep_under_fsdp_and_zero3(root):
-    ranks = run_ranks(2, rollouts, str(root), list(CASES), ["fsdp", "zero3"])
+    ranks = run_ranks(2, rollouts, str(root), list(CASES), [(e, free_port()) for e in ("fsdp", "zero3")])
     for key in ranks[0]:
         case = key.split("/")[1]
         if case == "diffusiongemma":  # transformers' generate bypasses the module's forward
