@@ -22,9 +22,9 @@ STREAM_EVAL = 7919
 def evaluate(ctx: Context, examples: Sequence[Example], label: str, items: Optional[list[float]] = None,
              records: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
     """Generate for ``examples`` with the eval sampling config and score them; returns ``{"accuracy",
-    "reward", "n", "nfe", "seconds"}`` (``nfe``: every rank's counted items'), writes decoded samples and appends,
-    in the order of ``examples``, the per-item accuracies to ``items`` and ``{"response", "pred",
-    "score", "acc", "kind"}`` to ``records`` where given.
+    "reward", "n", "nfe", "seconds"}`` (``nfe``: forwards of the counted batches, summed over
+    ranks), writes decoded samples and appends, in the order of ``examples``, the per-item
+    accuracies to ``items`` and ``{"response", "pred", "score", "acc", "kind"}`` to ``records``.
 
     The items form global batches of ``eval.batch_size`` (the same on every world size); rank ``r``
     generates batches ``r, r + W, ...``, padded with a one-row batch that never counts so that every
