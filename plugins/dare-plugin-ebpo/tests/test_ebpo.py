@@ -12,7 +12,13 @@ from dare_core.config.structure import structure
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
 from dare_core.testing import contracts
-from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
+from dare_core.testing import toy
+from dare_core.testing.algorithm_checks import (
+    algorithm_components,
+    check_accumulate_matches_backward,
+    one_rl_step,
+    partition_gradient,
+)
 from dare_core.testing.contracts import AlgorithmContract
 from dare_nn.testing import toy_block
 from dare_nn.testing.toy_block import make_toy_block_wrapper
@@ -35,6 +41,18 @@ class TestEBPOContract(AlgorithmContract):
     @pytest.fixture(autouse=True)
     def _block_toy(self, monkeypatch):
         monkeypatch.setattr(contracts, "make_toy_wrapper", make_toy_block_wrapper)
+        monkeypatch.setattr(toy, "make_toy_wrapper", make_toy_block_wrapper)
+
+    def test_gradient_does_not_depend_on_the_partition(self, spec):
+        """The contract's partition check on the block toy, in this process (micro-batches of 1, 2
+        and all 4 rows of different lengths); the block toy's BD3LM log-probs are float32, hence
+        1e-5. The 2-rank half needs the check to build the block toy in its spawned ranks."""
+        whole = partition_gradient((dare_plugin_ebpo,), "ebpo", {}, 4)
+        scale = max(1.0, max(float(x.abs().max()) for x in whole))
+        assert any(bool(x.abs().sum() > 0) for x in whole)
+        for micro in (1, 2):
+            parts = partition_gradient((dare_plugin_ebpo,), "ebpo", {}, micro)
+            assert max(float((a - b).abs().max()) for a, b in zip(whole, parts)) <= 1e-5 * scale, micro
 
 
 def _components(**cfg):
