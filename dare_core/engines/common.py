@@ -158,13 +158,16 @@ class CompensatedAdamW(torch.optim.Optimizer):
 
 
 def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """The global L2 norm of the gradients, clipping them to ``max_norm`` when it is > 0."""
-    grads = [p for p in params if p.grad is not None]
-    if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(grads, max_norm)
-    if not grads:
+    """The global L2 norm of the gradients, accumulated in fp32 whatever their dtype (a bf16 norm
+    would depend on how the tensors are sharded), clipping them to ``max_norm`` when it is > 0."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
         return torch.zeros(())
-    return torch.nn.utils.get_total_norm([p.grad for p in grads])
+    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32) for p in with_grad]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total)
+    return total
 
 
 def set_lr(optimizer: Any, lr: float) -> None:

@@ -77,3 +77,20 @@ def test_training_at_a_small_learning_rate_moves_the_weights_as_fp32_does(tmp_pa
         moved = low["weights"][name] != w0
         # the export is in model.dtype (float32): weights whose update reached the master copy differ
         assert float(moved.float().mean()) >= 0.9 * float(moved32.float().mean()), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grad_norm_clips_every_gradient_and_returns_the_norm_before(dtype):
+    """The norm is the global fp32 L2 norm before clipping; every gradient is scaled by
+    ``max_norm / norm`` when the norm exceeds ``max_norm`` and left alone otherwise."""
+    from dare_core.engines.common import grad_norm
+
+    params = [torch.nn.Parameter(torch.zeros(3, dtype=dtype)), torch.nn.Parameter(torch.zeros(4, dtype=dtype))]
+    params[0].grad = torch.tensor([3.0, 0.0, 0.0], dtype=dtype)
+    params[1].grad = torch.tensor([0.0, 4.0, 0.0, 0.0], dtype=dtype)
+    assert float(grad_norm(params, 10.0)) == pytest.approx(5.0)
+    assert params[0].grad[0].item() == 3.0
+    assert float(grad_norm(params, 1.0)) == pytest.approx(5.0)
+    assert params[0].grad[0].item() == pytest.approx(0.6, rel=1e-2)
+    assert params[1].grad[1].item() == pytest.approx(0.8, rel=1e-2)
+    assert float(grad_norm(params, 0.0)) == pytest.approx(1.0, rel=1e-2)
