@@ -7,7 +7,17 @@ import attrs
 
 from dare_core.api import in_range, non_negative, one_of, option, positive
 import dare_plugin_samplers.common as common
-from dare_plugin_samplers.graphs import GRAPHS, GRAPHS_HELP
+
+#: values of the backends' ``graphs`` field
+GRAPHS = ("auto", "eager", "static", "cuda_graph", "compile")
+GRAPHS_HELP = (
+    "How the cached decode steps run: 'eager' = eager PyTorch; 'static' = the static-shape steps "
+    "(preallocated KV buffers, fixed query shapes, no host synchronisation inside a block) run "
+    "as plain PyTorch; 'cuda_graph' = those steps captured once as CUDA graphs and replayed "
+    "(CUDA only); 'compile' = those steps through torch.compile (mode reduce-overhead on CUDA); "
+    "'auto' = cuda_graph on a CUDA device, eager elsewhere and for modules with forward hooks "
+    "(sharding engines); static, with a warning, for a model whose forward synchronises with the "
+    "host.")
 
 #: the optional methods of LowConfidenceSampler and BlockSampler: resuming partial responses
 RESUMABLE = frozenset({"continue_from", "total_steps"})
@@ -15,7 +25,6 @@ RESUMABLE = frozenset({"continue_from", "total_steps"})
 
 #: Records :meth:`LowConfidenceSampler.generate` understands.
 LOW_CONFIDENCE_RECORDS = frozenset({"reveal_step", "step_states"})
-
 
 
 @attrs.frozen

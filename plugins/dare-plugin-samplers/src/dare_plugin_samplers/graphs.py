@@ -36,19 +36,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from dare_core.api import DareError, collective_generation
+from dare_plugin_samplers.config import GRAPHS, GRAPHS_HELP
 
 __all__ = ["GRAPHS", "GRAPHS_HELP", "graph_mode", "weights_key", "Step", "Captures"]
-
-#: values of the backends' ``graphs`` field
-GRAPHS = ("auto", "eager", "static", "cuda_graph", "compile")
-GRAPHS_HELP = (
-    "How the cached decode steps run: 'eager' = eager PyTorch; 'static' = the static-shape steps "
-    "(preallocated KV buffers, fixed query shapes, no host synchronisation inside a block) run "
-    "as plain PyTorch; 'cuda_graph' = those steps captured once as CUDA graphs and replayed "
-    "(CUDA only); 'compile' = those steps through torch.compile (mode reduce-overhead on CUDA); "
-    "'auto' = cuda_graph on a CUDA device, eager elsewhere and for modules with forward hooks "
-    "(sharding engines); static, with a warning, for a model whose forward synchronises with the "
-    "host.")
 
 
 def graph_mode(setting: str, device: Any, module: Any = None) -> str:
