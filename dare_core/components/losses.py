@@ -41,8 +41,8 @@ def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean
     * ``seq-mean-token-sum``: ``Σ_b Σ_t m ℓ / T["rows"]``;
     * ``seq-mean-token-mean``: ``Σ_b (Σ_t m ℓ / Σ_t m) / T["rows"]`` (a row without tokens:
       ``DareError``, its token mean is 0/0);
-    * ``seq-mean-token-sum-norm``: ``Σ_{b,t} m ℓ / T["cells"]``, ``cells = B·R`` (Dr. GRPO's
-      ``1/G Σ_i Σ_t ℓ / L_max``, arXiv:2503.20783).
+    * ``seq-mean-token-sum-norm``: ``Σ_{b,t} m ℓ / T["cells"]``, ``cells = B·R`` (the constant
+      normaliser ``1/G Σ_i Σ_t ℓ / L_max`` of arXiv:2503.20783).
 
     Summed over the micro-batches and ranks of the mini-batch the shares are the mini-batch's
     loss, so the gradient does not depend on the micro-batch size or the world size.
@@ -151,8 +151,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Ten
     r"""Per-token estimate of ``KL(π ‖ π_ref)`` from log-likelihood surrogates of tokens drawn from π.
 
     With ``d = ℓ - ℓ_ref`` (Schulman's estimators, http://joschu.net/blog/kl-approx.html):
-    ``k1 = d``, ``k2 = d²/2``, ``k3 = e^{-d} + d - 1`` (unbiased, ≥ 0; GRPO's, arXiv:2402.03300
-    Eq. 4, and d1's with β = 0.04, arXiv:2504.12216), ``abs = |d|``, ``low_var_kl`` = verl's k3
+    ``k1 = d``, ``k2 = d²/2``, ``k3 = e^{-d} + d - 1`` (unbiased, ≥ 0; arXiv:2402.03300
+    Eq. 4, and arXiv:2504.12216 with β = 0.04), ``abs = |d|``, ``low_var_kl`` = verl's k3
     clamped to [-10, 10]. Every kind is finite with a finite gradient for finite inputs: k3 is exact
     for ``d ≥ -20`` nats and continues along its tangent below.
 

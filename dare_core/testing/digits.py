@@ -57,7 +57,7 @@ def pg_components(cfg: Any, lookup: Any) -> Components:
 
 class MaskedNLL:
     """``-Σ log p / p_mask`` over the masked tokens divided by the step's response tokens
-    (``totals``, LLaDA's SFT normaliser); reports the masked count."""
+    (``totals``, the masked-diffusion SFT normaliser of arXiv:2502.09992); reports the masked count."""
 
     def totals(self, batch: Any) -> dict:
         return {"tokens": batch.response_mask.double().sum()}
