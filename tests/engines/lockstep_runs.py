@@ -25,6 +25,8 @@ CASES = {
     "llada2": ("dare_plugin_llada2", None, {"gen_length": 8, "steps": 4, "threshold": 0.3}),
     "diffusiongemma": ("dare_plugin_diffusiongemma", None, {"gen_length": 8}),
 }
+#: the engines whose forwards are collective
+ENGINE_PLUGINS = ("dare_plugin_fsdp.plugin", "dare_plugin_deepspeed.plugin")
 #: rank -> its prompt (the ranks' prompts differ in length and content)
 PROMPTS = ("1 2", "9 8 7 6 5 4 3 2 1 0 9 8 7 6 5 4 3")
 
@@ -48,17 +50,12 @@ def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lo
     and the forwards the unsharded generation made."""
     from dare_core.api import DareError, lockstep
     from dare_core.config import resolve
-    from dare_core.testing import toy
-    from dare_core.testing.digits import DigitsPlugin
+    from dare_core.testing.engines import BASE_PLUGINS, _plugin
     from dare_core.testing.registries import build_for
-    import dare_plugin_deepspeed.plugin as ds_plugin
-    import dare_plugin_fsdp.plugin as fsdp_plugin
-    import dare_plugin_samplers
 
     rank = int(os.environ["RANK"])
-    modules = {CASES[c][0] for c in cases}
-    dare = build_for(toy, DigitsPlugin(), fsdp_plugin, ds_plugin, dare_plugin_samplers,
-                     *[importlib.import_module(m) for m in sorted(modules)])
+    modules = sorted({CASES[c][0] for c in cases})
+    dare = build_for(*[_plugin(p) for p in (*BASE_PLUGINS, *ENGINE_PLUGINS, *modules)])
     out: dict[str, Any] = {}
     for eng_name, port in engines:
         os.environ["MASTER_PORT"] = str(port)  # each engine its own process group

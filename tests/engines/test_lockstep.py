@@ -12,16 +12,18 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # the spawned ranks import lockstep_runs by name
-from lockstep_runs import CASES, rollouts, train_jobs, write_zero3  # noqa: E402
+from lockstep_runs import CASES, ENGINE_PLUGINS, rollouts, train_jobs, write_zero3  # noqa: E402
 
 from dare_core.testing.distributed import free_port, run_ranks  # noqa: E402
 from dare_core.testing.engines import max_weight_diff, same_records  # noqa: E402
 
 pytest.importorskip("deepspeed")
+for _module in sorted({*ENGINE_PLUGINS, *(case[0] for case in CASES.values())}):
+    pytest.importorskip(_module)  # an integration of plugins: skipped where one is not installed
 
 #: cases whose two prompts take different numbers of forwards (checked: the test is not vacuous)
 UNEQUAL = ("llada-fast", "sdar", "llada2")
-FSDP, DEEPSPEED = "dare_plugin_fsdp.plugin", "dare_plugin_deepspeed.plugin"
+FSDP, DEEPSPEED = ENGINE_PLUGINS
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_rl_and_odd_evaluation_on_two_ranks_equal_one_process(root):
                                      for e, eng in (("fsdp", ["engine.name=fsdp"]), ("zero3", zero3))])[0]
     for i, single in enumerate(one):
         for sharded in many[2 * i: 2 * i + 2]:
-            assert max_weight_diff(single["weights"], sharded["weights"]) <= 1e-6
+            assert max_weight_diff(single["weights"], sharded["weights"]) <= 1e-6, list(jobs)[i]
             untimed = [[{k: v for k, v in r.items() if k != "eval"} for r in run["records"]]
                        for run in (single, sharded)]
             problems = same_records(*untimed)
