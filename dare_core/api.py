@@ -37,7 +37,7 @@ _EXPORTS = {
     "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
                                     "encode_prompts left_pad",
     "dare_core.workflows.evaluation": "evaluate",
-    "dare_core.workflows.rl": "ReferencePolicy estimate_no_grad",
+    "dare_core.workflows.rl": "ReferencePolicy estimate_no_grad global_totals require_totals",
     "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context eval_rollout_config setup",
     "dare_core.workflows.sft": "default_collate",
     "dare_core.workflows.tracker": "Tracker",

@@ -56,9 +56,10 @@ from dare_core.api import (
     chunks,
     default_collate,
     encode_prompts,
+    global_totals,
     lr_at,
+    require_totals,
 )
-from dare_core.workflows.rl import global_totals, require_totals
 from dare_plugin_preference.config import SECTION, PreferenceConfig
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
