@@ -22,6 +22,7 @@ import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
 from dare_core.components.losses import sum_totals
+from dare_core.config.loader import backend_offers
 from dare_core.engines.common import lr_at
 from dare_core.engines.lockstep import lockstep
 from dare_core.errors import DareError
@@ -366,16 +367,21 @@ def _reward(ctx: Context, scored: Any) -> float:
 
 
 def _check_records(ctx: Context, records: frozenset) -> None:
-    """Refuse, before any work, a rollout backend that cannot record what the trajectory needs."""
+    """Refuse, before any work, a rollout backend that cannot record what the trajectory needs or
+    lacks the config fields and methods the algorithm's spec declares for its training rollout."""
     spec = ctx.dare.registries.rollouts.get(ctx.config.rollout_backend)
-    missing = sorted(records - set(spec.records))
+    algo = ctx.dare.registries.algorithms.get(ctx.config.algo)
+    fields = {f.name for f in attrs.fields(spec.config_cls)}
+    missing = sorted((records - set(spec.records)) | (algo.rollout_fields - fields)
+                     | (algo.rollout_methods - set(spec.methods)))
     if missing:
         able = [n for n, s in ctx.dare.registries.rollouts.items()
-                if records <= set(s.records) and (not s.kinds or ctx.family.kind in s.kinds)]
-        hint = f"set rollout.backend={able[0]}" if able else "no registered backend records it"
+                if backend_offers(s, records, algo.rollout_fields, algo.rollout_methods)
+                and (not s.kinds or ctx.family.kind in s.kinds)]
+        hint = f"set rollout.backend={able[0]}" if able else "no registered backend offers them"
         raise DareError(
-            f"algorithm {ctx.config.algo!r} needs the rollout to record {', '.join(missing)}, which "
-            f"rollout backend {spec.name!r} does not; {hint}")
+            f"algorithm {ctx.config.algo!r} needs a rollout backend with {', '.join(missing)}, which "
+            f"rollout backend {spec.name!r} does not offer; {hint}")
 
 
 def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, group_ids,

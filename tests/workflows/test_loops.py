@@ -210,6 +210,30 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     assert training_rollout(plain) is plain.rollout
 
 
+def test_a_backend_without_the_declared_rollout_fields_is_refused_in_one_line(tmp_path):
+    """An algorithm whose spec declares rollout config fields (``rollout_fields``) no backend of the
+    family offers is refused before the first rollout, in one line naming the field."""
+    from dare_core.errors import DareError
+    from dare_core.interfaces import AlgorithmSpec
+    from dare_core.plugins import hookimpl
+    from dare_core.testing.digits import ClipConfig, pg_components
+
+    class NeedsField:
+        @hookimpl
+        def dare_register_algorithms(self, register):
+            register(AlgorithmSpec("needs_field_test", "rl", ClipConfig, pg_components,
+                                   rollout_fields=frozenset({"no_such_field"})))
+
+    dare = build(load_entrypoints=False,
+                 extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), NeedsField()])
+    cfg = resolve(dare, algo="needs_field_test", model="toy", overrides=COMMON + [
+        f"model.path={tmp_path}", f"output_dir={tmp_path}", "trainer.steps=1", "eval.before=false"])
+    with pytest.raises(DareError) as info:
+        train(dare, cfg)
+    message = str(info.value)
+    assert "\n" not in message and "no_such_field" in message and "needs_field_test" in message
+
+
 def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
     """The loop and the probe script accumulate a mini-batch's gradient in micro-batches (each
     normalised by the mini-batch's totals): the sum must be the gradient of one pass over every row, so that a

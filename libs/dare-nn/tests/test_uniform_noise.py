@@ -44,6 +44,7 @@ from dare_core.testing.registries import build_for
 from dare_core.testing.toy import ToyDiffusionLM, ToyWrapper, make_char_tokenizer
 from dare_nn.testing.toy_block import ToyBlockLM, ToyBlockWrapper
 from dare_objectives.likelihood import elbo_loglikelihood
+from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 ALGORITHM_PLUGINS = (
     dare_plugin_bgpo, dare_plugin_cj_grpo, dare_plugin_coupled_grpo, dare_plugin_d1, dare_plugin_dtreerpo,
@@ -99,6 +100,8 @@ class DenoiseConfig:
     block_length: int = option(4, "Unused (the sampler denoises the whole response).", positive)
     steps: int = option(4, "Denoising steps.", positive)
     temperature: float = option(1.0, "Sampling temperature (0 = argmax).", non_negative)
+    truncate_at_eos: bool = option(False, "Response mask rule: true = positions up to and including the "
+                                   "first EOS count; false = every generated position.")
 
 
 class UniformDenoiser:
@@ -124,7 +127,8 @@ class UniformDenoiser:
                     pred = logits.argmax(-1)
                 level = 1.0 - (k + 1) / steps
                 x = wrapper.noise(pred, torch.rand(B, R, generator=generator) < level, generator)
-        return RolloutBatch(prompt_ids, prompt_mask, x, torch.ones(B, R, dtype=torch.long), num_steps=steps, nfe=steps)
+        mask = mask_through_first_stop(x, [wrapper.eos_token_id], self.config.truncate_at_eos)
+        return RolloutBatch(prompt_ids, prompt_mask, x, mask, num_steps=steps, nfe=steps)
 
 
 class UniformToys:
