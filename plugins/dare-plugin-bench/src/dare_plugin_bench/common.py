@@ -87,22 +87,34 @@ def sync(device: str) -> None:
 
 
 # --------------------------------------------------------------------------- memory
-def _vm_hwm_bytes() -> Optional[int]:
+def _vm_status_bytes(field: str) -> Optional[int]:
+    """``field`` of ``/proc/self/status`` (``VmHWM``, ``VmRSS``) in bytes; ``None`` where unknown."""
     try:
         with open("/proc/self/status") as fh:
-            m = re.search(r"VmHWM:\s+(\d+)\s+kB", fh.read())
+            m = re.search(rf"{field}:\s+(\d+)\s+kB", fh.read())
         return int(m.group(1)) * 1024 if m else None
     except OSError:
         return None
 
 
+def _vm_hwm_bytes() -> Optional[int]:
+    return _vm_status_bytes("VmHWM")
+
+
+#: how far above the resident set the high-water mark may sit right after a reset that took effect
+RESET_SLACK = 4 * 2**20
+
+
 def _reset_hwm() -> bool:
+    """Reset the process's peak resident set size to its current one; whether that took effect
+    (some kernels and sandboxes accept the write and keep the old peak)."""
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
-        return True
     except OSError:
         return False
+    hwm, rss = _vm_hwm_bytes(), _vm_status_bytes("VmRSS")
+    return hwm is not None and rss is not None and hwm - rss <= RESET_SLACK
 
 
 class PeakMemory:
@@ -110,7 +122,7 @@ class PeakMemory:
 
     On CUDA: ``torch.cuda.max_memory_allocated`` after a reset (tensors only). On CPU: the
     process's peak resident set size after resetting it (model weights included), kind
-    ``rss``; where the reset is impossible, ``ru_maxrss`` since process start (kind
+    ``rss``; where the reset is impossible or does not take effect, ``ru_maxrss`` since process start (kind
     ``rss_since_start``, an upper bound).
     """
 
@@ -124,7 +136,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.kind = "cuda_max_allocated"
-        elif _reset_hwm() and _vm_hwm_bytes() is not None:
+        elif _reset_hwm():
             self.kind = "rss"
         else:
             self.kind = "rss_since_start"
