@@ -1,7 +1,7 @@
 """Print the size of the core: non-blank lines of ``dare_core/**/*.py`` per package and in all.
 
     python scripts/core_size.py            # the table and the total
-    python scripts/core_size.py --check    # exit 1 when the total exceeds the budget (6,000)
+    python scripts/core_size.py --check    # exit 1 when the total exceeds the budget (6,400)
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 import sys
 
-BUDGET = 6000
+BUDGET = 6400
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "dare_core"
 
 
