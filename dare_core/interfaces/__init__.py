@@ -7,8 +7,9 @@ from dare_core.interfaces.seams import (
     AccumulatingLoss, AdvantageEstimator, AlgorithmSpec, Components, ComponentSpec, ConfigSection,
     DiffusionKind, Example, ForwardCorruption, LikelihoodEstimator, ModelFamily, ModelWrapper,
     PolicyLoss, PreferenceLoss, RolloutBackend, RolloutSpec, RowEstimate, Score, SFTObjective, SyncedRolloutBackend,
-    Task, TaskSpec, Totals, TrajectoryBuilder, WorkflowKind,
+    Task, TaskSpec, TrajectoryBuilder, WorkflowKind,
 )
+from dare_core.interfaces.update import Totals, UpdateBatch, UpdateObjective
 
 __all__ = [
     "AccumulatingLoss", "AdvantageEstimator", "AlgorithmSpec", "Components", "ComponentSpec",
@@ -16,5 +17,5 @@ __all__ = [
     "LikelihoodEstimator", "ModelFamily", "ModelWrapper", "PolicyLoss", "PreferenceLoss",
     "RolloutBackend", "RolloutBatch", "RolloutSpec", "RowEstimate", "SFTObjective", "Score",
     "SequenceBatch", "SyncedRolloutBackend", "Task", "TaskSpec", "Totals", "TrainingRows", "TrajectoryBuilder", "TrajectoryContext",
-    "WorkflowKind", "WorkflowSpec",
+    "UpdateBatch", "UpdateObjective", "WorkflowKind", "WorkflowSpec",
 ]

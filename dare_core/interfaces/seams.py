@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
+from dare_core.interfaces.update import Totals
 
 DiffusionKind = Literal["masked", "block"]
 #: a registered workflow name (``rl``, ``sft``, ``preference``, ...)
@@ -173,9 +174,6 @@ class LikelihoodEstimator(Protocol):
 RowEstimate = Callable[[Sequence[int]], "torch.Tensor"]
 
 
-#: additive statistics of some rows that a loss divides by, e.g. ``{"tokens": Σ mask, "rows": B}``:
-#: float64 tensors (scalars or small vectors); the loops sum them over micro-batches and ranks
-Totals = dict[str, "torch.Tensor"]
 
 
 @runtime_checkable

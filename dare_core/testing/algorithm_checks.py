@@ -42,9 +42,10 @@ def one_rl_step(plugins: Sequence[Any], algo: str, model: str, tmp_path: Any,
 
 def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any, corrupted: Any,
                                       old: torch.Tensor, ref: Optional[torch.Tensor],
-                                      advantages: torch.Tensor, scale: float = 0.5):
+                                      advantages: torch.Tensor):
     """Gradients of ``components.accumulate`` (as the RL loop calls it) equal those of
-    ``scale · loss(estimator(all rows))`` with one backward; returns both metric dicts."""
+    ``0.5 · loss(estimator(all rows))`` with one backward; returns both metric dicts."""
+    scale = 0.5
     from dare_core.workflows.rl import _row_estimate
 
     mask = batch.response_mask.float()
@@ -80,14 +81,15 @@ def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
 def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: int,
                        engine: Any = None, toy: str = TOY) -> list[torch.Tensor]:
     """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64) through
-    the loop's :func:`~dare_core.workflows.rl.minibatch_backward` (RL; old log-likelihoods off
-    the policy, so ratios and clips are active) or :func:`~dare_core.workflows.sft.sft_backward`
-    (SFT) in micro-batches of ``micro``; under a multi-process ``engine`` this rank takes its
+    the update's :func:`~dare_core.workflows.update.backward_minibatch` with the RL objective (old
+    log-likelihoods off the policy, so ratios and clips are active) or the supervised one, in
+    micro-batches of ``micro``; under a multi-process ``engine`` this rank takes its
     contiguous share of the rows and the gradients are averaged over ranks as the engine's step
     does. ``toy``: ``"module:function"`` making the toy wrapper."""
     from dare_core.testing.contracts import _corrupted, toy_rows
-    from dare_core.workflows.rl import minibatch_backward
-    from dare_core.workflows.sft import sft_backward
+    from dare_core.workflows.rl import PolicyObjective, rows_update_batch
+    from dare_core.workflows.sft import SupervisedObjective
+    from dare_core.workflows.update import UpdatePlan, backward_minibatch
 
     comps = algorithm_components(plugins, algo, **options)
     module, name = toy.split(":")
@@ -99,16 +101,15 @@ def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: 
     n = rows.batch.batch_size // world
     mine = torch.arange(rank * n, (rank + 1) * n)
     if build_for(*plugins).registries.algorithms.get(algo).workflow == "sft":
-        sft_backward(comps, wrapper, rows.batch.select(mine), corrupted.select(mine) if corrupted is not None else None,
-                     micro, {}, engine=engine)
+        objective, part = SupervisedObjective(comps, wrapper, engine), rows_update_batch(rows, corrupted)
     else:
         with torch.no_grad():
             old = comps.estimator(wrapper, rows.batch, corrupted)
         g = torch.Generator().manual_seed(1)
         old = old + 0.3 * torch.randn(old.shape, generator=g, dtype=old.dtype)
         ref = old + 0.1 * torch.randn(old.shape, generator=g, dtype=old.dtype) if comps.needs_ref else None
-        minibatch_backward(comps, wrapper, rows, corrupted, old, ref, rows.advantages, mine, micro, {},
-                           engine=engine)
+        objective, part = PolicyObjective(comps, wrapper, engine), rows_update_batch(rows, corrupted, old, ref)
+    backward_minibatch(engine, objective, part.select(mine), UpdatePlan(micro_batch=micro))
     grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in wrapper.module.parameters()]
     if world > 1:
         flat = torch.cat([x.reshape(-1) for x in grads])

@@ -401,7 +401,7 @@ class AlgorithmContract(_PluginSuite):
         gradient must equal those with a separate gradient-free old pass."""
         if spec.workflow != "rl":
             pytest.skip("not an RL algorithm")
-        from dare_core.workflows.rl import policy_backward
+        from dare_core.workflows.rl import PolicyObjective, rows_update_batch
 
         wrapper = make_toy_wrapper()
         rows = self._rows(components, wrapper)
@@ -414,8 +414,9 @@ class AlgorithmContract(_PluginSuite):
 
         def run(own: bool):
             wrapper.module.zero_grad()
-            loss, _ = policy_backward(components, wrapper, batch, corrupted, None if own else old, old,
-                                      rows.advantages, rows.loss_weights(), 1.0, rows.extras)
+            part = rows_update_batch(rows, corrupted, None if own else old, old)
+            objective = PolicyObjective(components, wrapper)
+            loss, _ = objective.backward(part, objective.totals(part), 1.0)
             grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                      for p in wrapper.module.parameters()]
             return float(loss), grads

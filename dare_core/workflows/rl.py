@@ -1,14 +1,16 @@
-"""The one RL loop every RL algorithm runs.
+"""The one RL loop every RL algorithm runs: per step collect → update → report.
 
-Per step: sample prompts (sharded by rank, before group expansion so groups stay whole) → ``n``
-rollouts per prompt → reward → advantage (the algorithm's estimator, group-normalised by default)
-→ training input from the trajectory builder → corruption drawn **once** for the batch (once per
-PPO epoch with ``Components.remask_each_epoch``) → old (and optional reference) log-likelihoods
-under that same corruption → for each PPO epoch and mini-batch: estimator → policy loss →
-backward over micro-batches → clip → optimizer step.
-With one optimizer step per batch (``ppo_epochs=1``, no mini-batches) the old log-likelihoods
-are the update's own forward, detached (``trainer.reuse_logprob``): one pass less, same values.
-The loop calls component objects directly; pluggy is only used for the step-end observers.
+*Collect* (:func:`collect`): sample prompts (sharded by rank, before group expansion so groups
+stay whole) → ``n`` rollouts per prompt → reward → advantage (the algorithm's estimator,
+group-normalised by default) → training rows from the trajectory builder → corruption drawn
+**once** for the batch (once per PPO epoch with ``Components.remask_each_epoch``) → old (and
+optional reference) log-likelihoods under that same corruption (:func:`update_batches`).
+*Update* (:func:`dare_core.workflows.update.update`): for each PPO epoch and mini-batch,
+estimator → policy loss → backward over micro-batches → clip → optimizer step. With one optimizer
+step per batch (``ppo_epochs=1``, no mini-batches) the old log-likelihoods are the update's own
+forward, detached (``trainer.reuse_logprob``): one pass less, same values. *Report*
+(:func:`report`): the step's record. The loop calls component objects directly; pluggy is only
+used for the step-end observers.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import attrs
 import torch
 
 from dare_core.components import FinalSequence, GroupNormAdvantage
-from dare_core.components.losses import sum_totals
 from dare_core.config.loader import backend_offers
 from dare_core.engines.common import lr_at
 from dare_core.engines.lockstep import lockstep
 from dare_core.errors import DareError
-from dare_core.interfaces import PolicyLoss, RolloutBatch, SequenceBatch
-from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
+from dare_core.interfaces import (
+    AdvantageEstimator, Components, Corrupted, Engine, ModelWrapper, PolicyLoss, RolloutBackend, RolloutBatch, SequenceBatch,
+    Totals, TrajectoryBuilder, UpdateBatch)
+from dare_core.interfaces.rows import ScoreFn, TrainingRows, TrajectoryContext
 from dare_core.models import lora
 from dare_core.workflows.batching import (
     STREAM_CORRUPTION, STREAM_DATA, STREAM_ORDER, STREAM_ROLLOUT, BatchStream, chunks, decode_responses,
@@ -35,10 +38,10 @@ from dare_core.workflows.batching import (
 from dare_core.workflows.checkpoint import push_policy
 from dare_core.workflows.runtime import Context, build_rollout, eval_backend_name
 from dare_core.workflows.tracker import Tracker
+from dare_core.workflows.update import UpdatePlan, UpdateStats, update
 
 
-#: the console line of a step; with one update per batch the ratio is 1, so a ratio loss (one
-#: reporting ``ratio_mean``) is ``-mean(A)`` and its clip fraction and KL(old‖new) are 0: left out
+#: the console line of a step (see :func:`_line` for the keys left out)
 LINE = ("reward", "accuracy", "loss", "pg_clipfrac", "ppo_kl", "kl_loss", "grad_norm", "response_length",
         "rollout_tokens_per_s", "time_rollout", "time_update")
 
@@ -89,107 +92,155 @@ class ReferencePolicy:
             return estimate_no_grad(engine, estimator, w, batch, corrupted, micro)
 
 
-def run_rl(ctx: Context) -> dict[str, Any]:
-    cfg = ctx.config
-    tr = cfg.trainer
-    comps = ctx.components
-    wrapper = ctx.wrapper
-    engine = ctx.engine
+@attrs.frozen
+class RLSetup:
+    """What :func:`run_rl` builds once before its steps."""
 
+    batches: BatchStream
+    trajectory: TrajectoryBuilder
+    advantage: AdvantageEstimator
+    rollout: RolloutBackend
+    #: the backends outside this process and how the policy is pushed to them
+    synced: list[tuple[Any, str]]
+    reference: Optional[ReferencePolicy]
+    objective: PolicyObjective
+    tracker: Tracker
+
+
+def run_rl(ctx: Context) -> dict[str, Any]:
+    """The RL loop: per step collect → update → report (see the module docstring)."""
+    tr = ctx.config.trainer
+    run = _setup(ctx)
+    first = _begin(ctx, run)
+    for step in range(first, tr.steps + 1):
+        t0 = time.perf_counter()
+        c = collect(ctx, run.rollout, run.trajectory, run.advantage, next(run.batches), tr.group_size, step)
+        plan = _plan(ctx, step, c.rows.num_rows)
+        draws = update_batches(ctx, run.reference, c, step, _on_policy(ctx, plan, c))
+        t_old = time.perf_counter()
+        ctx.wrapper.module.train()
+        stats = update(ctx.engine, run.objective, draws, plan)
+        for backend, how in run.synced:  # and follow it
+            push_policy(ctx, backend, how, step)
+        times = {"time_rollout": c.rollout_seconds, "time_logprob": t_old - t0 - c.rollout_seconds,
+                 "time_update": time.perf_counter() - t_old}
+        record = report(ctx, c, stats, plan, step, times)
+        line = _line(record, plan, c.rows.num_rows)
+        run.tracker.step_end(step, record, line, reward=f"{record['reward']:.3f}",
+                             acc=f"{record['accuracy']:.2f}")
+    return run.tracker.finish({"steps": tr.steps, "final_reward_mean_last5": run.tracker.last("reward", 5)})
+
+
+def _setup(ctx: Context) -> RLSetup:
+    """The run's data stream, components with their defaults, training rollout, synced backends,
+    reference policy and optimizer; refuses, before any work, what the algorithm cannot run with."""
+    cfg, comps = ctx.config, ctx.components
     train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
-    batches = BatchStream(train_examples, tr.batch_size, ctx.stream(STREAM_DATA))
+    batches = BatchStream(train_examples, cfg.trainer.batch_size, ctx.stream(STREAM_DATA))
     trajectory = comps.trajectory or FinalSequence()
-    advantage = comps.advantage or GroupNormAdvantage()
     _check_records(ctx, trajectory.records)
     require_totals(comps.loss, PolicyLoss, cfg.algo)
     base = training_backend(ctx)
-    train_rollout = training_rollout(ctx, base)
     specs = ctx.dare.registries.rollouts
     synced = [(b, specs.get(name).sync) for b, name in ((base, cfg.rollout_backend),
               (ctx.eval_rollout, eval_backend_name(cfg))) if specs.get(name).sync]
-    ref = ReferencePolicy(wrapper, engine) if comps.needs_ref else None
-    engine.setup_optimizer(wrapper, tr)
+    rollout = training_rollout(ctx, base)
+    reference = ReferencePolicy(ctx.wrapper, ctx.engine) if comps.needs_ref else None
+    ctx.engine.setup_optimizer(ctx.wrapper, cfg.trainer)
+    return RLSetup(batches, trajectory, comps.advantage or GroupNormAdvantage(), rollout, synced, reference,
+                   PolicyObjective(comps, ctx.wrapper, ctx.engine), Tracker(ctx, eval_examples, batches))
 
-    tracker = Tracker(ctx, eval_examples, batches)
-    # engines outside this process start from the run's policy: before it is evaluated
-    # (eval.before), or once a resumed run's state is restored
-    for backend, how in synced if ctx.resume_from is None else ():
+
+def _begin(ctx: Context, run: RLSetup) -> int:
+    """Start the tracker (evaluation before, or the resumed state); returns the first step.
+    Engines outside this process start from the run's policy: before it is evaluated, or once a
+    resumed run's state is restored."""
+    resuming = ctx.resume_from is not None
+    for backend, how in run.synced if not resuming else ():
         push_policy(ctx, backend, how, 0)
-    first = tracker.begin()
-    for backend, how in synced if ctx.resume_from is not None else ():
+    first = run.tracker.begin()
+    for backend, how in run.synced if resuming else ():
         push_policy(ctx, backend, how, 0)
-    for step in range(first, tr.steps + 1):
-        t0 = time.perf_counter()
-        c = collect(ctx, train_rollout, trajectory, advantage, next(batches), tr.group_size, step)
-        rollout, rows, corrupted = c.rollout, c.rows, c.corrupted
-        t_roll = t0 + c.rollout_seconds
-        batch, advantages = rows.batch, rows.advantages.to(wrapper.device)
-        total = batch.batch_size
-        mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
-        accumulating = comps.accumulate is not None and corrupted is not None
-        # one optimizer step per batch: the policy that produced the rollouts is the one being
-        # differentiated, so its log-likelihoods are the update's own forward, detached (a loss
-        # that runs its own backward passes must say it can take old_logp=None)
-        on_policy = (tr.reuse_logprob and tr.ppo_epochs == 1 and mini >= total
-                     and (not accumulating or comps.accumulate.computes_own_old))
-        draws = [corrupted] + [_corruption(ctx, batch, step, e) for e in range(1, tr.ppo_epochs)
-                               if comps.remask_each_epoch and rows.corrupted is None and corrupted is not None]
-        olds = [None if on_policy else estimate_no_grad(engine, comps.estimator, wrapper, batch, d,
-                                                        tr.micro_batch_size) for d in draws]
-        refs = [ref.estimate(engine, comps.estimator, batch, d, tr.micro_batch_size) if ref is not None
-                else None for d in draws]
-        t_old = time.perf_counter()
+    return first
 
-        wrapper.module.train()
-        loss_sum, n_micro, n_mini = 0.0, 0, 0
-        agg: dict[str, float] = {}
-        norms, skipped = [], 0
-        lr = lr_at(tr, step - 1)
-        for epoch in range(tr.ppo_epochs):
-            # one mini-batch of the whole batch needs no shuffle: rows keep their order, so the
-            # micro-batches are the same rows on every world size
-            perm = (torch.arange(total) if mini >= total and tr.ppo_epochs == 1 else
-                    torch.randperm(total, generator=ctx.stream(STREAM_ORDER, step, epoch, engine.rank)))
-            for msl in chunks(total, mini):
-                k = epoch % len(draws)
-                mb_loss, mb_micro = minibatch_backward(comps, wrapper, rows, draws[k], olds[k], refs[k],
-                                                       advantages, perm[msl], tr.micro_batch_size, agg,
-                                                       engine=engine)
-                loss_sum += mb_loss
-                n_micro += mb_micro
-                n_mini += 1
-                norm, ok = engine.step(tr.grad_clip, lr)
-                norms.append(norm)
-                skipped += 0 if ok else 1
-        for backend, how in synced:  # and follow it
-            push_policy(ctx, backend, how, step)
-        t_end = time.perf_counter()
 
-        # the batch's statistics over every rank's rollouts (group ids made global)
-        merged = zip(c.rewards.tolist(), c.accs.tolist(),
-                     (c.group_ids + engine.rank * len(c.group_ids)).tolist())
-        rewards, accs, group_ids = (torch.tensor(v) for v in zip(*engine.gather(list(merged))))
-        record = {
-            "step": step, "reward": rewards.mean().item(), "accuracy": accs.mean().item(),
-            "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            # this rank's shares times the world size: the ranks' mean is the mini-batch loss
-            "loss": loss_sum * engine.world_size / max(1, n_mini), "grad_norm": sum(norms) / max(1, len(norms)),
-            "skipped_steps": skipped, "lr": lr,
-            "response_length": rollout.response_mask.float().sum(1).mean().item(),
-            "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
-            "time_rollout": round(t_roll - t0, 3), "time_logprob": round(t_old - t_roll, 3),
-            "time_update": round(t_end - t_old, 3),
-            "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, t_roll - t0),
-        }
-        record.update(_group_stats(ctx, rewards, group_ids))
-        record.update({k: v / max(1, n_micro) for k, v in agg.items()})
-        record.update(rows.metrics)
-        ratio_one = tr.ppo_epochs == 1 and mini >= total and "ratio_mean" in record
-        line = [k for k in LINE if not (ratio_one and k in ("loss", "pg_clipfrac", "ppo_kl"))]
-        tracker.step_end(step, record, line, reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
+def _plan(ctx: Context, step: int, total: int) -> UpdatePlan:
+    """The step's walk over this rank's ``total`` rows: PPO epochs, this rank's share of
+    ``trainer.mini_batch_size``, micro-batches; one mini-batch of the whole batch in one epoch keeps
+    the rows' order (the micro-batches are the same rows on every world size), else each epoch
+    shuffles by its stream."""
+    tr, engine = ctx.config.trainer, ctx.engine
+    mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
+    in_order = mini >= total and tr.ppo_epochs == 1
+    order = None if in_order else (lambda epoch: ctx.stream(STREAM_ORDER, step, epoch, engine.rank))
+    return UpdatePlan(micro_batch=tr.micro_batch_size, mini_batch=min(mini, total), epochs=tr.ppo_epochs,
+                      grad_clip=tr.grad_clip, lr=lr_at(tr, step - 1), order=order)
 
-    return tracker.finish({"steps": tr.steps, "final_reward_mean_last5": tracker.last("reward", 5)})
+
+def _on_policy(ctx: Context, plan: UpdatePlan, c: Collected) -> bool:
+    """One optimizer step per batch (``trainer.reuse_logprob``): the policy that produced the
+    rollouts is the one being differentiated, so its log-likelihoods are the update's own forward,
+    detached (a loss that runs its own backward passes must say it can take ``old_logp=None``)."""
+    comps = ctx.components
+    accumulating = comps.accumulate is not None and c.corrupted is not None
+    return (ctx.config.trainer.reuse_logprob and plan.epochs == 1 and plan.mini_batch >= c.rows.num_rows
+            and (not accumulating or comps.accumulate.computes_own_old))
+
+
+def update_batches(ctx: Context, reference: Optional[ReferencePolicy], c: Collected, step: int,
+                   on_policy: bool) -> list[UpdateBatch]:
+    """The collected rows under each corruption draw (the batch's, plus one per further PPO epoch
+    with ``Components.remask_each_epoch``), with their old (unless ``on_policy``) and reference
+    log-likelihoods, all computed before the first update."""
+    comps, rows, micro = ctx.components, c.rows, ctx.config.trainer.micro_batch_size
+    batch = rows.batch
+    fresh = comps.remask_each_epoch and rows.corrupted is None and c.corrupted is not None
+    draws = [c.corrupted] + [_corruption(ctx, batch, step, e)
+                             for e in range(1, ctx.config.trainer.ppo_epochs) if fresh]
+    out = []
+    for d in draws:
+        old = None if on_policy else estimate_no_grad(ctx.engine, comps.estimator, ctx.wrapper, batch, d, micro)
+        ref = reference.estimate(ctx.engine, comps.estimator, batch, d, micro) if reference is not None else None
+        out.append(rows_update_batch(rows, d, old, ref))
+    return out
+
+
+def rows_update_batch(rows: TrainingRows, corrupted: Optional[Corrupted], old_logp: Optional[torch.Tensor] = None,
+                      ref_logp: Optional[torch.Tensor] = None) -> UpdateBatch:
+    """The trajectory builder's training rows as the update's rows: advantages on the batch's device,
+    the loss weights (``TrainingRows.weights`` or the response mask) and extras, under ``corrupted``."""
+    return UpdateBatch(rows.batch, corrupted, old_logp, ref_logp, rows.advantages.to(rows.batch.input_ids.device),
+                       rows.loss_weights(), dict(rows.extras))
+
+
+def report(ctx: Context, c: Collected, stats: UpdateStats, plan: UpdatePlan, step: int,
+           times: dict[str, float]) -> dict[str, Any]:
+    """The step's record: the batch's statistics over every rank's rollouts (group ids made
+    global), the update's statistics and the builder's metrics."""
+    engine, rollout = ctx.engine, c.rollout
+    merged = zip(c.rewards.tolist(), c.accs.tolist(), (c.group_ids + engine.rank * len(c.group_ids)).tolist())
+    rewards, accs, group_ids = (torch.tensor(v) for v in zip(*engine.gather(list(merged))))
+    record = {
+        "step": step, "reward": rewards.mean().item(), "accuracy": accs.mean().item(),
+        "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps, "lr": plan.lr,
+        "response_length": rollout.response_mask.float().sum(1).mean().item(),
+        "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
+        **{k: round(v, 3) for k, v in times.items()},
+        "rollout_tokens_per_s": rollout.response_ids.numel() / max(1e-9, times["time_rollout"]),
+    }
+    record.update(_group_stats(ctx, rewards, group_ids))
+    record.update(stats.metrics)
+    record.update(c.rows.metrics)
+    return record
+
+
+def _line(record: dict[str, Any], plan: UpdatePlan, total: int) -> list[str]:
+    """The console keys of a step; with one update per batch the ratio is 1, so a ratio loss (one
+    reporting ``ratio_mean``) is ``-mean(A)`` and its clip fraction and KL(old‖new) are 0: left out."""
+    ratio_one = plan.epochs == 1 and plan.mini_batch >= total and "ratio_mean" in record
+    return [k for k in LINE if not (ratio_one and k in ("loss", "pg_clipfrac", "ppo_kl"))]
 
 
 @attrs.frozen
@@ -259,7 +310,9 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     rewards = torch.tensor([_reward(ctx, s) for s in scored], dtype=torch.float32)
     accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
     advantages = advantage(rewards, group_ids).to(wrapper.device)
-    rows = _training_rows(ctx, trajectory, rollout, rewards, advantages, group_ids, expanded, step)
+    context = TrajectoryContext(rewards, advantages, group_ids, _score_fn(ctx, expanded), step,
+                                ctx.config.trainer.steps, ctx.generator)
+    rows = trajectory.rows(ctx.wrapper, rollout, context)  # see dare_core.interfaces.rows
     corrupted = rows.corrupted
     if corrupted is None and ctx.components.corruption is not None:
         corrupted = _corruption(ctx, rows.batch, step)
@@ -292,66 +345,39 @@ def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Any:
         torch.arange(engine.rank * n, (engine.rank + 1) * n))
 
 
-def policy_backward(comps: Any, wrapper: Any, batch, corrupted, old, ref, advantages, mask,
-                    scale: float, extras: Optional[dict] = None, *, engine: Any = None,
-                    totals: Optional[dict] = None):
-    """One micro-batch of the update: estimator → loss (normalised by the mini-batch's ``totals``;
-    ``None``: these rows') → backward of ``scale · loss`` (through ``engine``'s backward and
-    compute precision; ``None``: torch's), or the algorithm's ``Components.accumulate`` (one
-    Monte-Carlo row at a time) when it has one and there is a corruption. ``old=None`` means the
-    policy has not changed since the rollout: the old log-likelihoods are this forward's own,
-    detached. Returns ``(detached loss, metrics)``."""
-    backward = engine.backward if engine is not None else torch.Tensor.backward
-    with engine.autocast() if engine is not None else contextlib.nullcontext():
-        if comps.accumulate is not None and corrupted is not None:
-            return comps.accumulate.accumulate(
-                _row_estimate(comps.estimator, wrapper, batch, corrupted), corrupted.num_samples,
-                old, ref, advantages, mask, scale, extras=extras, backward=backward, totals=totals)
-        logp = comps.estimator(wrapper, batch, corrupted)
-        loss, metrics = comps.loss(logp, logp.detach() if old is None else old, ref, advantages, mask,
-                                   extras=extras, totals=totals)
-    backward(loss * scale)
-    return loss.detach(), metrics
+@attrs.frozen
+class PolicyObjective:
+    """The RL objective of some rows (:class:`~dare_core.workflows.update.UpdateObjective`):
+    estimator → policy loss → backward, or the algorithm's ``Components.accumulate`` (one
+    Monte-Carlo row at a time) when it has one and the rows have a corruption. ``engine``: its
+    backward and compute precision (``None``: torch's)."""
 
+    components: Components
+    wrapper: ModelWrapper
+    engine: Optional[Engine] = None
 
-def global_totals(engine: Any, parts: list[dict]) -> dict:
-    """The sum of ``parts`` (:meth:`PolicyLoss.totals` of micro-batches) over them and over ranks
-    (one gather when the engine has several), on the parts' device."""
-    local = sum_totals(parts)
-    if engine is None or engine.world_size == 1:
-        return local
-    device = next(iter(local.values())).device
-    every = engine.gather([{k: v.cpu() for k, v in local.items()}])
-    return {k: v.to(device) for k, v in sum_totals(every).items()}
+    def totals(self, part: UpdateBatch) -> Totals:
+        """:meth:`PolicyLoss.totals` of the rows' weights and extras."""
+        return self.components.loss.totals(part.weights, part.extras or None)
 
-
-def minibatch_backward(comps: Any, wrapper: Any, rows: TrainingRows, corrupted, old, ref_logp,
-                       advantages, mb: torch.Tensor, micro_batch_size: int,
-                       agg: dict[str, float], *, engine: Any = None) -> tuple[float, int]:
-    """Accumulate the gradient of one mini-batch (this rank's rows ``mb``) in micro-batches of
-    ``micro_batch_size``: every call is normalised by the mini-batch's totals (summed over its
-    micro-batches and ranks) and its backward scaled by the world size (the engine averages
-    gradients over ranks), so the gradient is the mini-batch objective's whatever the partition.
-    Adds every micro-batch's metrics into ``agg``; returns this rank's share of the mini-batch
-    loss and how many micro-batches ran."""
-    parts = [mb[usl] for usl in chunks(len(mb), micro_batch_size)]
-    extras = [rows.select_extras(idx) if rows.extras else None for idx in parts]
-    totals = global_totals(engine, [comps.loss.totals(rows.select_weights(idx), ex)
-                                    for idx, ex in zip(parts, extras)])
-    world = engine.world_size if engine is not None else 1
-    loss_sum = 0.0
-    for idx, ex in zip(parts, extras):
-        sub_corr = corrupted.select(idx) if corrupted is not None else None
-        old_i = old.index_select(1, idx.to(old.device)) if old is not None else None
-        ref_i = ref_logp.index_select(1, idx.to(ref_logp.device)) if ref_logp is not None else None
-        loss, metrics = policy_backward(
-            comps, wrapper, rows.batch.select(idx), sub_corr, old_i, ref_i,
-            advantages[idx.to(advantages.device)], rows.select_weights(idx), float(world), ex,
-            engine=engine, totals=totals)
-        loss_sum += float(loss)
-        for k, v in metrics.items():
-            agg[k] = agg.get(k, 0.0) + float(v)
-    return loss_sum, len(parts)
+    def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """``scale · ∇loss`` of the rows into the gradients; ``part.old_logp=None``: the old
+        log-likelihoods are this forward's own, detached. Returns ``(detached loss, metrics)``."""
+        comps, engine = self.components, self.engine
+        backward = engine.backward if engine is not None else torch.Tensor.backward
+        extras = part.extras or None
+        with engine.autocast() if engine is not None else contextlib.nullcontext():
+            if comps.accumulate is not None and part.corrupted is not None:
+                return comps.accumulate.accumulate(
+                    _row_estimate(comps.estimator, self.wrapper, part.batch, part.corrupted),
+                    part.corrupted.num_samples, part.old_logp, part.ref_logp, part.advantages, part.weights,
+                    scale, extras=extras, backward=backward, totals=totals)
+            logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
+            old = logp.detach() if part.old_logp is None else part.old_logp
+            loss, metrics = comps.loss(logp, old, part.ref_logp, part.advantages, part.weights,
+                                       extras=extras, totals=totals)
+        backward(loss * scale)
+        return loss.detach(), metrics
 
 
 def require_totals(loss: Any, seam: type, algo: str) -> None:
@@ -384,19 +410,15 @@ def _check_records(ctx: Context, records: frozenset) -> None:
             f"rollout backend {spec.name!r} does not offer; {hint}")
 
 
-def _training_rows(ctx: Context, trajectory: Any, rollout, rewards, advantages, group_ids,
-                   expanded, step: int) -> TrainingRows:
-    """The builder's training rows (:meth:`TrajectoryBuilder.rows`: the final sequence, or several
-    rows per rollout, replayed states, token weights; see :mod:`dare_core.interfaces.rows`)."""
+def _score_fn(ctx: Context, expanded: list) -> ScoreFn:
+    """The task reward of any responses, each against the example of its rollout row."""
 
     def score(response_ids: torch.Tensor, response_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         texts = decode_responses(ctx.wrapper, response_ids.cpu(), response_mask.cpu())
         return torch.tensor([_reward(ctx, ctx.task.score(expanded[int(r)], t))
                              for r, t in zip(rows.tolist(), texts)], dtype=torch.float32)
 
-    context = TrajectoryContext(rewards, advantages, group_ids, score, step,
-                                ctx.config.trainer.steps, ctx.generator)
-    return trajectory.rows(ctx.wrapper, rollout, context)
+    return score
 
 
 def _group_stats(ctx: Context, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 Per optimizer step: ``batch_size`` (prompt, response) pairs (the global batch; each process
 trains on its rows) → the algorithm's collate → corruption, drawn once over the global batch →
-for each micro-batch: estimator → objective, normalised by the step's totals (:meth:`SFTObjective.totals` summed over the
+one update (:func:`dare_core.workflows.update.update`): for each micro-batch, estimator →
+objective, normalised by the step's totals (:meth:`SFTObjective.totals` summed over the
 micro-batches and ranks) → backward scaled by the world size (the engine averages over
 processes), so the gradient is the global batch's whatever the partition → clip → step.
 """
@@ -13,15 +14,17 @@ import contextlib
 import time
 from typing import Any, Optional, Sequence
 
+import attrs
 import torch
 
 from dare_core.errors import DareError
-from dare_core.interfaces import SequenceBatch, SFTObjective
+from dare_core.interfaces import Components, Engine, ModelWrapper, SequenceBatch, SFTObjective, Totals, UpdateBatch
 from dare_core.workflows.runtime import Context
 from dare_core.engines.common import lr_at
-from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, chunks, encode_prompts, left_pad
-from dare_core.workflows.rl import global_totals, require_totals
+from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, encode_prompts, left_pad
+from dare_core.workflows.rl import require_totals
 from dare_core.workflows.tracker import Tracker
+from dare_core.workflows.update import UpdatePlan, update
 
 
 def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -57,6 +60,7 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     collate = comps.collate or default_collate
     batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
     require_totals(comps.loss, SFTObjective, cfg.algo)
+    objective = SupervisedObjective(comps, wrapper, engine)
     engine.setup_optimizer(wrapper, tr)
 
     tracker = Tracker(ctx, eval_examples, batches)
@@ -74,37 +78,37 @@ def run_sft(ctx: Context) -> dict[str, Any]:
         full = collate(prompts, responses, wrapper).to(wrapper.device)
         corrupted = (comps.corruption(wrapper, full, ctx.stream(STREAM_CORRUPTION, step))
                      if comps.corruption is not None else None)
-        agg: dict[str, float] = {}
-        loss_sum, n_micro = sft_backward(comps, wrapper, full.select(rows),
-                                         corrupted.select(rows) if corrupted is not None else None,
-                                         tr.micro_batch_size, agg, engine=engine)
+        part = UpdateBatch(full.select(rows), corrupted.select(rows) if corrupted is not None else None)
         lr = lr_at(tr, step - 1)
-        norm, ok = engine.step(tr.grad_clip, lr)
+        stats = update(engine, objective, [part], UpdatePlan(micro_batch=tr.micro_batch_size,
+                                                              grad_clip=tr.grad_clip, lr=lr))
         record = {  # this rank's shares times the world size: the ranks' mean is the batch loss
-            "step": step, "loss": loss_sum * engine.world_size, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
-            "lr": lr, "time_step": round(time.perf_counter() - t0, 3),
+            "step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps,
+            "lr": lr, "time_step": round(time.perf_counter() - t0, 3), **stats.metrics,
         }
-        record.update({k: v / max(1, n_micro) for k, v in agg.items()})
         record = tracker.step_end(step, record, loss=f"{record['loss']:.4f}")
     return tracker.finish({"steps": tr.steps, "final_loss_mean_last20": tracker.last("loss", 20)})
 
 
-def sft_backward(comps: Any, wrapper: Any, batch: SequenceBatch, corrupted: Any, micro_batch_size: int,
-                 agg: dict[str, float], *, engine: Any = None) -> tuple[float, int]:
-    """Accumulate the gradient of this rank's rows in micro-batches: each objective call is
-    normalised by the step's totals (:meth:`SFTObjective.totals` summed over the micro-batches
-    and ranks) and its backward scaled by the world size (the engine averages over ranks).
-    Adds the metrics into ``agg``; returns this rank's share of the loss and the micro-batches run."""
-    slices = [torch.arange(sl.start, sl.stop) for sl in chunks(batch.batch_size, micro_batch_size)]
-    totals = global_totals(engine, [comps.loss.totals(batch.select(idx)) for idx in slices])
-    world = engine.world_size if engine is not None else 1
-    loss_sum = 0.0
-    for idx in slices:
-        micro, corr = batch.select(idx), corrupted.select(idx) if corrupted is not None else None
+@attrs.frozen
+class SupervisedObjective:
+    """The supervised objective of some rows (:class:`~dare_core.interfaces.UpdateObjective`):
+    estimator over the rows' corruption → :class:`SFTObjective` → backward. ``engine``: its
+    backward and compute precision (``None``: torch's)."""
+
+    components: Components
+    wrapper: ModelWrapper
+    engine: Optional[Engine] = None
+
+    def totals(self, part: UpdateBatch) -> Totals:
+        """:meth:`SFTObjective.totals` of the rows."""
+        return self.components.loss.totals(part.batch)
+
+    def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """``scale · ∇loss`` of the rows into the gradients; returns ``(detached loss, metrics)``."""
+        comps, engine = self.components, self.engine
         with engine.autocast() if engine is not None else contextlib.nullcontext():
-            loss, metrics = comps.loss(comps.estimator(wrapper, micro, corr), corr, micro, totals=totals)
-        (engine.backward if engine is not None else torch.Tensor.backward)(loss * world)
-        loss_sum += float(loss.detach())
-        for k, v in metrics.items():
-            agg[k] = agg.get(k, 0.0) + float(v)
-    return loss_sum, len(slices)
+            logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
+            loss, metrics = comps.loss(logp, part.corrupted, part.batch, totals=totals)
+        (engine.backward if engine is not None else torch.Tensor.backward)(loss * scale)
+        return loss.detach(), metrics

@@ -234,15 +234,16 @@ def test_a_backend_without_the_declared_rollout_fields_is_refused_in_one_line(tm
     assert "\n" not in message and "no_such_field" in message and "needs_field_test" in message
 
 
-def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
-    """The loop and the probe script accumulate a mini-batch's gradient in micro-batches (each
-    normalised by the mini-batch's totals): the sum must be the gradient of one pass over every row, so that a
+def test_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
+    """The update accumulates a mini-batch's gradient in micro-batches (each normalised by the
+    mini-batch's totals): the sum must be the gradient of one pass over every row, so that a
     probe of a many-row algorithm (one row per trained step) fits in memory and still measures
     the loop's gradient."""
     import torch
 
     from dare_core.workflows.runtime import setup
-    from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
+    from dare_core.workflows.rl import PolicyObjective, collect, rows_update_batch, training_rollout
+    from dare_core.workflows.update import UpdatePlan, backward_minibatch
 
     cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
         f"model.path={tmp_path}", "rollout.temperature=1.0"])
@@ -255,10 +256,9 @@ def test_minibatch_backward_micro_batches_sum_to_the_whole_batch_gradient(dare, 
     grads = {}
     for micro in (total, 3):
         ctx.wrapper.module.zero_grad()
-        agg: dict = {}
-        _, n = minibatch_backward(comps, ctx.wrapper, c.rows, c.corrupted, None, None,
-                                  c.rows.advantages, torch.arange(total), micro, agg)
-        assert n == -(-total // micro) and "pg_clipfrac" in agg
+        _, metrics = backward_minibatch(None, PolicyObjective(comps, ctx.wrapper), rows_update_batch(c.rows, c.corrupted),
+                                        UpdatePlan(micro_batch=micro))
+        assert "pg_clipfrac" in metrics
         grads[micro] = [p.grad.clone() for p in ctx.wrapper.module.parameters() if p.grad is not None]
     assert grads[total] and any(g.abs().sum() > 0 for g in grads[total])
     for whole, parts in zip(grads[total], grads[3]):
