@@ -11,13 +11,13 @@ Per optimizer step:
 2. the reference log-likelihoods are computed under exactly that corruption (the same
    timesteps and the same masked positions as the policy will see: shared, antithetic noise),
    without gradients;
-3. the loss's ``totals`` (e.g. the number of pairs) of every micro-batch of whole pairs
-   (``trainer.micro_batch_size`` rows, which must be even, so a chosen row never leaves its
-   rejected partner) are summed over the micro-batches and ranks (one collective); for each
-   micro-batch: estimator → loss normalised by those step totals → backward of ``loss ·
-   world_size`` (the engine averages gradients over ranks), so the gradient is the global
-   batch's objective whatever the micro-batch size and the world size;
-4. clip → optimizer step.
+3. one update (:func:`dare_core.api.update`, whole pairs per micro-batch): the loss's ``totals``
+   (e.g. the number of pairs) of every micro-batch (``trainer.micro_batch_size`` rows, which must
+   be even, so a chosen row never leaves its rejected partner) are summed over the micro-batches
+   and ranks (one collective); for each micro-batch: estimator → loss normalised by those step
+   totals → backward of ``loss · world_size`` (the engine averages gradients over ranks), so the
+   gradient is the global batch's objective whatever the micro-batch size and the world size;
+   clip → optimizer step.
 
 The loss seam of this workflow is :class:`~dare_core.interfaces.PreferenceLoss`:
 ``loss.totals(batch)`` and ``loss(logp, ref_logp, batch, totals=...) -> (loss, metrics)``, where
@@ -52,13 +52,16 @@ from dare_core.api import (
     ReferencePolicy,
     SequenceBatch,
     Tracker,
+    Totals,
+    UpdateBatch,
+    UpdatePlan,
     build_rollout,
     chunks,
     default_collate,
     encode_prompts,
-    global_totals,
     lr_at,
     require_totals,
+    update,
 )
 from dare_plugin_preference.config import SECTION, PreferenceConfig
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
@@ -160,6 +163,30 @@ def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[Pre
     return train, held, info
 
 
+@attrs.frozen
+class PreferenceObjective:
+    """The preference objective of some interleaved rows (the update step's objective): estimator
+    over the rows' corruption → :class:`~dare_core.api.PreferenceLoss` against the reference
+    log-likelihoods → backward through the engine."""
+
+    components: Any
+    wrapper: Any
+    engine: Any
+
+    def totals(self, part: UpdateBatch) -> Totals:
+        """:meth:`PreferenceLoss.totals` of the rows (e.g. their pairs)."""
+        return self.components.loss.totals(part.batch)
+
+    def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """``scale · ∇loss`` of the rows into the gradients; returns ``(detached loss, metrics)``."""
+        comps = self.components
+        with self.engine.autocast():
+            logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
+            loss, metrics = comps.loss(logp, part.ref_logp, part.batch, totals=totals)
+        self.engine.backward(loss * scale)
+        return loss.detach(), metrics
+
+
 def run_preference(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     tr = cfg.trainer
@@ -184,6 +211,7 @@ def run_preference(ctx: Context) -> dict[str, Any]:
     train_pairs, held_pairs, info = load_or_generate_pairs(ctx)
     engine = ctx.engine
     reference = ReferencePolicy(wrapper, engine)
+    objective = PreferenceObjective(comps, wrapper, engine)
 
     # validation: one fixed corruption, reference values computed once
     held = None
@@ -241,30 +269,16 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         corrupted = corrupt(batch, ctx.stream(STREAM_CORRUPTION, step, engine.rank * n_pairs))
         ref_logp = reference.estimate(engine, comps.estimator, batch, corrupted, tr.micro_batch_size)
         t_ref = time.perf_counter()
-        micros = [pair_rows(torch.arange(sl.start, sl.stop)) for sl in chunks(n_pairs, pairs_per_micro)]
-        totals = global_totals(engine, [comps.loss.totals(batch.select(rows)) for rows in micros])
-        loss_sum = 0.0
-        agg: dict[str, float] = {}
-        for rows in micros:
-            share = len(rows) / (2 * n_pairs)
-            micro = batch.select(rows)
-            with engine.autocast():
-                logp = comps.estimator(wrapper, micro, corrupted.select(rows) if corrupted is not None else None)
-                loss, metrics = comps.loss(logp, ref_logp.index_select(1, rows.to(ref_logp.device)), micro,
-                                           totals=totals)
-            engine.backward(loss * engine.world_size)
-            loss_sum += float(loss.detach()) * engine.world_size  # the ranks' mean: the batch loss
-            for k, v in metrics.items():
-                agg[k] = agg.get(k, 0.0) + float(v) * share
         lr = lr_at(tr, step - 1)
-        norm, ok = engine.step(tr.grad_clip, lr)
+        plan = UpdatePlan(micro_batch=tr.micro_batch_size, unit=2, grad_clip=tr.grad_clip, lr=lr)
+        stats = update(engine, objective, [UpdateBatch(batch, corrupted, ref_logp=ref_logp)], plan)
         record = {
-            "step": step, "loss": loss_sum, "grad_norm": norm, "skipped_steps": 0 if ok else 1,
+            "step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps,
             "lr": lr, "pairs": n_pairs * engine.world_size,
             "time_ref": round(t_ref - t0, 3), "time_step": round(time.perf_counter() - t0, 3),
         }
-        record.update(agg)
-        tracker.step_end(step, record, loss=f"{loss_sum:.4f}")
+        record.update(stats.metrics)
+        tracker.step_end(step, record, loss=f"{stats.loss:.4f}")
         if cfg.eval.every and step % cfg.eval.every == 0 and step != tr.steps:
             validate(f"step-{step}", step)
 
