@@ -5,8 +5,10 @@ components (no algorithm plugin involved): rollout of ``--batch`` rows (``--batc
 --group-size`` prompts, each repeated ``--group-size`` times) → rewards (the ``--task`` reward of
 the decoded responses; without a task, seeded random 0/1 rewards, so the update does real work on
 random prompts) → group-normalised advantages (``group_norm``) → one corruption draw
-(``random_ratio``) → old log-likelihoods without gradients (``response_token_logprob``) → clipped policy-gradient loss (``clipped_pg``)
-→ backward → AdamW step. The *eager* side uses the baseline rollout backend, the *accelerated*
+(``random_ratio``) → old log-likelihoods without gradients (``response_token_logprob``) → the
+update ``dare train`` runs (:func:`dare_core.api.update` with the RL objective of the
+clipped policy-gradient loss ``clipped_pg`` through the single-process engine: micro-batches
+normalised over the batch, clipping, AdamW step). The *eager* side uses the baseline rollout backend, the *accelerated*
 side the accelerated one; the training half is the same code on both sides except for the
 training paths (``--baseline-train``, default ``padded,naive``: padded attention and full
 logits; ``--accelerated-train``, default ``auto,auto``: packed attention and the fused,
@@ -59,15 +61,31 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, micro: int,
+def _engine(wrapper: Any, lr: float) -> Any:
+    """The single-process engine ``dare train`` builds for this wrapper (its precision policy,
+    AdamW with the trainer's defaults at ``lr``, clipping), with the optimizer set up."""
+    from dare_core.api import RunConfig, SingleProcessEngine
+
+    cfg = RunConfig()
+    cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, device=str(wrapper.device)),
+                       trainer=attrs.evolve(cfg.trainer, lr=lr))
+    engine = SingleProcessEngine(cfg, wrapper.device)
+    engine.setup_optimizer(wrapper, cfg.trainer)
+    return engine
+
+
+def _rl_step(setup: Any, backend: Any, lookup: Any, engine: Any, group: int, micro: int,
              seed: int) -> dict[str, Any]:
+    from dare_core.api import Components, PolicyObjective, UpdateBatch, UpdatePlan, estimate_no_grad, update
+
     wrapper = setup.wrapper
     device = wrapper.device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     corruption = lookup.corruption("random_ratio")
     estimator = lookup.estimator("response_token_logprob")
-    loss_fn = lookup.loss("clipped_pg")
+    objective = PolicyObjective(Components(estimator, lookup.loss("clipped_pg")), wrapper, engine)
     advantage = lookup.advantage("group_norm")
+    tr = engine.config.trainer
     t0 = time.perf_counter()
     tokens, nfe, rollouts = 0, 0, []
     for pid, pmask, examples in setup.prompts:
@@ -92,23 +110,12 @@ def _rl_step(setup: Any, backend: Any, lookup: Any, optimizer: Any, group: int, 
         batch = out.sequences()
         corrupted = corruption(wrapper, batch, gen)
         ta = time.perf_counter()
-        wrapper.module.eval()
-        with torch.no_grad():
-            old = torch.cat([
-                estimator(wrapper, batch.select(torch.arange(i, min(b, i + micro))),
-                          corrupted.select(torch.arange(i, min(b, i + micro))))
-                for i in range(0, b, micro)], dim=1)
+        old = estimate_no_grad(engine, estimator, wrapper, batch, corrupted, micro)
         tb = time.perf_counter()
         wrapper.module.train()
-        optimizer.zero_grad(set_to_none=True)
-        for i in range(0, b, micro):
-            idx = torch.arange(i, min(b, i + micro))
-            logp = estimator(wrapper, batch.select(idx), corrupted.select(idx))
-            loss, _ = loss_fn(logp, old.index_select(1, idx.to(old.device)), None,
-                              adv[idx.to(device)], batch.response_mask.index_select(0, idx.to(device)))
-            (loss * len(idx) / b).backward()
-            loss_total += float(loss.detach())
-        optimizer.step()
+        part = UpdateBatch(batch, corrupted, old, None, adv, batch.response_mask.float())
+        stats = update(engine, objective, [part], UpdatePlan(micro_batch=micro, grad_clip=tr.grad_clip, lr=tr.lr))
+        loss_total += stats.loss
         tc = time.perf_counter()
         logp_s += tb - ta
         update_s += tc - tb
@@ -200,9 +207,9 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
     wrapper = setup.wrapper
     micro = micro_batch or kw["batch"]
     lookup = ComponentLookup(dare.registries)
-    optimizer = torch.optim.AdamW(wrapper.module.parameters(), lr=lr)
+    engine = _engine(wrapper, lr)
     weights = copy.deepcopy(wrapper.module.state_dict())
-    opt_state = copy.deepcopy(optimizer.state_dict())
+    opt_state = copy.deepcopy(engine.optimizer.state_dict())
 
     from dare_core.api import select_training_paths
 
@@ -215,7 +222,7 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
 
     def restore(name: str) -> None:
         wrapper.module.load_state_dict(weights)
-        optimizer.load_state_dict(opt_state)
+        engine.optimizer.load_state_dict(opt_state)
         if name:
             wrapper.train_attention = paths[name].attention
             wrapper.fused_ce = paths[name].fused_ce
@@ -234,7 +241,7 @@ def rl_cmd(group_size: int, micro_batch: int, lr: float, baseline_train: str,
         backends = {side: spec.build(cfg) for side, (spec, cfg) in specs.items()}
         for side, (spec, cfg) in specs.items():
             click.echo(f"gen {gen_length} {side}: {spec.name} {config_text(cfg)}; {paths[side].describe()}")
-        runs = {side: (lambda b=b: _rl_step(setup, b, lookup, optimizer, group_size, micro, kw["seed"]))
+        runs = {side: (lambda b=b: _rl_step(setup, b, lookup, engine, group_size, micro, kw["seed"]))
                 for side, b in backends.items()}
         if warmup:
             interleave(runs, warmup, setup.device, prepare=restore)
