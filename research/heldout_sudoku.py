@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dare_core.errors import DareError, run_script
-from dare_core.rundir import atomic_write_text
-from dare_core.config import TaskConfig
+from dare_core.api import DareError, TaskConfig, atomic_write_text, run_script
 from dare_plugin_tasks.sudoku import SudokuTask, count_solutions, generate_sudoku
 
 

@@ -30,13 +30,9 @@ import argparse
 
 import torch
 
-from dare_core.config import resolve
-from dare_core.errors import DareError, run_script
-from dare_core.plugins import build
-from dare_core.components import FinalSequence, GroupNormAdvantage
-from dare_core.workflows.evaluation import evaluate
-from dare_core.workflows.runtime import setup
-from dare_core.workflows.rl import collect, minibatch_backward, training_rollout
+from dare_core.api import (
+    DareError, FinalSequence, GroupNormAdvantage, PolicyObjective, UpdatePlan, backward_minibatch, build, collect,
+    evaluate, resolve, rows_update_batch, run_script, setup, training_rollout)
 
 
 def _norm(tensors) -> torch.Tensor:
@@ -67,15 +63,14 @@ def main(argv=None) -> int:
     c = collect(ctx, training_rollout(ctx), comps.trajectory or FinalSequence(), comps.advantage or GroupNormAdvantage(),
                 examples, n, 1)
     rows, rewards = c.rows, c.rewards
-    if (callable(getattr(comps.loss, "accumulate", None)) and c.corrupted is not None
-            and not getattr(comps.loss, "computes_own_old", False)):
+    if comps.accumulate is not None and c.corrupted is not None and not comps.accumulate.computes_own_old:
         raise DareError(f"{args.algo}'s loss needs separate old log-likelihoods, which this probe does "
                         "not compute; probe an algorithm whose loss takes the update's own")
     wrapper.module.train()
     wrapper.module.zero_grad()
     # the whole batch as one mini-batch, in the run's micro-batches (as the loop accumulates it)
-    minibatch_backward(comps, wrapper, rows, c.corrupted, None, None, rows.advantages.to(wrapper.device),
-                       torch.arange(rows.batch.batch_size), cfg.trainer.micro_batch_size, {})
+    backward_minibatch(None, PolicyObjective(comps, wrapper), rows_update_batch(rows, c.corrupted),
+                       UpdatePlan(micro_batch=cfg.trainer.micro_batch_size))
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     grad = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     g_norm = _norm(grad)
