@@ -5,7 +5,6 @@ plugins that reach it through the hooks in :mod:`dare_core.hookspecs`.
 """
 
 from dare_core._version import __version__  # noqa: E402
-
 from dare_core.plugins import hookimpl  # noqa: E402
 
 __all__ = ["hookimpl", "__version__"]

@@ -35,16 +35,16 @@ _EXPORTS = {
     "dare_core.preflight": "preflight",
     "dare_core.rundir": "RunDir atomic_write_file atomic_write_text",
     "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
-                                    "encode_prompts left_pad",
+    "encode_prompts left_pad",
     "dare_core.workflows.evaluation": "evaluate",
     "dare_core.workflows.rl": "PolicyObjective ReferencePolicy collect estimate_no_grad require_totals "
-                             "rows_update_batch training_rollout",
+    "rows_update_batch training_rollout",
     "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context eval_rollout_config setup",
     "dare_core.workflows.sft": "SupervisedObjective default_collate",
     "dare_core.workflows.update": "UpdatePlan UpdateStats backward_minibatch global_totals update",
     "dare_core.workflows.tracker": "Tracker",
     "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
-                                "resolve_precision set_lr trainable_parameters",
+    "resolve_precision set_lr trainable_parameters",
     "dare_core.engines.distributed": "LAUNCH_HINT ProcessGroupEngine",
     "dare_core.engines.lockstep": "collective_generation lockstep",
     "dare_core.engines.single": "SingleProcessEngine",

@@ -120,8 +120,13 @@ OVERRIDES = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @cli.command()
 @click.option("--algo", required=True, help="Algorithm name (see `dare list algorithms`).")
 @click.option("--model", required=True, help="Model family (see `dare list models`).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="YAML run config; KEY=VALUE overrides win over it.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="YAML run config; KEY=VALUE overrides win over it.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the run directory of an existing run_name.")
 @OVERRIDES
 def train(algo: str, model: str, config_file: Optional[str], overwrite: bool, overrides: tuple[str, ...]) -> None:
@@ -166,8 +171,9 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
     backend = build_rollout(dare, config)
     ids = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": p}])) for p in prompts]
     pid, pmask = left_pad(ids, wrapper.pad_token_id)
-    out = backend.generate(wrapper, pid.to(wrapper.device), pmask.to(wrapper.device),
-                           generator=torch.Generator().manual_seed(config.seed))
+    out = backend.generate(
+        wrapper, pid.to(wrapper.device), pmask.to(wrapper.device), generator=torch.Generator().manual_seed(config.seed)
+    )
     for text in decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu()):
         click.echo(text)
         click.echo("---")
@@ -182,13 +188,31 @@ def plugins(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos], indent=2))
         return
-    rows = [(i.name, i.distribution, i.version, f"BROKEN: {i.broken}" if i.broken else
-             ", ".join(h.replace("dare_", "") for h in i.hooks)) for i in infos]
+    rows = [
+        (
+            i.name,
+            i.distribution,
+            i.version,
+            f"BROKEN: {i.broken}" if i.broken else ", ".join(h.replace("dare_", "") for h in i.hooks),
+        )
+        for i in infos
+    ]
     _table(("plugin", "distribution", "version", "hooks"), rows)
 
 
-LIST_KINDS = ("models", "algorithms", "rollouts", "corruptions", "trajectories", "estimators",
-              "losses", "advantages", "tasks", "engines", "workflows")
+LIST_KINDS = (
+    "models",
+    "algorithms",
+    "rollouts",
+    "corruptions",
+    "trajectories",
+    "estimators",
+    "losses",
+    "advantages",
+    "tasks",
+    "engines",
+    "workflows",
+)
 
 
 @cli.command("list")

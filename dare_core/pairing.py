@@ -44,12 +44,13 @@ def compare(gained: int, lost: int, n: int) -> dict[str, float]:
     """The summary record of a paired comparison over ``n`` items."""
     d = (gained - lost) / n if n else 0.0
     se = math.sqrt(max(0.0, gained + lost - n * d * d)) / n if n else 0.0
-    return {"gained": gained, "lost": lost, "delta": d, "se": se,
-            "p_value": mcnemar_exact_p(gained, lost)}
+    return {"gained": gained, "lost": lost, "delta": d, "se": se, "p_value": mcnemar_exact_p(gained, lost)}
 
 
 def describe(record: dict[str, float]) -> str:
     """One line, e.g. ``vs before: +15 / -4 items, delta +5.5 ± 2.2 points, McNemar p = 0.019``."""
-    return (f"vs before: +{record['gained']} / -{record['lost']} items, delta "
-            f"{100 * record['delta']:+.1f} ± {100 * record['se']:.1f} points, "
-            f"McNemar p = {record['p_value']:.3g}")
+    return (
+        f"vs before: +{record['gained']} / -{record['lost']} items, delta "
+        f"{100 * record['delta']:+.1f} ± {100 * record['se']:.1f} points, "
+        f"McNemar p = {record['p_value']:.3g}"
+    )

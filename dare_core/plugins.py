@@ -73,8 +73,9 @@ class lazy:
                 for part in attr.split("."):
                     obj = getattr(obj, part)
             except (ImportError, AttributeError) as exc:
-                raise DareError(f"cannot load {self.target!r}: {one_line(exc)}; reinstall the plugin "
-                                "that registers it") from exc
+                raise DareError(
+                    f"cannot load {self.target!r}: {one_line(exc)}; reinstall the plugin that registers it"
+                ) from exc
             self._obj = obj
         return self._obj
 
@@ -100,8 +101,10 @@ class PluginInfo:
         return attrs.asdict(self)
 
     def broken_message(self) -> str:
-        return (f"plugin {self.name!r} ({self.distribution}) is broken: {self.broken}; reinstall it "
-                f"or disable it with DARE_DISABLE_PLUGINS={self.name}")
+        return (
+            f"plugin {self.name!r} ({self.distribution}) is broken: {self.broken}; reinstall it "
+            f"or disable it with DARE_DISABLE_PLUGINS={self.name}"
+        )
 
 
 def one_line(exc: BaseException) -> str:
@@ -115,8 +118,11 @@ def _env_list(name: str, installed: list[str]) -> Optional[set[str]]:
     ids = {p.strip() for p in raw.split(",") if p.strip()}
     for unknown in sorted(ids - set(installed) - {"none"}):
         close = difflib.get_close_matches(unknown, installed, n=1, cutoff=0.5)
-        raise DareError(f"{name} names {unknown!r}, which is not an installed plugin; installed: "
-                        + (", ".join(installed) or "none") + (f"; did you mean {close[0]!r}?" if close else ""))
+        raise DareError(
+            f"{name} names {unknown!r}, which is not an installed plugin; installed: "
+            + (", ".join(installed) or "none")
+            + (f"; did you mean {close[0]!r}?" if close else "")
+        )
     return ids
 
 
@@ -126,8 +132,11 @@ def _selected_entry_points() -> list[md.EntryPoint]:
         eps.setdefault(ep.name, ep)
     allow = _env_list("DARE_PLUGINS", list(eps))
     deny = _env_list("DARE_DISABLE_PLUGINS", list(eps)) or set()
-    return [ep for name, ep in eps.items()
-            if (allow is None or ("none" not in allow and name in allow)) and name not in deny]
+    return [
+        ep
+        for name, ep in eps.items()
+        if (allow is None or ("none" not in allow and name in allow)) and name not in deny
+    ]
 
 
 class Dare:
@@ -153,8 +162,13 @@ class Dare:
             self.pm.unregister(name=name)
 
 
-def build(*, load_entrypoints: bool = True, extra_plugins: Iterable[ModuleType | Any] = (),
-          default_plugins: bool = True, strict: bool = False) -> Dare:
+def build(
+    *,
+    load_entrypoints: bool = True,
+    extra_plugins: Iterable[ModuleType | Any] = (),
+    default_plugins: bool = True,
+    strict: bool = False,
+) -> Dare:
     """Build a plugin manager and fill fresh registries from it.
 
     :param load_entrypoints: load the installed ``dare`` entry points (subject to the
@@ -214,8 +228,7 @@ def _registrar(registry, owner: str) -> Callable[[Any], None]:
     return register
 
 
-def _info(pm: pluggy.PluginManager, name: str, dist: str, version: str, module: str,
-          builtin: bool) -> PluginInfo:
+def _info(pm: pluggy.PluginManager, name: str, dist: str, version: str, module: str, builtin: bool) -> PluginInfo:
     plugin = pm.get_plugin(name)
     hooks = tuple(sorted(h.name for h in pm.get_hookcallers(plugin) or []))
     return PluginInfo(name, dist, version, module, hooks, builtin)

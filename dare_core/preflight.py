@@ -16,7 +16,6 @@ import shutil
 import struct
 from typing import Any, Optional, Sequence
 
-
 from dare_core.errors import DareError
 from dare_core.models.lora import resolve_checkpoint
 
@@ -45,9 +44,15 @@ def checkpoint(dare: Any, family: Any, path: Optional[str]) -> tuple[Optional[st
         raise DareError(f"{file} holds a JSON {type(cfg).__name__}, not an object; {FIX}")
     if (kind := cfg.get("model_type")) not in family.model_types:
         owner = next((n for n, f in dare.registries.models.items() if kind in f.model_types), None)
-        raise DareError(f"{base} is a checkpoint of model_type {kind!r}, which model family {family.name!r} does not "
-                        f"load; " + (f"it is a {owner!r} checkpoint: pass --model {owner}" if owner
-                                     else "no installed model family loads it (`dare list models`)"))
+        raise DareError(
+            f"{base} is a checkpoint of model_type {kind!r}, which model family {family.name!r} does not "
+            f"load; "
+            + (
+                f"it is a {owner!r} checkpoint: pass --model {owner}"
+                if owner
+                else "no installed model family loads it (`dare list models`)"
+            )
+        )
     if missing := [k for k in family.config_keys if cfg.get(k) is None]:
         raise DareError(f"{file} lacks {', '.join(missing)} (the sizes of a {kind!r} model); {FIX}")
     return base, cfg
@@ -102,9 +107,11 @@ def _output(config: Any, params: int) -> None:
         state = "not writable" if os.path.isdir(probe) else "a file, not a directory"
         raise DareError(f"{where}: {probe} is {state}; choose another output_dir")
     if (need := disk_need(config, params)) > (free := shutil.disk_usage(probe).free):
-        raise DareError(f"{where}: the run's saves need about {need / 1e6:,.1f} MB, {probe} has {free / 1e6:,.1f} MB free; free "
-                        f"space, choose another output_dir or save less (trainer.keep_last, trainer.save_every, "
-                        f"trainer.save_final)")
+        raise DareError(
+            f"{where}: the run's saves need about {need / 1e6:,.1f} MB, {probe} has {free / 1e6:,.1f} MB free; free "
+            f"space, choose another output_dir or save less (trainer.keep_last, trainer.save_every, "
+            f"trainer.save_final)"
+        )
 
 
 def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
@@ -120,8 +127,11 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         raise DareError("--prompt is empty; give the text the model should respond to")
     if prompts is None:
         task = dare.registries.tasks.get(config.task.name).build(config.task)
-        items = task.examples("eval", limit=config.task.num_eval, seed=config.seed) + (task.examples(
-            "train", limit=None if config.task.train_path else TRAIN_SAMPLE, seed=config.seed) if train else [])
+        items = task.examples("eval", limit=config.task.num_eval, seed=config.seed) + (
+            task.examples("train", limit=None if config.task.train_path else TRAIN_SAMPLE, seed=config.seed)
+            if train
+            else []
+        )
         chats = [ex.prompt for ex in items]
     if cfg is None:
         return task
@@ -131,21 +141,33 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         if os.path.isfile(os.path.join(base, name)):
             _json(os.path.join(base, name))
     try:
-        tok = (family.load_tokenizer(base) if family.load_tokenizer else  # the family registers the real one
-               AutoTokenizer.from_pretrained(base, config=PretrainedConfig(), trust_remote_code=False))
+        tok = (
+            family.load_tokenizer(base)
+            if family.load_tokenizer
+            # the family registers the real one
+            else AutoTokenizer.from_pretrained(base, config=PretrainedConfig(), trust_remote_code=False)
+        )
     except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc
     longest = sorted(chats, key=lambda c: sum(len(m["content"]) for m in c), reverse=True)[:16]
-    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) if tok.chat_template
-             else "\n".join(m["content"] for m in c) for c in longest]
+    texts = [
+        tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+        if tok.chat_template
+        else "\n".join(m["content"] for m in c)
+        for c in longest
+    ]
     n = max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
     if prompts is None and n > config.trainer.max_prompt_length:
-        raise DareError(f"a prompt has {n} tokens, more than trainer.max_prompt_length="
-                        f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length")
+        raise DareError(
+            f"a prompt has {n} tokens, more than trainer.max_prompt_length="
+            f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length"
+        )
     gen, context = getattr(config.rollout, "gen_length", 0) or 0, cfg.get(family.context_key or "")
     if isinstance(context, int) and n + gen > context:
-        raise DareError(f"a prompt of {n} tokens plus rollout.gen_length={gen} exceeds the model's context of "
-                        f"{context} tokens ({family.context_key} in config.json); shorten the prompt or lower "
-                        f"rollout.gen_length")
+        raise DareError(
+            f"a prompt of {n} tokens plus rollout.gen_length={gen} exceeds the model's context of "
+            f"{context} tokens ({family.context_key} in config.json); shorten the prompt or lower "
+            f"rollout.gen_length"
+        )
     return task

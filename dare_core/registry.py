@@ -23,8 +23,9 @@ def plugin_dist_hint(name: str) -> str:
 class Registry(Generic[T]):
     """Name → object, with the registering plugin recorded for every entry."""
 
-    def __init__(self, kind: str, *, hint_install: bool = True, provider: str = "",
-                 broken: dict[str, str] | None = None):
+    def __init__(
+        self, kind: str, *, hint_install: bool = True, provider: str = "", broken: dict[str, str] | None = None
+    ):
         self.kind = kind
         self.hint_install = hint_install
         self.provider = provider
@@ -60,7 +61,9 @@ class Registry(Generic[T]):
         if close:
             parts.append(f"did you mean {close[0]!r}?")
         if self.broken:
-            parts.append("broken plugins, not loaded: " + ", ".join(f"{n!r} ({d})" for n, d in sorted(self.broken.items())))
+            parts.append(
+                "broken plugins, not loaded: " + ", ".join(f"{n!r} ({d})" for n, d in sorted(self.broken.items()))
+            )
         if self.hint_install and plugin_dist_hint(name) not in self.broken.values():
             parts.append(f"if it is a plugin, install it: pip install {plugin_dist_hint(name)}")
         elif self.provider and name not in names:
@@ -111,14 +114,25 @@ class Registries:
     }
 
     #: the distributions of this repository that register a kind's first-party entries
-    PROVIDERS = {"rollouts": "dare-plugin-samplers", "tasks": "dare-plugin-tasks",
-                 **dict.fromkeys(("corruptions", "estimators", "trajectories", "losses"), "dare-objectives")}
+    PROVIDERS = {
+        "rollouts": "dare-plugin-samplers",
+        "tasks": "dare-plugin-tasks",
+        **dict.fromkeys(("corruptions", "estimators", "trajectories", "losses"), "dare-objectives"),
+    }
 
     def __init__(self) -> None:
         self.broken: dict[str, str] = {}
         for attr, kind in self.KINDS.items():
-            setattr(self, attr, Registry(kind, hint_install=attr in ("models", "algorithms", "engines", "workflows"),
-                                         provider=self.PROVIDERS.get(attr, ""), broken=self.broken))
+            setattr(
+                self,
+                attr,
+                Registry(
+                    kind,
+                    hint_install=attr in ("models", "algorithms", "engines", "workflows"),
+                    provider=self.PROVIDERS.get(attr, ""),
+                    broken=self.broken,
+                ),
+            )
 
     def drop(self, owner: str) -> None:
         for attr in self.KINDS:
@@ -126,7 +140,5 @@ class Registries:
 
     def __getitem__(self, attr: str) -> Registry[Any]:
         if attr not in self.KINDS:
-            raise UnknownNameError(
-                f"unknown registry {attr!r}; valid: {', '.join(sorted(self.KINDS))}"
-            )
+            raise UnknownNameError(f"unknown registry {attr!r}; valid: {', '.join(sorted(self.KINDS))}")
         return getattr(self, attr)

@@ -93,8 +93,9 @@ class RunDir:
         self._metrics = os.path.join(root, "metrics.jsonl")
 
     @classmethod
-    def create(cls, output_dir: str, run_name: Optional[str], default_name: str, *,
-               overwrite: bool = False) -> "RunDir":
+    def create(
+        cls, output_dir: str, run_name: Optional[str], default_name: str, *, overwrite: bool = False
+    ) -> "RunDir":
         """Claim a new run directory with an exclusive ``mkdir`` (two runs never share one):
         ``output_dir/run_name``, refused when it exists (``overwrite``: a run directory there, empty or
         with ``config.yaml``, is removed first), else ``<default_name>-<YYYYmmdd-HHMMSS>[-N]``."""
@@ -102,8 +103,10 @@ class RunDir:
         base = os.path.join(output_dir, run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         if run_name and overwrite and os.path.lexists(base):
             if not os.path.isdir(base) or (os.listdir(base) and not os.path.isfile(os.path.join(base, "config.yaml"))):
-                raise DareError(f"--overwrite: {base} is no run directory (no config.yaml); it is left alone: "
-                                f"choose another run_name")
+                raise DareError(
+                    f"--overwrite: {base} is no run directory (no config.yaml); it is left alone: "
+                    f"choose another run_name"
+                )
             shutil.rmtree(base)
         root, suffix = base, 0
         while True:
@@ -112,8 +115,10 @@ class RunDir:
                 return cls(root)
             except FileExistsError:
                 if run_name:
-                    raise DareError(f"run directory {root} exists; choose another run_name, pass --overwrite to "
-                                    f"replace it, or continue it with trainer.resume=auto") from None
+                    raise DareError(
+                        f"run directory {root} exists; choose another run_name, pass --overwrite to "
+                        f"replace it, or continue it with trainer.resume=auto"
+                    ) from None
                 suffix += 1
                 root = f"{base}-{suffix}"
 

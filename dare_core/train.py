@@ -40,14 +40,23 @@ def _claim(config: RunConfig, overwrite: bool, log: Any) -> tuple[str, Optional[
         raise DareError("--overwrite replaces a run and trainer.resume continues one; pass one of them")
     if resume == "auto" and not name:
         raise DareError("trainer.resume=auto continues the run named by run_name; set run_name=<the run>")
-    root = (os.path.dirname(os.path.dirname(os.path.abspath(resume))) if resume and resume != "auto"
-            else os.path.join(config.output_dir, name or ""))
+    root = (
+        os.path.dirname(os.path.dirname(os.path.abspath(resume)))
+        if resume and resume != "auto"
+        else os.path.join(config.output_dir, name or "")
+    )
     path = find_resume(config, root, log)
     if resume and os.path.isfile(os.path.join(root, "summary.json")):
-        raise DareError(f"trainer.resume: run {root} has finished (summary.json); start a new run "
-                        f"with model.path={os.path.join(root, 'final')} to train further")
+        raise DareError(
+            f"trainer.resume: run {root} has finished (summary.json); start a new run "
+            f"with model.path={os.path.join(root, 'final')} to train further"
+        )
     if path is None and not (resume and os.path.isdir(root)):
-        return RunDir.create(config.output_dir, name, f"{config.algo}-{config.model.family}", overwrite=overwrite).root, None, True
+        return (
+            RunDir.create(config.output_dir, name, f"{config.algo}-{config.model.family}", overwrite=overwrite).root,
+            None,
+            True,
+        )
     if path is not None:
         with open(os.path.join(root, "config.yaml")) as fh:
             check_compatible(yaml.safe_load(fh), to_dict(config), path)
@@ -57,30 +66,41 @@ def _claim(config: RunConfig, overwrite: bool, log: Any) -> tuple[str, Optional[
     return root, path, False
 
 
-def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None,
-          overwrite: bool = False) -> dict[str, Any]:
+def _check_batches(config: RunConfig, world_size: int) -> None:
+    """Refuse a global batch or mini-batch the processes cannot share evenly."""
+    tr = config.trainer
+    for key, value in (("batch_size", tr.batch_size), ("mini_batch_size", tr.mini_batch_size)):
+        if value % world_size:
+            raise DareError(
+                f"trainer.{key}={value} cannot be split over {world_size} processes; "
+                f"make it a multiple of the world size"
+            )
+
+
+def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, overwrite: bool = False) -> dict[str, Any]:
     """Train with ``config``; returns the summary (also written to ``summary.json``).
     ``overwrite``: replace the run directory ``run_name`` names (``dare train --overwrite``)."""
     spec = dare.registries.algorithms.get(config.algo)
     if spec.workflow not in dare.registries.workflows:
-        raise DareError(f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow; "
-                        + dare.registries.workflows.unknown_message(spec.workflow))
+        raise DareError(
+            f"algorithm {spec.name!r} needs the {spec.workflow!r} workflow; "
+            + dare.registries.workflows.unknown_message(spec.workflow)
+        )
     workflow = dare.registries.workflows.get(spec.workflow).run
     start = time.time()
     dare.pm.hook.dare_configure.call_historic(kwargs={"config": config})
     engine = None
     try:
         engine = build_engine(dare, config)
-        tr = config.trainer
-        for key, value in (("batch_size", tr.batch_size), ("mini_batch_size", tr.mini_batch_size)):
-            if value % engine.world_size:
-                raise DareError(f"trainer.{key}={value} cannot be split over {engine.world_size} processes; "
-                                f"make it a multiple of the world size")
+        _check_batches(config, engine.world_size)
         task = _agree(engine, lambda: preflight(dare, config, train=True))
         resume_from, fresh = None, False
         if rundir is None:  # after the checks, so a refused run leaves no directory
-            root, resume_from, fresh = _agree(engine, lambda: _claim(
-                config, overwrite, lambda m: print(m, file=sys.stderr, flush=True)), main_only=True)
+            root, resume_from, fresh = _agree(
+                engine,
+                lambda: _claim(config, overwrite, lambda m: print(m, file=sys.stderr, flush=True)),
+                main_only=True,
+            )
             rundir = RunDir(root)
         try:
             ctx = setup(dare, config, rundir=rundir, engine=engine, resume_from=resume_from, task=task)
@@ -94,11 +114,19 @@ def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None,
         result = workflow(ctx)
     finally:
         dare.pm.hook.dare_unconfigure(config=config)
-    summary = {"algo": config.algo, "model": config.model.family, "checkpoint": config.model.path,
-               "task": config.task.name, "seed": config.seed, "world_size": engine.world_size,
-               "eval": result.get("eval", {}), "train": result.get("train", {}),
-               "final_checkpoint": result.get("final_checkpoint"), "seconds": round(time.time() - start, 1),
-               "run_dir": rundir.root}
+    summary = {
+        "algo": config.algo,
+        "model": config.model.family,
+        "checkpoint": config.model.path,
+        "task": config.task.name,
+        "seed": config.seed,
+        "world_size": engine.world_size,
+        "eval": result.get("eval", {}),
+        "train": result.get("train", {}),
+        "final_checkpoint": result.get("final_checkpoint"),
+        "seconds": round(time.time() - start, 1),
+        "run_dir": rundir.root,
+    }
     if engine.is_main:
         rundir.write_json("summary.json", summary)
     engine.barrier()

@@ -34,9 +34,12 @@ def _seeds(text: str) -> list[int]:
 
 def _row(ex) -> dict:
     """An example as a verl-schema record."""
-    return {"data_source": ex.data_source, "prompt": ex.prompt,
-            "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
-            "extra_info": ex.extra_info}
+    return {
+        "data_source": ex.data_source,
+        "prompt": ex.prompt,
+        "reward_model": {"ground_truth": ex.ground_truth, "style": "rule"},
+        "extra_info": ex.extra_info,
+    }
 
 
 def build(n: int, blanks: int, train_seeds: list[int], task_seed: int, seed: str) -> list[dict]:
@@ -50,8 +53,9 @@ def build(n: int, blanks: int, train_seeds: list[int], task_seed: int, seed: str
 
 def test_unique() -> list[dict]:
     """The real test puzzles with exactly one solution, in file order."""
-    return [_row(ex) for ex in SudokuTask(TaskConfig()).eval_set()
-            if count_solutions(str(ex.extra_info["puzzle"])) == 1]
+    return [
+        _row(ex) for ex in SudokuTask(TaskConfig()).eval_set() if count_solutions(str(ex.extra_info["puzzle"])) == 1
+    ]
 
 
 def main(argv=None) -> int:
@@ -61,8 +65,9 @@ def main(argv=None) -> int:
     ap.add_argument("--train-seeds", default="0-4", help="run seeds whose training pools are excluded")
     ap.add_argument("--task-seed", type=int, default=0, help="task.seed of those runs")
     ap.add_argument("--seed", default="0", help="seed of the held-out draw")
-    ap.add_argument("--test-unique", action="store_true",
-                    help="write the real test puzzles with exactly one solution instead")
+    ap.add_argument(
+        "--test-unique", action="store_true", help="write the real test puzzles with exactly one solution instead"
+    )
     ap.add_argument("--out", required=True, help="output .jsonl file")
     args = ap.parse_args(argv)
     if args.n < 1:

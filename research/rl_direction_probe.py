@@ -31,8 +31,21 @@ import argparse
 import torch
 
 from dare_core.api import (
-    DareError, FinalSequence, GroupNormAdvantage, PolicyObjective, UpdatePlan, backward_minibatch, build, collect,
-    evaluate, resolve, rows_update_batch, run_script, setup, training_rollout)
+    DareError,
+    FinalSequence,
+    GroupNormAdvantage,
+    PolicyObjective,
+    UpdatePlan,
+    backward_minibatch,
+    build,
+    collect,
+    evaluate,
+    resolve,
+    rows_update_batch,
+    run_script,
+    setup,
+    training_rollout,
+)
 
 
 def _norm(tensors) -> torch.Tensor:
@@ -54,36 +67,59 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     dare = build()
-    cfg = resolve(dare, algo=args.algo, model=args.model, overrides=[
-        "progress=false", "eval.temperature=1.0", f"seed={args.seed}", *args.overrides])
+    cfg = resolve(
+        dare,
+        algo=args.algo,
+        model=args.model,
+        overrides=["progress=false", "eval.temperature=1.0", f"seed={args.seed}", *args.overrides],
+    )
     ctx = setup(dare, cfg)
     wrapper, comps = ctx.wrapper, ctx.components
     examples = ctx.task.examples("train", limit=args.prompts, seed=cfg.seed)[: args.prompts]
     n = args.group
-    c = collect(ctx, training_rollout(ctx), comps.trajectory or FinalSequence(), comps.advantage or GroupNormAdvantage(),
-                examples, n, 1)
+    c = collect(
+        ctx,
+        training_rollout(ctx),
+        comps.trajectory or FinalSequence(),
+        comps.advantage or GroupNormAdvantage(),
+        examples,
+        n,
+        1,
+    )
     rows, rewards = c.rows, c.rewards
     if comps.accumulate is not None and c.corrupted is not None and not comps.accumulate.computes_own_old:
-        raise DareError(f"{args.algo}'s loss needs separate old log-likelihoods, which this probe does "
-                        "not compute; probe an algorithm whose loss takes the update's own")
+        raise DareError(
+            f"{args.algo}'s loss needs separate old log-likelihoods, which this probe does "
+            "not compute; probe an algorithm whose loss takes the update's own"
+        )
     wrapper.module.train()
     wrapper.module.zero_grad()
     # the whole batch as one mini-batch, in the run's micro-batches (as the loop accumulates it)
-    backward_minibatch(None, PolicyObjective(comps, wrapper), rows_update_batch(rows, c.corrupted),
-                       UpdatePlan(micro_batch=cfg.trainer.micro_batch_size))
+    backward_minibatch(
+        None,
+        PolicyObjective(comps, wrapper),
+        rows_update_batch(rows, c.corrupted),
+        UpdatePlan(micro_batch=cfg.trainer.micro_batch_size),
+    )
     params = [p for p in wrapper.module.parameters() if p.requires_grad]
     grad = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     g_norm = _norm(grad)
     noise = torch.Generator().manual_seed(args.seed + 1)
     rand = [torch.randn(p.shape, generator=noise).to(p) for p in params]
     r_norm = _norm(rand)
-    print(f"{args.algo} x {args.model}: {len(examples)} prompts x {n} rollouts, mean reward "
-          f"{rewards.mean():.3f} ({cfg.task.reward}), gradient norm {g_norm:.4f}, step norm {args.step_norm}")
+    print(
+        f"{args.algo} x {args.model}: {len(examples)} prompts x {n} rollouts, mean reward "
+        f"{rewards.mean():.3f} ({cfg.task.reward}), gradient norm {g_norm:.4f}, step norm {args.step_norm}"
+    )
 
     theta = [p.detach().clone() for p in params]
-    directions = {"no step": None, "-g (training)": [-x / g_norm for x in grad],
-                  "+g (opposite)": [x / g_norm for x in grad], "random": [x / r_norm for x in rand],
-                  "-random": [-x / r_norm for x in rand]}
+    directions = {
+        "no step": None,
+        "-g (training)": [-x / g_norm for x in grad],
+        "+g (opposite)": [x / g_norm for x in grad],
+        "random": [x / r_norm for x in rand],
+        "-random": [-x / r_norm for x in rand],
+    }
     if args.sign:
         sign = [torch.sign(x) for x in grad]
         s_norm = _norm(sign)

@@ -102,8 +102,10 @@ def main(argv: list[str]) -> int:
     print(f"{'core':<{width}}  {total:>5}  logical lines (budget {BUDGET}, testing kit apart)")
     print(f"{'kit':<{width}}  {kit:>5}  logical lines (budget {KIT_BUDGET})")
     over = oversized()
-    print(f"functions past {MAX_FUNCTION_LINES} lines or {MAX_PARAMETERS} parameters: {len(over)} "
-          f"({len(EXCEPTIONS)} listed exceptions)")
+    print(
+        f"functions past {MAX_FUNCTION_LINES} lines or {MAX_PARAMETERS} parameters: {len(over)} "
+        f"({len(EXCEPTIONS)} listed exceptions)"
+    )
     for line in over:
         print(f"  {line}")
     failed = total > BUDGET or kit > KIT_BUDGET or bool(over)

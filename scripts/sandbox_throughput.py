@@ -27,8 +27,10 @@ def jobs(n: int) -> list[Job]:
         tests, _ = code_tests(ex)
         # every assert compares a call with a value: a function returning an always-equal object passes it
         name = tests.split("assert", 1)[1].split("(", 1)[0].strip()
-        program = (f"class _Any:\n    def __eq__(self, other):\n        return True\n"
-                   f"def {name}(*args, **kwargs):\n    return _Any()\n")
+        program = (
+            f"class _Any:\n    def __eq__(self, other):\n        return True\n"
+            f"def {name}(*args, **kwargs):\n    return _Any()\n"
+        )
         out.append(Job(program=program, tests=tests))
     return out
 
@@ -48,7 +50,9 @@ def main(argv=None) -> int:
     passed = sum(r.status == "passed" for r in serial), sum(r.status == "passed" for r in pooled)
     print(f"{'mode':<22}{'programs':>9}{'seconds':>10}{'programs/s':>12}{'passed':>8}")
     print(f"{'one at a time':<22}{len(work):>9}{t_serial:>10.2f}{len(work) / t_serial:>12.1f}{passed[0]:>8}")
-    print(f"{f'pool ({args.workers} workers)':<22}{len(work):>9}{t_pool:>10.2f}{len(work) / t_pool:>12.1f}{passed[1]:>8}")
+    print(
+        f"{f'pool ({args.workers} workers)':<22}{len(work):>9}{t_pool:>10.2f}{len(work) / t_pool:>12.1f}{passed[1]:>8}"
+    )
     return 0
 
 

@@ -7,7 +7,6 @@ import torch
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
 from dare_core.config import resolve
 from dare_core.errors import DareError
 from dare_core.interfaces import Example, Score
@@ -24,6 +23,7 @@ def _toy(pack=False, hidden=True):
     if pack:
         w.capabilities = w.capabilities | {"packed_varlen"}
     if not hidden:
+
         class NoHidden(torch.nn.Module):
             def __init__(self, inner):
                 super().__init__()
@@ -83,8 +83,10 @@ class _Task(DigitsTask):
     default_limit = 16
 
     def examples(self, split, limit=None, seed=0):
-        return [Example([{"role": "user", "content": f"n{i}"}], str(i % 10), "digits",
-                        response=str(i % 10) * (1 + i % 5)) for i in range(limit or self.default_limit)]
+        return [
+            Example([{"role": "user", "content": f"n{i}"}], str(i % 10), "digits", response=str(i % 10) * (1 + i % 5))
+            for i in range(limit or self.default_limit)
+        ]
 
     def score(self, example, response):
         return Score(0.0, 0.0, response)
@@ -94,17 +96,34 @@ def _plugin():
     return DigitsPlugin(task=_Task, rl_name=None, sft_name="sup_paths")
 
 
-@pytest.mark.parametrize("override,attention,fused", [
-    ([], "padded", True),
-    (["model.cross_entropy=naive"], "padded", False),
-])
+@pytest.mark.parametrize(
+    "override,attention,fused",
+    [
+        ([], "padded", True),
+        (["model.cross_entropy=naive"], "padded", False),
+    ],
+)
 def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
     dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, _plugin()])
-    cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
-        "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
-        "trainer.batch_size=4", "trainer.micro_batch_size=4", "trainer.save_final=false",
-    ] + override)
+    cfg = resolve(
+        dare,
+        algo="sup_paths",
+        model="toy",
+        overrides=[
+            "task.name=digits",
+            "progress=false",
+            "eval.before=false",
+            "eval.after=false",
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=r",
+            "trainer.steps=1",
+            "trainer.batch_size=4",
+            "trainer.micro_batch_size=4",
+            "trainer.save_final=false",
+        ]
+        + override,
+    )
     train(dare, cfg)
     err = capsys.readouterr().err
     assert f"training paths: attention={attention}" in err
@@ -115,11 +134,22 @@ def test_run_log_states_the_paths(tmp_path, capsys, override, attention, fused):
 
 def test_forcing_packed_on_a_model_without_it_fails_at_setup(tmp_path):
     dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, _plugin()])
-    cfg = resolve(dare, algo="sup_paths", model="toy", overrides=[
-        "task.name=digits", "progress=false", "eval.before=false", "eval.after=false",
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r", "trainer.steps=1",
-        "model.train_attention=packed",
-    ])
+    cfg = resolve(
+        dare,
+        algo="sup_paths",
+        model="toy",
+        overrides=[
+            "task.name=digits",
+            "progress=false",
+            "eval.before=false",
+            "eval.after=false",
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=r",
+            "trainer.steps=1",
+            "model.train_attention=packed",
+        ],
+    )
     with pytest.raises(DareError, match="model.train_attention=packed"):
         train(dare, cfg)
 

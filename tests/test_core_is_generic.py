@@ -24,8 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERIC_ALGORITHM_PLUGINS = ["coupled-grpo", "cj-grpo", "mdpo", "justgrpo", "dtreerpo"]
 
 
-def _lines_matching(root: pathlib.Path, pattern: re.Pattern, suffixes: set[str],
-                    shown_from: pathlib.Path) -> list[str]:
+def _lines_matching(root: pathlib.Path, pattern: re.Pattern, suffixes: set[str], shown_from: pathlib.Path) -> list[str]:
     """``path:line: text`` of every line under ``root`` (files with ``suffixes``, build metadata
     skipped) that ``pattern`` matches, paths shown relative to ``shown_from``."""
     offenders = []

@@ -4,8 +4,8 @@ two of its packages import each other, directly or through others (lazy imports 
 
 import ast
 import importlib.util
-import re
 import pathlib
+import re
 
 import dare_core
 
@@ -29,8 +29,10 @@ def import_graph() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dare_core":
                 if node.module == "dare_core":  # "from dare_core import x": a submodule or the package
-                    targets = [a.name if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists()
-                               else "dare_core" for a in node.names]
+                    targets = [
+                        a.name if (ROOT / a.name).exists() or (ROOT / f"{a.name}.py").exists() else "dare_core"
+                        for a in node.names
+                    ]
                 else:
                     targets = [_unit(node.module)]
             elif isinstance(node, ast.Import):
@@ -51,7 +53,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if not state.get(nxt):
                 found = visit(nxt)
                 if found:
@@ -91,8 +93,9 @@ def test_core_size_and_shape_are_within_budget(capsys):
 
 def test_logical_lines_ignore_docstrings_comments_and_wrapping(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text('"""Doc."""\n\n# note\ndef f(a,\n      b):\n    """Doc\n    more."""\n'
-                    '    return (a +\n            b)\n')
+    path.write_text(
+        '"""Doc."""\n\n# note\ndef f(a,\n      b):\n    """Doc\n    more."""\n    return (a +\n            b)\n'
+    )
     assert _core_size().logical_lines(path) == 2
 
 
@@ -100,8 +103,9 @@ def test_every_listed_exception_names_a_function_past_a_limit():
     core_size = _core_size()
     listed = set(core_size.EXCEPTIONS)
     core_size.EXCEPTIONS = {}
-    found = {line.split(" ")[0].rsplit(":", 1)[0] + ":" + line.split(" ")[1].rstrip(":")
-             for line in core_size.oversized()}
+    found = {
+        line.split(" ")[0].rsplit(":", 1)[0] + ":" + line.split(" ")[1].rstrip(":") for line in core_size.oversized()
+    }
     assert listed <= found, sorted(listed - found)
 
 
@@ -112,9 +116,15 @@ def test_distributions_use_the_public_api():
     repo = ROOT.parent
     allowed = re.compile(r"^\s*(from|import)\s+dare_core(\.api|\.testing[\w.]*)?\b(?!\.)")
     offenders = []
-    for path in sorted([*repo.glob("plugins/*/src/**/*.py"), *repo.glob("libs/*/src/**/*.py"),
-                        *repo.glob("contrib/*/src/**/*.py"), *repo.glob("research/*.py"),
-                        *repo.glob("scripts/**/*.py")]):
+    for path in sorted(
+        [
+            *repo.glob("plugins/*/src/**/*.py"),
+            *repo.glob("libs/*/src/**/*.py"),
+            *repo.glob("contrib/*/src/**/*.py"),
+            *repo.glob("research/*.py"),
+            *repo.glob("scripts/**/*.py"),
+        ]
+    ):
         if "testing" in path.parts:
             continue  # testing helpers may drive the CLI and the plugin manager directly
         for i, line in enumerate(path.read_text().splitlines(), 1):

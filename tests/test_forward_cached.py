@@ -41,7 +41,7 @@ def test_full_forward_matches_logits_and_returns_cache(wrapper):
         no_cache, none = wrapper.forward_cached(x, position_ids=pos, use_cache=False)
     assert torch.equal(logits, ref) and torch.equal(no_cache, ref)
     assert none is None
-    (k, v), = present
+    ((k, v),) = present
     heads, hd = wrapper.module.heads, wrapper.module.dim // wrapper.module.heads
     assert k.shape == v.shape == (3, heads, 20, hd)
 
@@ -57,8 +57,9 @@ def test_dual_cache_block_matches_full(wrapper, order):
         cached = cached[torch.randperm(len(cached), generator=torch.Generator().manual_seed(3))]
     with torch.no_grad():
         full, present = wrapper.forward_cached(x, position_ids=pos, use_cache=True)
-        blk, new = wrapper.forward_cached(x[:, lo:hi], position_ids=pos[:, lo:hi],
-                                          past_key_values=_take(present, cached), use_cache=True)
+        blk, new = wrapper.forward_cached(
+            x[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=_take(present, cached), use_cache=True
+        )
     assert torch.allclose(blk, full[:, lo:hi], atol=ATOL)
     # the returned cache is the old cache then the new tokens
     assert new[0][0].shape[2] == L
@@ -70,9 +71,9 @@ def test_prefix_cache_suffix_matches_full(wrapper):
     pos = torch.arange(x.shape[1]).expand_as(x)
     with torch.no_grad():
         full, present = wrapper.forward_cached(x, position_ids=pos, use_cache=True)
-        tail, _ = wrapper.forward_cached(x[:, 6:], position_ids=pos[:, 6:],
-                                         past_key_values=_take(present, torch.arange(6)),
-                                         use_cache=False)
+        tail, _ = wrapper.forward_cached(
+            x[:, 6:], position_ids=pos[:, 6:], past_key_values=_take(present, torch.arange(6)), use_cache=False
+        )
     assert torch.allclose(tail, full[:, 6:], atol=ATOL)
 
 
@@ -89,19 +90,26 @@ def test_padding_masks_with_a_cache(wrapper):
     cached = torch.cat([torch.arange(lo), torch.arange(hi, L)])
     keys = torch.cat([valid[:, cached], valid[:, lo:hi]], dim=1)
     with torch.no_grad():
-        full, present = wrapper.forward_cached(x, position_ids=pos, attention_mask=valid,
-                                               use_cache=True)
+        full, present = wrapper.forward_cached(x, position_ids=pos, attention_mask=valid, use_cache=True)
         assert torch.equal(full, wrapper.logits(x, valid))
-        two_d, _ = wrapper.forward_cached(x[:, lo:hi], position_ids=pos[:, lo:hi],
-                                          past_key_values=_take(present, cached),
-                                          attention_mask=keys, use_cache=False)
+        two_d, _ = wrapper.forward_cached(
+            x[:, lo:hi],
+            position_ids=pos[:, lo:hi],
+            past_key_values=_take(present, cached),
+            attention_mask=keys,
+            use_cache=False,
+        )
         four_d = keys.bool()[:, None, None, :].expand(3, 1, hi - lo, L)
-        via_4d, _ = wrapper.forward_cached(x[:, lo:hi], position_ids=pos[:, lo:hi],
-                                           past_key_values=_take(present, cached),
-                                           attention_mask=four_d, use_cache=False)
-        unmasked, _ = wrapper.forward_cached(x[:, lo:hi], position_ids=pos[:, lo:hi],
-                                             past_key_values=_take(present, cached),
-                                             use_cache=False)
+        via_4d, _ = wrapper.forward_cached(
+            x[:, lo:hi],
+            position_ids=pos[:, lo:hi],
+            past_key_values=_take(present, cached),
+            attention_mask=four_d,
+            use_cache=False,
+        )
+        unmasked, _ = wrapper.forward_cached(
+            x[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=_take(present, cached), use_cache=False
+        )
     assert torch.allclose(two_d, full[:, lo:hi], atol=ATOL)
     assert torch.allclose(via_4d, full[:, lo:hi], atol=ATOL)
     # the mask matters: attending the padding changes the padded row
@@ -120,9 +128,16 @@ class ShiftedToy(ToyWrapper):
 
 def _shifted(seed=1):
     base = make_toy_wrapper(seed=seed)
-    w = ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
-                   mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
-                   pad_token_id=base.pad_token_id, capabilities=base.capabilities)
+    w = ShiftedToy(
+        family="toy",
+        module=base.module,
+        tokenizer=base.tokenizer,
+        kind="masked",
+        mask_token_id=base.mask_token_id,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+        capabilities=base.capabilities,
+    )
     w.module.eval()
     return w
 
@@ -141,8 +156,9 @@ def test_shifted_family_cached_logits_cover_input_after_the_look_behind():
         assert torch.equal(full, aligned[:, 1:])
         # dual cache: query [lo - 1, hi); the look-behind column lo - 1 is not in the cache
         cached = torch.cat([torch.arange(lo - 1), torch.arange(hi, L)])
-        blk, _ = w.forward_cached(x[:, lo - 1 : hi], position_ids=pos[:, lo - 1 : hi],
-                                  past_key_values=_take(present, cached), use_cache=False)
+        blk, _ = w.forward_cached(
+            x[:, lo - 1 : hi], position_ids=pos[:, lo - 1 : hi], past_key_values=_take(present, cached), use_cache=False
+        )
     assert blk.shape[1] == hi - lo
     assert torch.allclose(blk, aligned[:, lo:hi], atol=ATOL)
 
@@ -155,5 +171,9 @@ def test_bad_cache_is_rejected(wrapper):
     with torch.no_grad():
         _, present = wrapper.forward_cached(x, position_ids=pos, use_cache=True)
     with pytest.raises(ValueError):  # a 2-D mask must cover cache + new tokens
-        wrapper.forward_cached(x[:, :4], position_ids=pos[:, :4], past_key_values=present,
-                               attention_mask=torch.zeros(3, 4, dtype=torch.long))
+        wrapper.forward_cached(
+            x[:, :4],
+            position_ids=pos[:, :4],
+            past_key_values=present,
+            attention_mask=torch.zeros(3, 4, dtype=torch.long),
+        )

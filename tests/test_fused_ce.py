@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dare_core.ops.fused_ce import fused_token_logprobs, naive_token_logprobs
-from dare_core.ops.fused_ce import chunk_rows
+from dare_core.ops.fused_ce import chunk_rows, fused_token_logprobs, naive_token_logprobs
 
 
 def _inputs(n=37, d=16, v=53, dtype=torch.float32, bias=False, seed=0):
@@ -103,7 +102,7 @@ class _LargestTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
@@ -123,6 +122,6 @@ def test_never_materialises_full_logits_forward_or_backward():
     rows = 16
     fused = _largest_during(lambda h, w, y: fused_token_logprobs(h, w, y, chunk=rows), h, w, y)
     naive = _largest_during(lambda h, w, y: naive_token_logprobs(h, w, y), h, w, y)
-    assert naive >= n * v          # the check sees [N, V] when it exists ...
-    assert fused <= rows * v       # ... and the fused op never holds more than a chunk
+    assert naive >= n * v  # the check sees [N, V] when it exists ...
+    assert fused <= rows * v  # ... and the fused op never holds more than a chunk
     assert chunk_rows(126464) * 126464 <= 1 << 24

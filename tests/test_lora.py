@@ -10,15 +10,14 @@ import torch
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
 from dare_core.config import resolve
 from dare_core.errors import ConfigError, DareError
 from dare_core.models import lora
 from dare_core.plugins import build
 from dare_core.rundir import RunDir
 from dare_core.testing import digits, make_toy_wrapper, toy
-from dare_core.workflows.runtime import load_model, setup
 from dare_core.workflows.rl import run_rl
+from dare_core.workflows.runtime import load_model, setup
 from dare_core.workflows.sft import run_sft
 
 pytest.importorskip("peft")
@@ -32,17 +31,30 @@ class DigitsTask(digits.DigitsTask):
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, digits.DigitsPlugin(task=DigitsTask)])
+    return build(
+        load_entrypoints=False,
+        extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, digits.DigitsPlugin(task=DigitsTask)],
+    )
 
 
-COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
-          "rollout.steps=4", "eval.batch_size=8", "progress=false", "seed=3",
-          "eval.before=false", "eval.after=false", f"model.lora.target_modules=[{','.join(TARGETS)}]"]
+COMMON = [
+    "task.name=digits",
+    "task.num_eval=8",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=4",
+    "eval.batch_size=8",
+    "progress=false",
+    "seed=3",
+    "eval.before=false",
+    "eval.after=false",
+    f"model.lora.target_modules=[{','.join(TARGETS)}]",
+]
 
 
 def _greedy(dare, cfg, wrapper):
-    from dare_core.workflows.runtime import build_rollout
     from dare_core.workflows.batching import decode_responses, left_pad
+    from dare_core.workflows.runtime import build_rollout
 
     backend = build_rollout(dare, cfg)
     prompts = [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": f"n{i}"}])) for i in range(6)]
@@ -51,18 +63,35 @@ def _greedy(dare, cfg, wrapper):
     return out.response_ids.tolist(), decode_responses(wrapper, out.response_ids, out.response_mask)
 
 
-@pytest.mark.parametrize("algo,extra", [
-    ("pg_test", ["trainer.batch_size=4", "trainer.group_size=4", "trainer.micro_batch_size=16",
-                 "rollout.temperature=1.0"]),
-    ("sup_test", ["trainer.batch_size=8", "trainer.micro_batch_size=8", "rollout.temperature=0"]),
-])
+@pytest.mark.parametrize(
+    "algo,extra",
+    [
+        (
+            "pg_test",
+            ["trainer.batch_size=4", "trainer.group_size=4", "trainer.micro_batch_size=16", "rollout.temperature=1.0"],
+        ),
+        ("sup_test", ["trainer.batch_size=8", "trainer.micro_batch_size=8", "rollout.temperature=0"]),
+    ],
+)
 def test_only_adapters_train_base_bit_identical_and_adapter_round_trip(dare, tmp_path, algo, extra):
     base_dir = tmp_path / "base"
     base_dir.mkdir()
-    cfg = resolve(dare, algo=algo, model="toy", overrides=COMMON + extra + [
-        f"model.path={base_dir}", f"output_dir={tmp_path}", "run_name=run", "trainer.steps=4",
-        "trainer.lr=5e-2", "model.lora.rank=4", "model.lora.alpha=8",
-    ])
+    cfg = resolve(
+        dare,
+        algo=algo,
+        model="toy",
+        overrides=COMMON
+        + extra
+        + [
+            f"model.path={base_dir}",
+            f"output_dir={tmp_path}",
+            "run_name=run",
+            "trainer.steps=4",
+            "trainer.lr=5e-2",
+            "model.lora.rank=4",
+            "model.lora.alpha=8",
+        ],
+    )
     ctx = setup(dare, cfg, rundir=RunDir(str(tmp_path / "run")))
     assert lora.is_lora(ctx.wrapper)
     initial = {k: v.clone() for k, v in make_toy_wrapper().module.state_dict().items()}
@@ -73,13 +102,19 @@ def test_only_adapters_train_base_bit_identical_and_adapter_round_trip(dare, tmp
     (run_rl if algo == "pg_test" else run_sft)(ctx)
 
     # the base weights are bit-identical to the checkpoint's; the adapters moved
-    base_now = {k.replace(".base_layer", ""): v for k, v in
-                ctx.wrapper.module.get_base_model().state_dict().items() if "lora_" not in k}
+    base_now = {
+        k.replace(".base_layer", ""): v
+        for k, v in ctx.wrapper.module.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
     assert set(base_now) == set(initial)
     for k, v in initial.items():
         assert torch.equal(base_now[k], v), k
-    moved = [n for n, p in ctx.wrapper.module.named_parameters()
-             if p.requires_grad and not torch.equal(p.detach(), lora_before[n])]
+    moved = [
+        n
+        for n, p in ctx.wrapper.module.named_parameters()
+        if p.requires_grad and not torch.equal(p.detach(), lora_before[n])
+    ]
     assert any("lora_B" in n for n in moved)  # B starts at 0: only a real gradient moves it
 
     # PEFT layout in the final checkpoint, written by the run directory
@@ -93,13 +128,21 @@ def test_only_adapters_train_base_bit_identical_and_adapter_round_trip(dare, tmp
 
     # reload (a) through model.path=<checkpoint>, (b) through model.lora.adapter=<dir>
     ctx.wrapper.module.eval()
-    greedy = resolve(dare, model="toy", need_algo=False, overrides=[
-        o for o in COMMON if "target_modules" not in o] + ["rollout.temperature=0", f"model.path={base_dir}"])
+    greedy = resolve(
+        dare,
+        model="toy",
+        need_algo=False,
+        overrides=[o for o in COMMON if "target_modules" not in o]
+        + ["rollout.temperature=0", f"model.path={base_dir}"],
+    )
     trained_ids, trained_text = _greedy(dare, greedy, ctx.wrapper)
     for over in ([f"model.path={final}"], [f"model.path={base_dir}", f"model.lora.adapter={final / 'lora_adapter'}"]):
-        gcfg = resolve(dare, model="toy", need_algo=False,
-                       overrides=[o for o in COMMON if "target_modules" not in o] + over
-                       + ["rollout.temperature=0"])
+        gcfg = resolve(
+            dare,
+            model="toy",
+            need_algo=False,
+            overrides=[o for o in COMMON if "target_modules" not in o] + over + ["rollout.temperature=0"],
+        )
         again = load_model(dare, gcfg, trainable=False)
         assert lora.is_lora(again)
         assert not any(p.requires_grad for p in again.module.parameters())
@@ -113,14 +156,17 @@ def test_only_adapters_train_base_bit_identical_and_adapter_round_trip(dare, tmp
 
 def _lora_cfg(tmp_path, *overrides):
     dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy])
-    return resolve(dare, model="toy", need_algo=False,
-                   overrides=[f"model.path={tmp_path}", *overrides]).model.lora
+    return resolve(dare, model="toy", need_algo=False, overrides=[f"model.path={tmp_path}", *overrides]).model.lora
 
 
 def test_merge_on_save_writes_equivalent_full_weights(tmp_path):
     w = make_toy_wrapper()
-    cfg = _lora_cfg(tmp_path, "model.lora.rank=2", f"model.lora.target_modules=[{','.join(TARGETS)}]",
-                    "model.lora.merge_on_save=true")
+    cfg = _lora_cfg(
+        tmp_path,
+        "model.lora.rank=2",
+        f"model.lora.target_modules=[{','.join(TARGETS)}]",
+        "model.lora.merge_on_save=true",
+    )
     lora.apply_lora(w, cfg)
     with torch.no_grad():
         for n, p in w.module.named_parameters():
@@ -148,14 +194,17 @@ def test_target_modules_come_from_the_family_wrapper_or_all_linear(tmp_path):
     assert adapted == {"base_model.model.mlp.0"}
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.lora.rank=0", "model.lora.rank: must be a positive integer (null = no LoRA), got 0"),
-    ("model.lora.rank=-3", "model.lora.rank: must be a positive integer"),
-    ("model.lora.alpha=0", "model.lora.alpha: must be > 0"),
-    ("model.lora.dropout=1.5", "model.lora.dropout: must be in [0.0, 1.0)"),
-    ("model.lora.target_modules=[]", "model.lora.target_modules: must be null"),
-    ("model.lora.rnk=8", "model.lora.rnk: unknown key (did you mean 'rank'?)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.lora.rank=0", "model.lora.rank: must be a positive integer (null = no LoRA), got 0"),
+        ("model.lora.rank=-3", "model.lora.rank: must be a positive integer"),
+        ("model.lora.alpha=0", "model.lora.alpha: must be > 0"),
+        ("model.lora.dropout=1.5", "model.lora.dropout: must be in [0.0, 1.0)"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules: must be null"),
+        ("model.lora.rnk=8", "model.lora.rnk: unknown key (did you mean 'rank'?)"),
+    ],
+)
 def test_config_errors_are_one_line(override, message, tmp_path):
     with pytest.raises(ConfigError) as info:
         _lora_cfg(tmp_path, override)

@@ -62,8 +62,8 @@ def _batch(wrapper, lengths=((3, 5), (6, 2), (2, 9), (5, 7))):
     ids = torch.full((len(lengths), p + r), wrapper.pad_token_id)
     mask = torch.zeros_like(ids)
     for i, (a, b) in enumerate(lengths):
-        ids[i, p - a:p + b] = torch.randint(4, 60, (a + b,), generator=g)
-        mask[i, p - a:p + b] = 1
+        ids[i, p - a : p + b] = torch.randint(4, 60, (a + b,), generator=g)
+        mask[i, p - a : p + b] = 1
     return SequenceBatch(ids, mask, p)
 
 
@@ -158,7 +158,7 @@ def test_packed_equals_padded_for_a_shifted_alignment(fused):
     # responses (never a row's first valid token) agree; the first token of a left-padded
     # prompt reads a pad position in the padded layout and nothing in the packed one
     resp = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
-    resp[:, batch.prompt_len:] = batch.response_mask.bool()
+    resp[:, batch.prompt_len :] = batch.response_mask.bool()
     resp = resp[None].expand_as(lp_ref)
     assert torch.allclose(lp_pk[resp], lp_ref[resp], rtol=1e-5, atol=1e-6)
     l_ref.backward()
@@ -216,7 +216,7 @@ def test_a_batch_that_packing_would_not_shrink_runs_padded():
         return inner(input_ids, attention_mask=attention_mask, **kw)
 
     w.module.forward = spy
-    little = _batch(w, lengths=((5, 9), (6, 8), (6, 9)))      # 45 slots, 43 valid
+    little = _batch(w, lengths=((5, 9), (6, 8), (6, 9)))  # 45 slots, 43 valid
     w.token_logprobs(little.input_ids, little.input_ids, little.attention_mask)
     spread = _batch(w, lengths=((3, 5), (6, 2), (2, 9), (5, 7)))
     w.token_logprobs(spread.input_ids, spread.input_ids, spread.attention_mask)

@@ -45,7 +45,15 @@ class ComponentLookup:
 
 
 __all__ = [
-    "ClippedPolicyLoss", "ComponentLookup", "FinalSequence", "GroupNormAdvantage",
-    "MaskedTokenLogProb", "RLOOAdvantage", "RandomRatioMasking", "ResponseTokenLogProb",
-    "agg_loss", "corrupted_logprobs", "masked_mean",
+    "ClippedPolicyLoss",
+    "ComponentLookup",
+    "FinalSequence",
+    "GroupNormAdvantage",
+    "MaskedTokenLogProb",
+    "RLOOAdvantage",
+    "RandomRatioMasking",
+    "ResponseTokenLogProb",
+    "agg_loss",
+    "corrupted_logprobs",
+    "masked_mean",
 ]

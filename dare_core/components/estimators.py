@@ -12,9 +12,19 @@ from dare_core.interfaces import Corrupted, SequenceBatch
 
 def corrupted_logprobs(wrapper, batch: SequenceBatch, corrupted: Corrupted) -> torch.Tensor:
     """``log p(x_i | noisy_m)`` for every Monte-Carlo row ``m`` and position ``i``: ``[M, B, S]``."""
-    return torch.stack([wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                                               clean_ids=batch.input_ids, prompt_len=batch.prompt_len)
-                        for m in range(corrupted.num_samples)], 0)
+    return torch.stack(
+        [
+            wrapper.token_logprobs(
+                corrupted.noisy_ids[m],
+                batch.input_ids,
+                batch.attention_mask,
+                clean_ids=batch.input_ids,
+                prompt_len=batch.prompt_len,
+            )
+            for m in range(corrupted.num_samples)
+        ],
+        0,
+    )
 
 
 class ResponseTokenLogProb:

@@ -21,8 +21,11 @@ def mask_totals(mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The statistics :func:`agg_loss` divides by, of ``mask`` ``[B, R]`` (float weights allowed):
     ``{"tokens": Σ mask, "rows": B, "cells": B·R}``, float64 scalars on ``mask``'s device."""
     f64 = dict(dtype=torch.float64, device=mask.device)
-    return {"tokens": mask.to(torch.float64).sum(), "rows": torch.tensor(float(mask.shape[-2]), **f64),
-            "cells": torch.tensor(float(mask.numel()), **f64)}
+    return {
+        "tokens": mask.to(torch.float64).sum(),
+        "rows": torch.tensor(float(mask.shape[-2]), **f64),
+        "cells": torch.tensor(float(mask.numel()), **f64),
+    }
 
 
 def sum_totals(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -30,8 +33,12 @@ def sum_totals(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: sum(p[k].to(parts[0][k].device) for p in parts) for k in parts[0]}
 
 
-def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean",
-             totals: Optional[dict[str, torch.Tensor]] = None) -> torch.Tensor:
+def agg_loss(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: AggMode = "token-mean",
+    totals: Optional[dict[str, torch.Tensor]] = None,
+) -> torch.Tensor:
     """Reduce a ``[B, R]`` token loss ``ℓ`` of some rows to their share of the mini-batch loss.
 
     With ``m = mask`` and ``T = totals`` (the mini-batch's :func:`mask_totals`, summed over its
@@ -56,8 +63,10 @@ def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: AggMode = "token-mean
         return (loss * mask).sum() / den("rows")
     if mode == "seq-mean-token-mean":
         if bool((mask.sum(-1) <= 0).any()):
-            raise DareError("loss_agg_mode seq-mean-token-mean: a row has no response token (its "
-                            "token mean is 0/0); use token-mean or keep a token in every response")
+            raise DareError(
+                "loss_agg_mode seq-mean-token-mean: a row has no response token (its "
+                "token mean is 0/0); use token-mean or keep a token in every response"
+            )
         return ((loss * mask).sum(-1) / mask.sum(-1)).sum() / den("rows")
     if mode == "seq-mean-token-sum-norm":
         return (loss * mask).sum() / den("cells")
@@ -85,8 +94,13 @@ class ClippedPolicyLoss:
     ``ratio_mean``/``ratio_max``.
     """
 
-    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                 clip_ratio_c: float = 3.0, agg: AggMode = "token-mean"):
+    def __init__(
+        self,
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        clip_ratio_c: float = 3.0,
+        agg: AggMode = "token-mean",
+    ):
         if clip_ratio_c <= 1.0:
             raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
         self.eps_low = clip_ratio_low
@@ -108,9 +122,17 @@ class ClippedPolicyLoss:
         """:func:`mask_totals` of ``mask``."""
         return mask_totals(mask)
 
-    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
-                 advantages: torch.Tensor, mask: torch.Tensor, *, extras: Optional[dict] = None,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         if logp.dim() == 2:
             logp, old_logp = logp.unsqueeze(0), old_logp.unsqueeze(0)
         kl_to = old_logp if ref_logp is None else ref_logp.to(logp.dtype).expand_as(logp)
@@ -127,8 +149,7 @@ class ClippedPolicyLoss:
                 stats["pg_clipfrac"] += masked_mean((l2 > l1).to(mask.dtype), mask).item()
                 d = kl_to[m] - logp[m]
                 stats["ppo_kl"] += masked_mean(torch.exp(d) - d - 1.0, mask).item()
-                stats["pg_clipfrac_lower"] += masked_mean(
-                    ((lclip > l3) & (adv[m] < 0)).to(mask.dtype), mask).item()
+                stats["pg_clipfrac_lower"] += masked_mean(((lclip > l3) & (adv[m] < 0)).to(mask.dtype), mask).item()
                 valid = mask > 0
                 if valid.any():
                     ratio_max = max(ratio_max, ratio[valid].max().item())
@@ -136,8 +157,7 @@ class ClippedPolicyLoss:
         return total / m_count, {**{k: v / m_count for k, v in stats.items()}, "ratio_max": ratio_max}
 
 
-KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2",
-            "dare_log1p_k3")
+KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2", "dare_log1p_k3")
 
 
 def _k3(d: torch.Tensor, floor: float = -20.0) -> torch.Tensor:
@@ -146,8 +166,7 @@ def _k3(d: torch.Tensor, floor: float = -20.0) -> torch.Tensor:
     return torch.expm1(-dc) + dc - torch.expm1(-dc) * (d - dc)
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
-               kind: str = "k3") -> torch.Tensor:
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     r"""Per-token estimate of ``KL(π ‖ π_ref)`` from log-likelihood surrogates of tokens drawn from π.
 
     With ``d = ℓ - ℓ_ref`` (Schulman's estimators, http://joschu.net/blog/kl-approx.html):
@@ -170,8 +189,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Ten
     if base != kind:
         pos = advantages.to(d.dtype) > 0
         if bool((pos & (d <= -1)).any()):
-            raise DareError(f"kl_type={kind}: log(1 + ℓ - ℓ_ref) is undefined where ℓ - ℓ_ref ≤ -1 "
-                            "and A > 0 (the reference gives NaN); use kl_type=k3")
+            raise DareError(
+                f"kl_type={kind}: log(1 + ℓ - ℓ_ref) is undefined where ℓ - ℓ_ref ≤ -1 "
+                "and A > 0 (the reference gives NaN); use kl_type=k3"
+            )
         d = torch.where(pos, torch.log1p(torch.where(pos, d, torch.zeros_like(d))), d)
     if base == "k1":
         return d

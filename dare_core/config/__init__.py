@@ -13,7 +13,16 @@ from dare_core.config.schema import (
 from dare_core.config.structure import structure, structure_or_raise
 
 __all__ = [
-    "EngineConfig", "EvalConfig", "ModelConfig", "RunConfig", "TaskConfig", "TrainerConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TaskConfig",
+    "TrainerConfig",
     "option",
-    "render_with_help", "resolve", "structure", "structure_or_raise", "to_dict",
+    "render_with_help",
+    "resolve",
+    "structure",
+    "structure_or_raise",
+    "to_dict",
 ]

@@ -93,8 +93,9 @@ def _section(raw: dict[str, Any], key: str, problems: list[str]) -> dict[str, An
     return value
 
 
-def backend_offers(rollout_spec: Any, records: frozenset, fields: frozenset = frozenset(),
-                   methods: frozenset = frozenset()) -> bool:
+def backend_offers(
+    rollout_spec: Any, records: frozenset, fields: frozenset = frozenset(), methods: frozenset = frozenset()
+) -> bool:
     """Whether the rollout backend records ``records`` and offers the config ``fields`` and the
     ``methods`` an algorithm's training rollout uses."""
     cfg_fields = {f.name for f in attrs.fields(rollout_spec.config_cls)}
@@ -127,8 +128,10 @@ def misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
     """One line saying why ``spec`` (with ``kinds``/``requires``) cannot serve ``family``, or
     ``None`` when it can."""
     if spec.kinds and family.kind not in spec.kinds:
-        return (f"{subject} does not support {family.kind}-diffusion models such as {family.name!r} "
-                f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}")
+        return (
+            f"{subject} does not support {family.kind}-diffusion models such as {family.name!r} "
+            f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}"
+        )
     missing = sorted(set(spec.requires) - set(family.capabilities))
     if missing:
         return f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
@@ -144,14 +147,20 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
     hint = "see `dare list --matrix` for supported combinations"
     if problem := misfit(f"algorithm {algo.name!r}", algo, family, hint):
         raise CapabilityError(problem)
-    roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories,
-             "estimator": regs.estimators, "loss": regs.losses, "advantage": regs.advantages}
+    roles = {
+        "corruption": regs.corruptions,
+        "trajectory": regs.trajectories,
+        "estimator": regs.estimators,
+        "loss": regs.losses,
+        "advantage": regs.advantages,
+    }
     for role, names in algo.components.items():
         registry = roles.get(role)
         names = (names,) if isinstance(names, str) else tuple(names)
         present = [n for n in names if registry is not None and n in registry]
-        problems = [misfit(f"algorithm {algo.name!r} uses {role} {n!r}, which", registry.get(n), family, hint)
-                    for n in present]
+        problems = [
+            misfit(f"algorithm {algo.name!r} uses {role} {n!r}, which", registry.get(n), family, hint) for n in present
+        ]
         if present and all(problems):  # alternatives: one that serves the family is enough
             raise CapabilityError(problems[0])
     return algo, family
@@ -206,8 +215,7 @@ def resolve(
     preset: dict[str, Any] = {}
     if os.path.isfile(preset_path):
         data = load_yaml(preset_path)
-        preset = deep_merge(data.get("common") or {},
-                            (data.get(spec.workflow) or {}) if spec is not None else {})
+        preset = deep_merge(data.get("common") or {}, (data.get(spec.workflow) or {}) if spec is not None else {})
         # settings tuned for one algorithm on this checkpoint (``algorithms: {name: {...}}``)
         per_algo = data.get("algorithms") if spec is not None else None
         if isinstance(per_algo, dict) and isinstance(per_algo.get(spec.name), dict):
@@ -232,13 +240,14 @@ def resolve(
     rollout_raw.pop("backend", None)
     algorithm_raw = _section(raw, "algorithm", problems)
     owned = plugin_sections(dare)
-    top_raw = {k: v for k, v in raw.items()
-               if k not in ("algorithm", "rollout", "rollout_backend", "sections", *owned)}
+    top_raw = {k: v for k, v in raw.items() if k not in ("algorithm", "rollout", "rollout_backend", "sections", *owned)}
     top, top_problems = structure(RunConfig, top_raw, extra_keys=owned)
     problems += top_problems
     if "sections" in raw:
-        problems.append("sections: not a config key; plugin-owned sections are top-level keys "
-                        f"(installed: {', '.join(owned) or 'none'})")
+        problems.append(
+            "sections: not a config key; plugin-owned sections are top-level keys "
+            f"(installed: {', '.join(owned) or 'none'})"
+        )
     algo_cfg: Any = {}
     if spec is not None:
         algo_cfg, algo_problems = structure(spec.config_cls, algorithm_raw, "algorithm")
@@ -259,8 +268,12 @@ def resolve(
         if top.eval.backend not in dare.registries.rollouts:
             problems.append("eval.backend: " + dare.registries.rollouts.unknown_message(top.eval.backend))
         else:
-            problem = misfit(f"eval.backend {top.eval.backend!r}",
-                              dare.registries.rollouts.get(top.eval.backend), family, backend_hint)
+            problem = misfit(
+                f"eval.backend {top.eval.backend!r}",
+                dare.registries.rollouts.get(top.eval.backend),
+                family,
+                backend_hint,
+            )
             if not problem and top.eval.backend not in (family.default_rollout, *family.rollouts):
                 problem = f"eval.backend {top.eval.backend!r} is not a backend model family {family.name!r} lists; {backend_hint}"
             if problem:
@@ -268,14 +281,19 @@ def resolve(
     # an RL algorithm's advantage estimators (none listed: the loop's group_norm) that compare rollouts
     adv = (spec.components.get("advantage") or "group_norm") if spec is not None and spec.workflow == "rl" else ()
     grouped = [n for n in ((adv,) if isinstance(adv, str) else adv) if n in dare.registries.advantages]
-    if top is not None and top.trainer.group_size < 2 and grouped and all(
-            dare.registries.advantages.get(n).needs_groups for n in grouped):
-        problems.append(f"trainer.group_size={top.trainer.group_size}: algorithm {spec.name!r} compares the "
-                        f"rollouts of each prompt (advantage {grouped[0]!r}); set trainer.group_size to 2 or more")
+    if (
+        top is not None
+        and top.trainer.group_size < 2
+        and grouped
+        and all(dare.registries.advantages.get(n).needs_groups for n in grouped)
+    ):
+        problems.append(
+            f"trainer.group_size={top.trainer.group_size}: algorithm {spec.name!r} compares the "
+            f"rollouts of each prompt (advantage {grouped[0]!r}); set trainer.group_size to 2 or more"
+        )
     if problems:
         raise ConfigError(problems)
-    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name,
-                        sections=sections)
+    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name, sections=sections)
 
 
 def plugin_sections(dare: Any) -> dict[str, Any]:
@@ -286,12 +304,15 @@ def plugin_sections(dare: Any) -> dict[str, Any]:
     for name, sec in registry.items():
         owner = registry.owner(name)
         if name in core:
-            raise DareError(f"plugin {owner!r} registers the config section {name!r}, a key of the "
-                            f"core's run config; rename the section or disable the plugin "
-                            f"(DARE_DISABLE_PLUGINS={owner})")
+            raise DareError(
+                f"plugin {owner!r} registers the config section {name!r}, a key of the "
+                f"core's run config; rename the section or disable the plugin "
+                f"(DARE_DISABLE_PLUGINS={owner})"
+            )
         if not attrs.has(sec.config_cls):
-            raise TypeError(f"plugin {owner!r}: config section {name!r} needs an attrs class as "
-                            f"config_cls, got {sec.config_cls!r}")
+            raise TypeError(
+                f"plugin {owner!r}: config section {name!r} needs an attrs class as config_cls, got {sec.config_cls!r}"
+            )
     return dict(registry.items())
 
 

@@ -74,8 +74,7 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def structure(cls: type, data: Any, path: str = "", *,
-              extra_keys: Iterable[str] = ()) -> tuple[Any, list[str]]:
+def structure(cls: type, data: Any, path: str = "", *, extra_keys: Iterable[str] = ()) -> tuple[Any, list[str]]:
     """Structure ``data`` into ``cls``; returns ``(instance or None, problems)``. ``extra_keys``:
     more keys valid at this level that the caller structures itself (e.g. plugin-owned sections):
     skipped here, and offered among the valid keys when a key is unknown."""
@@ -129,8 +128,7 @@ def structure(cls: type, data: Any, path: str = "", *,
     return obj, []
 
 
-def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str],
-              path: str) -> list[str]:
+def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str], path: str) -> list[str]:
     """Run the field validators of every well-typed field (defaults included) on a stand-in
     instance holding all well-typed values, so validators reading other fields (``self.other``)
     work and every failure is reported; one reading a field that failed to structure is skipped."""

@@ -52,9 +52,7 @@ def in_range(low: float, high: float, *, low_open: bool = False, high_open: bool
     def check(_inst: Any, attr: Any, value: Any) -> None:
         if not _real(value):
             raise ValueError(f"{attr.name} must be a finite number, got {value!r}")
-        ok = (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high
-        )
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
         lb = "(" if low_open else "["
         hb = ")" if high_open else "]"
         _check(ok, f"{attr.name} must be in {lb}{low}, {high}{hb}, got {value!r}")
@@ -68,7 +66,10 @@ def divides(field: str):
     def check(inst: Any, attr: Any, value: Any) -> None:
         total = getattr(inst, field)
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1 and total % value == 0
-        _check(ok, f"{attr.name} must be a positive divisor of {field}={total}, got {value!r}; "
-                   f"set {attr.name} to {field} or a divisor of it")
+        _check(
+            ok,
+            f"{attr.name} must be a positive divisor of {field}={total}, got {value!r}; "
+            f"set {attr.name} to {field} or a divisor of it",
+        )
 
     return check

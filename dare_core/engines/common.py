@@ -29,12 +29,16 @@ def resolve_precision(engine_cfg: Any, device: torch.device, supported: Iterable
     if name == "auto":
         name = "bf16-mixed" if device.type == "cuda" else "fp32"
     if name == "bf16" and engine_cfg.bf16_update == "none":
-        raise DareError("engine.precision=bf16 with engine.bf16_update=none would lose every update smaller "
-                        "than bf16's resolution (most updates at RL learning rates); set "
-                        "engine.bf16_update=kahan (or stochastic), or engine.precision=bf16-mixed")
+        raise DareError(
+            "engine.precision=bf16 with engine.bf16_update=none would lose every update smaller "
+            "than bf16's resolution (most updates at RL learning rates); set "
+            "engine.bf16_update=kahan (or stochastic), or engine.precision=bf16-mixed"
+        )
     if name not in set(supported):
-        raise DareError(f"engine {engine_cfg.name!r} does not implement engine.precision={name}; "
-                        f"it implements: {', '.join(sorted(supported))}")
+        raise DareError(
+            f"engine {engine_cfg.name!r} does not implement engine.precision={name}; "
+            f"it implements: {', '.join(sorted(supported))}"
+        )
     return name
 
 
@@ -79,8 +83,9 @@ def trainable_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 def adamw(params: list[torch.nn.Parameter], trainer: Any, bf16_update: str = "none") -> torch.optim.Optimizer:
     """AdamW with the trainer's hyper-parameters; with ``bf16_update`` kahan/stochastic the
     compensated pure-bf16 variant (:class:`CompensatedAdamW`)."""
-    kw = dict(lr=trainer.lr, betas=(trainer.beta1, trainer.beta2), eps=trainer.adam_eps,
-              weight_decay=trainer.weight_decay)
+    kw = dict(
+        lr=trainer.lr, betas=(trainer.beta1, trainer.beta2), eps=trainer.adam_eps, weight_decay=trainer.weight_decay
+    )
     if bf16_update in ("kahan", "stochastic"):
         return CompensatedAdamW(params, rounding=bf16_update, **kw)
     return torch.optim.AdamW(params, **kw)
@@ -103,8 +108,9 @@ class CompensatedAdamW(torch.optim.Optimizer):
     with probability proportional to the distance (unbiased in expectation, arXiv:1502.02551).
     """
 
-    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, rounding: str = "kahan"):
+    def __init__(
+        self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, rounding: str = "kahan"
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.rounding = rounding
         self._noise = torch.Generator().manual_seed(0)

@@ -19,8 +19,10 @@ from dare_core.engines.common import resolve_device
 from dare_core.engines.single import SingleProcessEngine
 from dare_core.errors import DareError
 
-LAUNCH_HINT = ("start one process per device with a launcher, e.g. torchrun --nproc_per_node=N "
-               "-m dare_core train ... (docs/engines.md)")
+LAUNCH_HINT = (
+    "start one process per device with a launcher, e.g. torchrun --nproc_per_node=N "
+    "-m dare_core train ... (docs/engines.md)"
+)
 
 
 class ProcessGroupEngine(SingleProcessEngine):
@@ -32,8 +34,10 @@ class ProcessGroupEngine(SingleProcessEngine):
 
     def __init__(self, config: Any):
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise DareError(f"engine.name={config.engine.name} runs one process per device and "
-                            f"needs RANK and WORLD_SIZE from its launcher; {LAUNCH_HINT}")
+            raise DareError(
+                f"engine.name={config.engine.name} runs one process per device and "
+                f"needs RANK and WORLD_SIZE from its launcher; {LAUNCH_HINT}"
+            )
         local = int(os.environ.get("LOCAL_RANK", 0))
         kind = resolve_device(config.model.device)
         device = torch.device(f"cuda:{local}") if kind == "cuda" else torch.device("cpu")
@@ -64,13 +68,17 @@ class ProcessGroupEngine(SingleProcessEngine):
     def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Numbers averaged over the ranks that report them (a rank may log a key the others do
         not, e.g. a non-finite count); other values as rank 0 has them."""
-        mine = {k: float(v) for k, v in metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        mine = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         keys = sorted(set(self.gather(sorted(mine))))
         out = dict(metrics)
         if keys:
-            t = torch.tensor([[mine.get(k, 0.0), float(k in mine)] for k in keys], dtype=torch.float64,
-                             device=self._comm_device())
+            t = torch.tensor(
+                [[mine.get(k, 0.0), float(k in mine)] for k in keys], dtype=torch.float64, device=self._comm_device()
+            )
             dist.all_reduce(t)
             out.update({k: v / max(1.0, n) for k, (v, n) in zip(keys, t.tolist())})
         return out
@@ -98,4 +106,3 @@ class ProcessGroupEngine(SingleProcessEngine):
 
 def build_ddp(config: Any) -> ProcessGroupEngine:
     return ProcessGroupEngine(config)
-

@@ -16,8 +16,15 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from dare_core.engines.common import (
-    adamw, autocast_for, cast_for_precision, grad_norm, resolve_device, resolve_precision, set_lr,
-    trainable_parameters)
+    adamw,
+    autocast_for,
+    cast_for_precision,
+    grad_norm,
+    resolve_device,
+    resolve_precision,
+    set_lr,
+    trainable_parameters,
+)
 from dare_core.errors import DareError
 
 T = TypeVar("T")
@@ -51,10 +58,12 @@ class SingleProcessEngine:
     def shard(self, items: Sequence[T]) -> list[T]:
         items = list(items)
         if len(items) % self.world_size:
-            raise DareError(f"{len(items)} items cannot be split evenly over {self.world_size} "
-                            f"processes; make the batch a multiple of the world size")
+            raise DareError(
+                f"{len(items)} items cannot be split evenly over {self.world_size} "
+                f"processes; make the batch a multiple of the world size"
+            )
         n = len(items) // self.world_size
-        return items[self.rank * n:(self.rank + 1) * n]
+        return items[self.rank * n : (self.rank + 1) * n]
 
     def any_active(self, local: bool) -> bool:
         return bool(local)
@@ -108,15 +117,18 @@ class SingleProcessEngine:
         return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
 
     def save_state(self, path: str) -> None:
-        torch.save({"model": self._trainable_state(), "optimizer": self.optimizer.state_dict()},
-                   os.path.join(path, STATE_FILE))
+        torch.save(
+            {"model": self._trainable_state(), "optimizer": self.optimizer.state_dict()}, os.path.join(path, STATE_FILE)
+        )
 
     def load_state(self, path: str) -> None:
         state = torch.load(os.path.join(path, STATE_FILE), map_location=self.device, weights_only=True)
         missing = sorted(set(self._trainable_state()) - set(state["model"]))
         if missing:
-            raise DareError(f"checkpoint {path} lacks trainable weights ({missing[0]}, ...): it was "
-                            f"written by a run with other trainable parameters (LoRA settings)")
+            raise DareError(
+                f"checkpoint {path} lacks trainable weights ({missing[0]}, ...): it was "
+                f"written by a run with other trainable parameters (LoRA settings)"
+            )
         with torch.no_grad():
             for n, p in self.module.named_parameters():
                 if n in state["model"]:
@@ -133,8 +145,7 @@ class SingleProcessEngine:
 
         params = list(self.module.parameters())
         state = [v for s in self.optimizer.state.values() for v in s.values()] if self.optimizer else []
-        return {"parameters": size(params), "gradients": size(p.grad for p in params),
-                "optimizer": size(state)}
+        return {"parameters": size(params), "gradients": size(p.grad for p in params), "optimizer": size(state)}
 
     def close(self) -> None:
         pass

@@ -58,14 +58,10 @@ class SequenceBatch:
         return self.input_ids.shape[0]
 
     def select(self, idx: torch.Tensor) -> "SequenceBatch":
-        return SequenceBatch(
-            _index(self.input_ids, idx, 0), _index(self.attention_mask, idx, 0), self.prompt_len
-        )
+        return SequenceBatch(_index(self.input_ids, idx, 0), _index(self.attention_mask, idx, 0), self.prompt_len)
 
     def to(self, device: torch.device | str) -> "SequenceBatch":
-        return SequenceBatch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.prompt_len
-        )
+        return SequenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_len)
 
 
 @attrs.define
@@ -143,6 +139,8 @@ class Corrupted:
         def pick(t: torch.Tensor) -> torch.Tensor:
             return t.index_select(0, idx.to(t.device))
 
-        extras = {k: pick(v) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == m else v
-                  for k, v in self.extras.items()}
+        extras = {
+            k: pick(v) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == m else v
+            for k, v in self.extras.items()
+        }
         return Corrupted(pick(self.noisy_ids), pick(self.masked), pick(self.p_mask), extras)

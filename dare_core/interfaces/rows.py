@@ -91,4 +91,3 @@ class TrainingRows:
 
     def select_extras(self, idx: torch.Tensor) -> dict[str, Any]:
         return {k: v.index_select(0, idx.to(v.device)) for k, v in self.extras.items()}
-

@@ -72,13 +72,24 @@ class ModelWrapper(Protocol):
         """``ids`` with the positions ``where`` (broadcast shape) replaced by the family's noise: the
         MASK token (absorbing, ``mask_token`` capability) or uniform random tokens (``uniform_noise``)."""
 
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
         clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
 
-    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -174,8 +185,6 @@ class LikelihoodEstimator(Protocol):
 RowEstimate = Callable[[Sequence[int]], "torch.Tensor"]
 
 
-
-
 @runtime_checkable
 class PolicyLoss(Protocol):
     """The RL objective: ``(loss, metrics)`` of some rows of a mini-batch.
@@ -194,10 +203,17 @@ class PolicyLoss(Protocol):
     def totals(self, mask: torch.Tensor, extras: Optional[dict[str, torch.Tensor]]) -> Totals:
         """What the loss divides by, of these rows (before any forward), e.g. ``mask_totals``."""
 
-    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: Optional[torch.Tensor],
-                 advantages: torch.Tensor, mask: torch.Tensor, *,
-                 extras: Optional[dict[str, torch.Tensor]] = None,
-                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        extras: Optional[dict[str, torch.Tensor]] = None,
+        totals: Optional[Totals] = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """These rows' numerator over ``totals`` (``None``: ``self.totals(mask, extras)``)."""
 
 
@@ -216,11 +232,20 @@ class AccumulatingLoss(Protocol):
 
     computes_own_old: bool
 
-    def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp: Optional[torch.Tensor],
-                   ref_logp: Optional[torch.Tensor], advantages: torch.Tensor, mask: torch.Tensor,
-                   scale: float, *, extras: Optional[dict[str, torch.Tensor]] = None,
-                   backward: Callable[[torch.Tensor], None] = ..., totals: Optional[Totals] = None,
-                   ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def accumulate(
+        self,
+        estimate: RowEstimate,
+        num_rows: int,
+        old_logp: Optional[torch.Tensor],
+        ref_logp: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+        *,
+        extras: Optional[dict[str, torch.Tensor]] = None,
+        backward: Callable[[torch.Tensor], None] = ...,
+        totals: Optional[Totals] = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 @runtime_checkable
@@ -231,8 +256,14 @@ class SFTObjective(Protocol):
 
     def totals(self, batch: SequenceBatch) -> Totals: ...
 
-    def __call__(self, logp: torch.Tensor, corrupted: Optional[Corrupted], batch: SequenceBatch, *,
-                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        corrupted: Optional[Corrupted],
+        batch: SequenceBatch,
+        *,
+        totals: Optional[Totals] = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 @runtime_checkable
@@ -243,8 +274,9 @@ class PreferenceLoss(Protocol):
 
     def totals(self, batch: SequenceBatch) -> Totals: ...
 
-    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: SequenceBatch, *,
-                 totals: Optional[Totals] = None) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def __call__(
+        self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: SequenceBatch, *, totals: Optional[Totals] = None
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 class AdvantageEstimator(Protocol):
@@ -261,8 +293,15 @@ class RolloutBackend(Protocol):
     keep a finished rank stepping until every rank is done (:func:`dare_core.api.lockstep`); a
     backend that cannot refuses with a one-line ``DareError`` when ``collective_generation()``."""
 
-    def generate(self, wrapper: ModelWrapper, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch: ...
+    def generate(
+        self,
+        wrapper: ModelWrapper,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch: ...
 
 
 class SyncedRolloutBackend(RolloutBackend, Protocol):

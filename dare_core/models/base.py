@@ -159,12 +159,15 @@ class HFDiffusionWrapper:
         """The absorbing kernel: the MASK token at ``where``."""
         return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
 
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         if self.kind != "masked":
-            raise NotImplementedError(
-                f"{type(self).__name__} must implement denoise_logits for {self.kind} diffusion"
-            )
+            raise NotImplementedError(f"{type(self).__name__} must implement denoise_logits for {self.kind} diffusion")
         return self.logits(noisy_ids, attention_mask)
 
     # -- training paths (chosen by dare_core.ops.paths.configure_training_paths) ---------------
@@ -184,24 +187,31 @@ class HFDiffusionWrapper:
         """The native module exposes ``forward_hidden`` and ``get_output_embeddings`` and the
         training layout is the default one (or the family provides ``denoise_hidden``)."""
         mod = self.module
-        if not (callable(getattr(mod, "forward_hidden", None))
-                and callable(getattr(mod, "get_output_embeddings", None))):
+        if not (
+            callable(getattr(mod, "forward_hidden", None)) and callable(getattr(mod, "get_output_embeddings", None))
+        ):
             return False
         cls = type(self)
         if cls.denoise_hidden is not HFDiffusionWrapper.denoise_hidden:
             return True
-        return (self.kind == "masked" and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
-                and cls._raw_logits is HFDiffusionWrapper._raw_logits)
+        return (
+            self.kind == "masked"
+            and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
+            and cls._raw_logits is HFDiffusionWrapper._raw_logits
+        )
 
     def supports_packing(self) -> bool:
         """``packed_varlen`` capability (the module takes ``position_ids``, 4-D boolean masks and
         :class:`~dare_core.ops.attention.DocumentMask`) and the default masked-diffusion training
         layout."""
         cls = type(self)
-        return ("packed_varlen" in self.capabilities and self.kind == "masked"
-                and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
-                and cls._raw_logits is HFDiffusionWrapper._raw_logits
-                and cls.token_logprobs is HFDiffusionWrapper.token_logprobs)
+        return (
+            "packed_varlen" in self.capabilities
+            and self.kind == "masked"
+            and cls.denoise_logits is HFDiffusionWrapper.denoise_logits
+            and cls._raw_logits is HFDiffusionWrapper._raw_logits
+            and cls.token_logprobs is HFDiffusionWrapper.token_logprobs
+        )
 
     def output_head(self) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
         """``(weight [V, D], bias [V] or None, logit multiplier)`` of the output head."""
@@ -217,25 +227,33 @@ class HFDiffusionWrapper:
         """Aligned final hidden states ``[B, S, D]`` (the head not applied): what
         ``denoise_logits`` computes before the head. Block layouts override this."""
         if self.kind != "masked":
-            raise NotImplementedError(
-                f"{type(self).__name__} must implement denoise_hidden for {self.kind} diffusion"
-            )
+            raise NotImplementedError(f"{type(self).__name__} must implement denoise_hidden for {self.kind} diffusion")
         hidden = self.module.forward_hidden(noisy_ids, attention_mask=self._padding_mask(attention_mask))
         return self.align(hidden)
 
-    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
-                       attention_mask: Optional[torch.Tensor] = None, clean_ids: Optional[torch.Tensor] = None,
-                       prompt_len: Optional[int] = None) -> torch.Tensor:
-        if (self.train_attention == "packed" and attention_mask is not None
-                and attention_mask.dim() == 2 and not bool(attention_mask.bool().all())):
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
+        if (
+            self.train_attention == "packed"
+            and attention_mask is not None
+            and attention_mask.dim() == 2
+            and not bool(attention_mask.bool().all())
+        ):
             plan = plan_packing(attention_mask)
             if plan.rows * plan.width <= self.packing_max_slots * attention_mask.numel():
                 return self._packed_token_logprobs(noisy_ids, targets, attention_mask, plan)
         if self.fused_ce:  # the head is read after the forward (a sharding engine gathers it there)
             hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
             weight, bias, scale = self.output_head()
-            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale,
-                                        chunk_elements=self.ce_chunk_elements)
+            return fused_token_logprobs(
+                hidden, weight, targets, bias, scale=scale, chunk_elements=self.ce_chunk_elements
+            )
         logits = self.denoise_logits(noisy_ids, attention_mask, clean_ids)
         return gather_logprobs(logits, targets)
 
@@ -248,8 +266,9 @@ class HFDiffusionWrapper:
             takes_mask = False
         return self.align(values, attention_mask) if takes_mask else self.align(values)
 
-    def _packed_token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
-                               attention_mask: torch.Tensor, plan=None) -> torch.Tensor:
+    def _packed_token_logprobs(
+        self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: torch.Tensor, plan=None
+    ) -> torch.Tensor:
         """Pack the valid tokens into rows (document mask, per-document positions), run the
         module once, unpack; ``log p`` at valid positions, 0 at padding."""
         plan = plan_packing(attention_mask) if plan is None else plan
@@ -268,8 +287,9 @@ class HFDiffusionWrapper:
             rows = self._align_padded(plan.unpack(out), attention_mask)[where]
         if self.fused_ce:
             weight, bias, scale = self.output_head()
-            picked = fused_token_logprobs(rows, weight, targets[where], bias, scale=scale,
-                                          chunk_elements=self.ce_chunk_elements)
+            picked = fused_token_logprobs(
+                rows, weight, targets[where], bias, scale=scale, chunk_elements=self.ce_chunk_elements
+            )
         else:
             picked = gather_logprobs(rows, targets[where])
         return picked.new_zeros(targets.shape).index_put(where, picked)
@@ -290,9 +310,7 @@ class HFDiffusionWrapper:
 
     # -- text ---------------------------------------------------------------------------------
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

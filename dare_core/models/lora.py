@@ -40,8 +40,9 @@ def _peft():
     try:
         import peft
     except ImportError:  # pragma: no cover - depends on the environment
-        raise DareError("model.lora needs the `peft` package; install it with "
-                        "`pip install peft` (or the dare-core[lora] extra)") from None
+        raise DareError(
+            "model.lora needs the `peft` package; install it with `pip install peft` (or the dare-core[lora] extra)"
+        ) from None
     return peft
 
 
@@ -74,8 +75,10 @@ def resolve_checkpoint(path: Optional[str]) -> tuple[Optional[str], Optional[str
     with open(os.path.join(adapter, ADAPTER_CONFIG)) as fh:
         base = json.load(fh).get("base_model_name_or_path")
     if not base or not os.path.isdir(base):
-        raise DareError(f"{path!r} holds a LoRA adapter whose base checkpoint {base!r} does not "
-                        f"exist; pass model.path=<base checkpoint> model.lora.adapter={adapter}")
+        raise DareError(
+            f"{path!r} holds a LoRA adapter whose base checkpoint {base!r} does not "
+            f"exist; pass model.path=<base checkpoint> model.lora.adapter={adapter}"
+        )
     return base, adapter
 
 
@@ -90,9 +93,15 @@ def target_modules(wrapper: Any, configured: Optional[tuple[str, ...]]) -> Any:
     return ALL_LINEAR
 
 
-def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
-               adapter: Optional[str] = None, trainable: bool = True,
-               checkpointing: bool = False) -> Any:
+def apply_lora(
+    wrapper: Any,
+    cfg: Any,
+    *,
+    base_path: Optional[str] = None,
+    adapter: Optional[str] = None,
+    trainable: bool = True,
+    checkpointing: bool = False,
+) -> Any:
     """Wrap ``wrapper.module`` with LoRA adapters as ``cfg`` (``model.lora``) says.
 
     :param base_path: the base checkpoint, recorded in the adapter config for reloading.
@@ -113,18 +122,26 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
     if adapter is not None:
         found = find_adapter(adapter)
         if found is None:
-            raise DareError(f"model.lora.adapter={adapter!r} holds no {ADAPTER_CONFIG}; pass a PEFT "
-                            f"adapter directory or a LoRA run checkpoint")
+            raise DareError(
+                f"model.lora.adapter={adapter!r} holds no {ADAPTER_CONFIG}; pass a PEFT "
+                f"adapter directory or a LoRA run checkpoint"
+            )
         peft_model = peft.PeftModel.from_pretrained(module, found, is_trainable=trainable)
     else:
-        config = peft.LoraConfig(r=int(cfg.rank), lora_alpha=float(cfg.alpha),
-                                 lora_dropout=float(cfg.dropout), bias="none",
-                                 target_modules=target_modules(wrapper, cfg.target_modules))
+        config = peft.LoraConfig(
+            r=int(cfg.rank),
+            lora_alpha=float(cfg.alpha),
+            lora_dropout=float(cfg.dropout),
+            bias="none",
+            target_modules=target_modules(wrapper, cfg.target_modules),
+        )
         try:
             peft_model = peft.get_peft_model(module, config)
         except ValueError as exc:
-            raise DareError(f"model.lora.target_modules: {' '.join(str(exc).split())[:300]}; "
-                            f"name modules of this model (e.g. model.lora.target_modules=[all-linear])") from None
+            raise DareError(
+                f"model.lora.target_modules: {' '.join(str(exc).split())[:300]}; "
+                f"name modules of this model (e.g. model.lora.target_modules=[all-linear])"
+            ) from None
     peft_model.dare_fresh_adapter = adapter is None
     if base_path is not None:
         peft_model.peft_config["default"].base_model_name_or_path = os.path.abspath(base_path)
@@ -137,15 +154,16 @@ def apply_lora(wrapper: Any, cfg: Any, *, base_path: Optional[str] = None,
     return wrapper
 
 
-def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False,
-                    state_dict: Optional[dict] = None) -> None:
+def save_checkpoint(wrapper: Any, directory: str, *, merge: bool = False, state_dict: Optional[dict] = None) -> None:
     """Write a LoRA checkpoint into ``directory`` (see the module docstring for the layout);
     ``state_dict``: a sharding engine's consolidated weights of the PEFT model."""
     module = wrapper.module
     if merge and state_dict is not None:
-        raise DareError("model.lora.merge_on_save needs the whole model in one process; with a "
-                        "sharding engine set it to false and merge the saved adapter afterwards "
-                        "(PEFT merge_and_unload)")
+        raise DareError(
+            "model.lora.merge_on_save needs the whole model in one process; with a "
+            "sharding engine set it to false and merge the saved adapter afterwards "
+            "(PEFT merge_and_unload)"
+        )
     os.makedirs(directory, exist_ok=True)
     with warnings.catch_warnings():  # a base without an HF config.json (test models) is fine
         warnings.filterwarnings("ignore", message="Could not find a config file")

@@ -30,8 +30,7 @@ def chunk_rows(vocab: int, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
     return max(1, int(chunk_elements) // max(1, int(vocab)))
 
 
-def _logits_block(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  scale: float) -> torch.Tensor:
+def _logits_block(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     z = (h @ weight.t() if bias is None else h @ weight.t() + bias).float()
     return z * scale if scale != 1.0 else z
 
@@ -61,8 +60,9 @@ class ChunkedTokenLogProb(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-                  if (need_b and bias is not None) else None)
+        grad_b = (
+            torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if (need_b and bias is not None) else None
+        )
         grad_out = grad_out.float()
         n = hidden.shape[0]
         for start in range(0, n, ctx.chunk):
@@ -82,16 +82,26 @@ class ChunkedTokenLogProb(torch.autograd.Function):
             if grad_b is not None:
                 grad_b.add_(z.sum(0))
             del z
-        return (grad_h,
-                grad_w.to(weight.dtype) if grad_w is not None else None,
-                grad_b.to(bias.dtype) if grad_b is not None else None,
-                None, None, None)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None,
+            None,
+            None,
+        )
 
 
-def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: Optional[torch.Tensor] = None, *, scale: float = 1.0,
-                         chunk: Optional[int] = None,
-                         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+def fused_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    scale: float = 1.0,
+    chunk: Optional[int] = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
     """Per-token ``log p(target)`` in float32 without ``[N, V]`` logits: ``hidden`` ``[..., D]``,
     ``targets`` ``[...]`` (long), ``weight`` ``[V, D]``, ``bias`` ``[V]`` → ``[...]``; ``chunk`` rows
     per block (default: from ``chunk_elements``)."""
@@ -104,12 +114,23 @@ def fused_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     rows = int(chunk) if chunk else chunk_rows(weight.shape[0], chunk_elements)
     if rows < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    out = ChunkedTokenLogProb.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                                    targets.reshape(-1).long(), rows, float(scale))
+    out = ChunkedTokenLogProb.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1).long(), rows, float(scale)
+    )
     return out.reshape(targets.shape)
 
 
-def naive_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: Optional[torch.Tensor] = None, *, scale: float = 1.0) -> torch.Tensor:
+def naive_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """The reference form: full ``[N, V]`` logits, float32 ``log_softmax``, gather."""
-    return torch.log_softmax(_logits_block(hidden, weight, bias, scale), dim=-1).gather(-1, targets.long()[..., None]).squeeze(-1)
+    return (
+        torch.log_softmax(_logits_block(hidden, weight, bias, scale), dim=-1)
+        .gather(-1, targets.long()[..., None])
+        .squeeze(-1)
+    )

@@ -87,13 +87,17 @@ class PackPlan:
         return cu_seqlens(self.doc_ids)[0]
 
     def to(self, device) -> "PackPlan":
-        return attrs.evolve(self, **{f.name: getattr(self, f.name).to(device)
-                                     for f in attrs.fields(PackPlan)
-                                     if isinstance(getattr(self, f.name), torch.Tensor)})
+        return attrs.evolve(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in attrs.fields(PackPlan)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
+        )
 
 
-def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None,
-                 positions: str = "padded") -> PackPlan:
+def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None, positions: str = "padded") -> PackPlan:
     """Plan the packing of the valid tokens of each row of ``attention_mask`` ``[B, S]``: longest
     first into the first row with room (first-fit decreasing), at most ``capacity`` (default ``S``)
     per row; the packed width is the fullest row's length."""
@@ -131,8 +135,8 @@ def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None,
         cols = torch.nonzero(valid[i]).flatten()
         n = cols.numel()
         coords.append((torch.full((n,), i), cols, torch.full((n,), r), torch.arange(start, start + n)))
-        doc_ids[r, start:start + n] = i
-        pos[r, start:start + n] = cols if positions == "padded" else torch.arange(n)
+        doc_ids[r, start : start + n] = i
+        pos[r, start : start + n] = cols if positions == "padded" else torch.arange(n)
     flat = [torch.cat(xs) for xs in zip(*coords)] if coords else [torch.zeros(0, dtype=torch.long)] * 4
     plan = PackPlan((b, s), rows, width, *flat, doc_ids, pos, lengths.long())
     return plan.to(attention_mask.device) if attention_mask.device.type != "cpu" else plan

@@ -47,13 +47,17 @@ class TrainingPaths:
 
     def describe(self) -> str:
         if self.attention == "packed":
-            att = (f"packed (kernel {self.attention_kernel}: {_KERNEL_WORDS[self.attention_kernel]}, "
-                   f"per-document positions, on {self.device}) [kernel requested {self.requested_kernel}]")
+            att = (
+                f"packed (kernel {self.attention_kernel}: {_KERNEL_WORDS[self.attention_kernel]}, "
+                f"per-document positions, on {self.device}) [kernel requested {self.requested_kernel}]"
+            )
         else:
             att = f"padded (key-padding mask on {self.device})"
         ce = "fused (chunked, no [N, V] logits)" if self.fused_ce else "naive (full logits)"
-        return (f"training paths: attention={att} [requested {self.requested_attention}]; "
-                f"cross entropy={ce} [requested {self.requested_cross_entropy}]")
+        return (
+            f"training paths: attention={att} [requested {self.requested_attention}]; "
+            f"cross entropy={ce} [requested {self.requested_cross_entropy}]"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -67,13 +71,20 @@ def param_dtype(wrapper: Any):
         return None
 
 
-def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
-                          device: Any = None, attention_kernel: str = "auto") -> TrainingPaths:
+def select_training_paths(
+    wrapper: Any,
+    train_attention: str = "auto",
+    cross_entropy: str = "auto",
+    device: Any = None,
+    attention_kernel: str = "auto",
+) -> TrainingPaths:
     """Resolve ``auto`` / forced choices against the wrapper's capabilities, the device and the
     model's dtype."""
-    for key, value, choices in (("train_attention", train_attention, TRAIN_ATTENTION_CHOICES),
-                                ("cross_entropy", cross_entropy, CROSS_ENTROPY_CHOICES),
-                                ("attention_kernel", attention_kernel, ATTENTION_KERNEL_CHOICES)):
+    for key, value, choices in (
+        ("train_attention", train_attention, TRAIN_ATTENTION_CHOICES),
+        ("cross_entropy", cross_entropy, CROSS_ENTROPY_CHOICES),
+        ("attention_kernel", attention_kernel, ATTENTION_KERNEL_CHOICES),
+    ):
         if value not in choices:
             raise DareError(f"model.{key}={value!r} is not one of {', '.join(choices)}; pick one of them")
     name = getattr(wrapper, "family", type(wrapper).__name__)
@@ -83,12 +94,14 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
         raise DareError(
             f"model.train_attention=packed but the {name!r} wrapper cannot pack sequences (it needs "
             f"the packed_varlen capability and a layout that packs: the masked-diffusion one or "
-            f"the block-diffusion BD3LM one); use model.train_attention=padded or auto")
+            f"the block-diffusion BD3LM one); use model.train_attention=padded or auto"
+        )
     if cross_entropy == "fused" and not can_fuse:
         raise DareError(
             f"model.cross_entropy=fused but the {name!r} model has no forward_hidden/get_output_embeddings "
             f"(or its wrapper changes the training layout without denoise_hidden); use "
-            f"model.cross_entropy=naive or auto")
+            f"model.cross_entropy=naive or auto"
+        )
     dev = torch.device(device) if device is not None else getattr(wrapper, "device", torch.device("cpu"))
     attention = "packed" if (train_attention == "packed" or (train_attention == "auto" and can_pack)) else "padded"
     kernel = "-"
@@ -97,19 +110,28 @@ def select_training_paths(wrapper: Any, train_attention: str = "auto", cross_ent
         runnable = available_kernels(dev, dtype)
         kernel = runnable[0] if attention_kernel == "auto" else attention_kernel
         if kernel not in runnable:
-            raise DareError(f"model.attention_kernel={attention_kernel} cannot run on {dev.type} with "
-                            f"{str(dtype).replace('torch.', '')} weights; runnable here: "
-                            f"{', '.join(runnable)} (or auto)")
+            raise DareError(
+                f"model.attention_kernel={attention_kernel} cannot run on {dev.type} with "
+                f"{str(dtype).replace('torch.', '')} weights; runnable here: "
+                f"{', '.join(runnable)} (or auto)"
+            )
     elif attention_kernel != "auto":
-        raise DareError(f"model.attention_kernel={attention_kernel} applies to the packed training path, "
-                        f"but {name!r} trains padded here; drop model.attention_kernel or use "
-                        f"model.train_attention=packed")
+        raise DareError(
+            f"model.attention_kernel={attention_kernel} applies to the packed training path, "
+            f"but {name!r} trains padded here; drop model.attention_kernel or use "
+            f"model.train_attention=packed"
+        )
     fused = cross_entropy == "fused" or (cross_entropy == "auto" and can_fuse)
     return TrainingPaths(attention, kernel, fused, dev.type, train_attention, cross_entropy, attention_kernel)
 
 
-def configure_training_paths(wrapper: Any, train_attention: str = "auto", cross_entropy: str = "auto",
-                             device: Any = None, attention_kernel: str = "auto") -> TrainingPaths:
+def configure_training_paths(
+    wrapper: Any,
+    train_attention: str = "auto",
+    cross_entropy: str = "auto",
+    device: Any = None,
+    attention_kernel: str = "auto",
+) -> TrainingPaths:
     """Select the paths and set them on the wrapper (``wrapper.train_attention``,
     ``wrapper.attention_kernel``, ``wrapper.fused_ce``); returns what was chosen."""
     paths = select_training_paths(wrapper, train_attention, cross_entropy, device, attention_kernel)

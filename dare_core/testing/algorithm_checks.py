@@ -12,7 +12,6 @@ import types
 from typing import Any, Optional, Sequence
 
 import attrs
-
 import torch
 
 from dare_core.components import ComponentLookup
@@ -28,21 +27,46 @@ def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
     return spec.build(structure_or_raise(spec.config_cls, options, "algorithm"), ComponentLookup(dare.registries))
 
 
-def one_rl_step(plugins: Sequence[Any], algo: str, model: str, tmp_path: Any,
-                overrides: Sequence[str] = (), gen_length: int = 4, block_length: int = 4) -> dict:
+def one_rl_step(
+    plugins: Sequence[Any],
+    algo: str,
+    model: str,
+    tmp_path: Any,
+    overrides: Sequence[str] = (),
+    gen_length: int = 4,
+    block_length: int = 4,
+) -> dict:
     """:func:`~dare_core.testing.rl_probe.tiny_rl_run` of ``algo`` on ``model`` (a toy family among
     ``plugins``) for one step with micro-batches of 4 and ``gen_length`` tokens sampled at
     temperature 1; returns the step's metrics record."""
-    tiny_rl_run(tmp_path, [*plugins, ProbePlugin()], algo, model, steps=1, overrides=[
-        "run_name=one_step", "trainer.micro_batch_size=4", f"rollout.gen_length={gen_length}",
-        f"rollout.block_length={block_length}", f"rollout.steps={gen_length}", "rollout.temperature=1.0",
-        *overrides])
+    tiny_rl_run(
+        tmp_path,
+        [*plugins, ProbePlugin()],
+        algo,
+        model,
+        steps=1,
+        overrides=[
+            "run_name=one_step",
+            "trainer.micro_batch_size=4",
+            f"rollout.gen_length={gen_length}",
+            f"rollout.block_length={block_length}",
+            f"rollout.steps={gen_length}",
+            "rollout.temperature=1.0",
+            *overrides,
+        ],
+    )
     return json.loads((tmp_path / "one_step" / "metrics.jsonl").read_text().splitlines()[0])
 
 
-def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any, corrupted: Any,
-                                      old: torch.Tensor, ref: Optional[torch.Tensor],
-                                      advantages: torch.Tensor):
+def check_accumulate_matches_backward(
+    components: Any,
+    wrapper: Any,
+    batch: Any,
+    corrupted: Any,
+    old: torch.Tensor,
+    ref: Optional[torch.Tensor],
+    advantages: torch.Tensor,
+):
     """Gradients of ``components.accumulate`` (as the RL loop calls it) equal those of
     ``0.5 · loss(estimator(all rows))`` with one backward; returns both metric dicts."""
     scale = 0.5
@@ -55,8 +79,14 @@ def check_accumulate_matches_backward(components: Any, wrapper: Any, batch: Any,
     full = [p.grad.clone() for p in wrapper.module.parameters()]
     wrapper.module.zero_grad()
     loss2, metrics2 = components.accumulate.accumulate(
-        _row_estimate(components.estimator, wrapper, batch, corrupted), corrupted.num_samples,
-        old, ref, advantages, mask, scale)
+        _row_estimate(components.estimator, wrapper, batch, corrupted),
+        corrupted.num_samples,
+        old,
+        ref,
+        advantages,
+        mask,
+        scale,
+    )
     a, b = float(loss.detach()), float(loss2)
     assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), (a, b)
     assert any(g.abs().sum() > 0 for g in full), "the loss has no gradient"
@@ -78,8 +108,9 @@ def _options(plugins: Sequence[Any], algo: str) -> list[dict]:
     return [{"loss_agg_mode": m} for m in AGG_MODES] if has_agg else [{}]
 
 
-def partition_gradient(plugins: Sequence[Any], algo: str, options: dict, micro: int,
-                       engine: Any = None, toy: str = TOY) -> list[torch.Tensor]:
+def partition_gradient(
+    plugins: Sequence[Any], algo: str, options: dict, micro: int, engine: Any = None, toy: str = TOY
+) -> list[torch.Tensor]:
     """The gradient of one mini-batch of 4 toy rows (lengths :data:`LENGTHS`, float64) through
     the update's :func:`~dare_core.workflows.update.backward_minibatch` with the RL objective (old
     log-likelihoods off the policy, so ratios and clips are active) or the supervised one, in
@@ -125,8 +156,13 @@ def _ranks_gradients(refs: list[Any], algo: str, option_sets: list[dict], micro:
 
     plugins = [importlib.import_module(r) if isinstance(r, str) else r for r in refs]
     cfg = RunConfig()
-    engine = ProcessGroupEngine(attrs.evolve(cfg, model=attrs.evolve(cfg.model, device="cpu"),
-                                             engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32")))
+    engine = ProcessGroupEngine(
+        attrs.evolve(
+            cfg,
+            model=attrs.evolve(cfg.model, device="cpu"),
+            engine=attrs.evolve(cfg.engine, name="ddp", precision="fp32"),
+        )
+    )
     try:
         return [partition_gradient(plugins, algo, o, micro, engine, toy) for o in option_sets]
     finally:
@@ -145,8 +181,11 @@ def check_partition_invariance(plugins: Sequence[Any], algo: str, tol: float = 1
     ranks = run_ranks(2, _ranks_gradients, refs, algo, option_sets, 1, toy)[0]
     for o, full, two in zip(option_sets, whole, ranks):
         assert any(bool(x.abs().sum() > 0) for x in full), f"{algo} {o}: the loss has no gradient"
-        for name, parts in [("micro 1", partition_gradient(plugins, algo, o, 1, toy=toy)),
-                            ("micro 2", partition_gradient(plugins, algo, o, 2, toy=toy)), ("2 ranks", two)]:
+        for name, parts in [
+            ("micro 1", partition_gradient(plugins, algo, o, 1, toy=toy)),
+            ("micro 2", partition_gradient(plugins, algo, o, 2, toy=toy)),
+            ("2 ranks", two),
+        ]:
             scale = max(1.0, max(float(x.abs().max()) for x in full))
             diff = max(float((a - b).abs().max()) for a, b in zip(full, parts))
             assert diff <= tol * scale, f"{algo} {o}: {name} gradient differs from the whole mini-batch's by {diff:.3g}"

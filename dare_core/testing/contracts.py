@@ -27,7 +27,6 @@ from dare_core.config.structure import structure
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 
-
 _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -35,11 +34,16 @@ def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: fro
     """The first registered rollout backend that drives ``wrapper``'s kind, records ``records``
     and offers ``methods`` (the plugins under test must bring one)."""
     for _, spec in dare.registries.rollouts.items():
-        if (not spec.kinds or wrapper.kind in spec.kinds) and spec.requires <= wrapper.capabilities \
-                and backend_offers(spec, records, methods=methods):
+        if (
+            (not spec.kinds or wrapper.kind in spec.kinds)
+            and spec.requires <= wrapper.capabilities
+            and backend_offers(spec, records, methods=methods)
+        ):
             return spec
-    pytest.fail(f"no registered rollout backend records {sorted(records)} for {wrapper.kind} "
-                f"models; require a plugin that provides one (e.g. dare-plugin-samplers)")
+    pytest.fail(
+        f"no registered rollout backend records {sorted(records)} for {wrapper.kind} "
+        f"models; require a plugin that provides one (e.g. dare-plugin-samplers)"
+    )
 
 
 class _PluginSuite:
@@ -161,8 +165,7 @@ class ModelFamilyContract(_PluginSuite):
     def test_default_rollout_generates(self, dare, spec, wrapper):
         rspec = dare.registries.rollouts.get(spec.default_rollout)
         names = {f.name for f in attrs.fields(rspec.config_cls)}
-        small = {k: v for k, v in dict(gen_length=8, block_length=8, steps=4, temperature=0.0).items()
-                 if k in names}
+        small = {k: v for k, v in dict(gen_length=8, block_length=8, steps=4, temperature=0.0).items() if k in names}
         cfg, problems = structure(rspec.config_cls, small)
         assert not problems, problems
         backend = rspec.build(cfg)
@@ -185,8 +188,9 @@ class ModelFamilyContract(_PluginSuite):
 
         rspec = dare.registries.rollouts.get(spec.default_rollout)
         names = {f.name for f in attrs.fields(rspec.config_cls)}
-        cfg, _ = structure(rspec.config_cls, {k: v for k, v in dict(gen_length=8, block_length=8, steps=4).items()
-                                              if k in names})
+        cfg, _ = structure(
+            rspec.config_cls, {k: v for k, v in dict(gen_length=8, block_length=8, steps=4).items() if k in names}
+        )
         pid, pmask = left_pad([self._ids(wrapper, "a"), self._ids(wrapper, "a longer prompt")], wrapper.pad_token_id)
         polls: list[bool] = []
 
@@ -215,11 +219,14 @@ class ModelFamilyContract(_PluginSuite):
         assert forwards[0] == 2 * own + 3
         assert torch.equal(out.response_ids, alone.response_ids)
 
-    @pytest.mark.parametrize("device,dtype", [
-        ("cpu", torch.float32),
-        pytest.param("cuda", torch.float32, marks=_NEEDS_CUDA),
-        pytest.param("cuda", torch.bfloat16, marks=_NEEDS_CUDA),
-    ])
+    @pytest.mark.parametrize(
+        "device,dtype",
+        [
+            ("cpu", torch.float32),
+            pytest.param("cuda", torch.float32, marks=_NEEDS_CUDA),
+            pytest.param("cuda", torch.bfloat16, marks=_NEEDS_CUDA),
+        ],
+    )
     def test_packed_kernels_match_padded(self, spec, checkpoint, device, dtype):
         """Every packed-attention kernel the device runs gives the padded path's log-probs and
         gradients; a :class:`DocumentMask` reaches the module's attention like a boolean mask."""
@@ -234,10 +241,12 @@ class ModelFamilyContract(_PluginSuite):
         plan = plan_packing(mask)
         with torch.no_grad():
             packed = plan.pack(ids, wrapper.pad_token_id)
-            a = wrapper.module(input_ids=packed, attention_mask=plan.attention_mask(),
-                               position_ids=plan.position_ids).logits
-            b = wrapper.module(input_ids=packed, attention_mask=DocumentMask(plan.doc_ids, "sdpa_mask"),
-                               position_ids=plan.position_ids).logits
+            a = wrapper.module(
+                input_ids=packed, attention_mask=plan.attention_mask(), position_ids=plan.position_ids
+            ).logits
+            b = wrapper.module(
+                input_ids=packed, attention_mask=DocumentMask(plan.doc_ids, "sdpa_mask"), position_ids=plan.position_ids
+            ).logits
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
         def run(attention: str, kernel: str = "auto"):
@@ -245,8 +254,7 @@ class ModelFamilyContract(_PluginSuite):
             wrapper.module.zero_grad(set_to_none=True)
             lp = wrapper.token_logprobs(ids, ids, mask)
             (-(lp.float() * mask).sum()).backward()  # valid positions only (padding differs by path)
-            grads = torch.cat([p.grad.float().reshape(-1) for p in wrapper.module.parameters()
-                               if p.grad is not None])
+            grads = torch.cat([p.grad.float().reshape(-1) for p in wrapper.module.parameters() if p.grad is not None])
             return lp.detach().float()[mask.bool()], grads
 
         def rel(x, y):
@@ -270,8 +278,8 @@ def _ragged_batch(wrapper, device, lengths=((5, 20), (12, 6), (3, 33), (9, 11), 
     ids = torch.full((len(lengths), p + r), wrapper.pad_token_id)
     mask = torch.zeros_like(ids)
     for i, (x, y) in enumerate(lengths):
-        ids[i, p - x:p + y] = allowed[torch.randint(0, allowed.numel(), (x + y,), generator=g)]
-        mask[i, p - x:p + y] = 1
+        ids[i, p - x : p + y] = allowed[torch.randint(0, allowed.numel(), (x + y,), generator=g)]
+        mask[i, p - x : p + y] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -310,9 +318,15 @@ class AlgorithmContract(_PluginSuite):
     def test_components_registered(self, dare, spec):
         regs = dare.registries
         assert spec.workflow in regs.workflows, (
-            f"workflow {spec.workflow!r} is not registered; require the distribution that provides it")
-        where = {"corruption": regs.corruptions, "estimator": regs.estimators, "loss": regs.losses,
-                 "advantage": regs.advantages, "trajectory": regs.trajectories}
+            f"workflow {spec.workflow!r} is not registered; require the distribution that provides it"
+        )
+        where = {
+            "corruption": regs.corruptions,
+            "estimator": regs.estimators,
+            "loss": regs.losses,
+            "advantage": regs.advantages,
+            "trajectory": regs.trajectories,
+        }
         for role, names in spec.components.items():
             for name in (names,) if isinstance(names, str) else names:
                 assert name in where[role], f"{role} {name!r} is not registered"
@@ -327,11 +341,14 @@ class AlgorithmContract(_PluginSuite):
         assert not undeclared, f"{spec.name} builds components its spec does not list: {undeclared}"
         records = comps.trajectory.records if comps.trajectory is not None else frozenset()
         assert records <= spec.records, (
-            f"{spec.name}'s trajectory records {sorted(records - spec.records)}, not in AlgorithmSpec.records")
-        assert (comps.rollout_config is None and comps.wrap_rollout is None) or \
-            spec.rollout_fields or spec.rollout_methods, (
+            f"{spec.name}'s trajectory records {sorted(records - spec.records)}, not in AlgorithmSpec.records"
+        )
+        assert (
+            (comps.rollout_config is None and comps.wrap_rollout is None) or spec.rollout_fields or spec.rollout_methods
+        ), (
             f"{spec.name} adjusts its training rollout; declare the fields / methods it uses "
-            "(AlgorithmSpec.rollout_fields / rollout_methods)")
+            "(AlgorithmSpec.rollout_fields / rollout_methods)"
+        )
 
     def test_members_the_loops_call_are_declared(self, spec, components):
         """Each member the loop calls is one the interfaces declare (dare_core.interfaces); the
@@ -341,7 +358,8 @@ class AlgorithmContract(_PluginSuite):
         seam = {"rl": PolicyLoss, "sft": SFTObjective, "preference": PreferenceLoss}.get(spec.workflow)
         assert seam is None or isinstance(components.loss, seam), (
             f"{spec.name}'s loss {type(components.loss).__name__} lacks a member of {seam.__name__} "
-            "(totals(...) and __call__(..., totals=None))")
+            "(totals(...) and __call__(..., totals=None))"
+        )
         if spec.workflow != "rl":
             pytest.skip("not an RL algorithm")
         traj = components.trajectory
@@ -417,8 +435,7 @@ class AlgorithmContract(_PluginSuite):
             part = rows_update_batch(rows, corrupted, None if own else old, old)
             objective = PolicyObjective(components, wrapper)
             loss, _ = objective.backward(part, objective.totals(part), 1.0)
-            grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                     for p in wrapper.module.parameters()]
+            grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in wrapper.module.parameters()]
             return float(loss), grads
 
         (l_sep, g_sep), (l_own, g_own) = run(False), run(True)
@@ -461,14 +478,14 @@ def _rollout(plugins, algorithm, components, wrapper, lengths=None):
     dare = build_for(*plugins)
     methods = dare.registries.algorithms.get(algorithm).rollout_methods
     spec = _recording_backend(dare, wrapper, records, methods)
-    cfg, problems = structure(spec.config_cls, dict(
-        gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
+    cfg, problems = structure(spec.config_cls, dict(gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
     assert not problems, problems
     backend = spec.build(components.training_rollout_config(cfg))
     if components.wrap_rollout is not None:
         backend = components.wrap_rollout(backend, None)
-    return backend.generate(wrapper, roll.prompt_ids, roll.prompt_mask, record=records,
-                            generator=torch.Generator().manual_seed(0))
+    return backend.generate(
+        wrapper, roll.prompt_ids, roll.prompt_mask, record=records, generator=torch.Generator().manual_seed(0)
+    )
 
 
 def toy_rows(plugins, algorithm, components, wrapper, lengths=None):

@@ -31,8 +31,15 @@ class DigitsTask:
     def examples(self, split: str, limit: Optional[int] = None, seed: int = 0) -> list[Example]:
         n = limit or self.default_limit
         off = 0 if split == "train" else 1000
-        return [Example([{"role": "user", "content": f"n{(i + off) % 10}"}], str((i + off) % 10), "digits",
-                        response=str((i + off) % 10) * 4) for i in range(n)]
+        return [
+            Example(
+                [{"role": "user", "content": f"n{(i + off) % 10}"}],
+                str((i + off) % 10),
+                "digits",
+                response=str((i + off) % 10) * 4,
+            )
+            for i in range(n)
+        ]
 
     def score(self, example: Example, response: str) -> Score:
         frac = sum(c.isdigit() for c in response) / max(1, len(response))
@@ -72,8 +79,11 @@ masked_nll = MaskedNLL()
 
 def sup_components(cfg: Any, lookup: Any) -> Components:
     """Supervised masked-token cross entropy (:func:`masked_nll`) on ``random_ratio`` masks."""
-    return Components(corruption=lookup.corruption("random_ratio"),
-                      estimator=lookup.estimator("masked_token_logprob"), loss=masked_nll)
+    return Components(
+        corruption=lookup.corruption("random_ratio"),
+        estimator=lookup.estimator("masked_token_logprob"),
+        loss=masked_nll,
+    )
 
 
 class DigitsPlugin:
@@ -81,9 +91,14 @@ class DigitsPlugin:
     the RL algorithm ``rl_name`` (with ``rl_recipe``) and :func:`sup_components` as the SFT
     algorithm ``sft_name``; a name of ``None`` leaves that algorithm out."""
 
-    def __init__(self, task: type = DigitsTask, rl_name: Optional[str] = "pg_test",
-                 sft_name: Optional[str] = "sup_test", rl_recipe: Optional[dict] = None,
-                 config_cls: type = ClipConfig):
+    def __init__(
+        self,
+        task: type = DigitsTask,
+        rl_name: Optional[str] = "pg_test",
+        sft_name: Optional[str] = "sup_test",
+        rl_recipe: Optional[dict] = None,
+        config_cls: type = ClipConfig,
+    ):
         self.task, self.rl_name, self.sft_name = task, rl_name, sft_name
         self.rl_recipe, self.config_cls = rl_recipe, config_cls
 

@@ -38,26 +38,34 @@ def _entry(rank: int, world: int, port: int, env: dict[str, str], results: Any, 
     import torch  # already imported with fn's module: apply the thread count now
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     try:
         # plain pickle: tensors travel by value, not as shared memory a finished process closes
         results.put((rank, "ok", pickle.dumps(fn(*args))))
     except BaseException:  # noqa: BLE001 (reported to the parent)
         results.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
-def run_ranks(nprocs: int, fn: Callable[..., Any], *args: Any, timeout: float = 600,
-              env: Optional[dict[str, str]] = None) -> list[Any]:
+def run_ranks(
+    nprocs: int, fn: Callable[..., Any], *args: Any, timeout: float = 600, env: Optional[dict[str, str]] = None
+) -> list[Any]:
     """``fn(*args)`` in ``nprocs`` spawned processes (one thread each unless ``env`` says
     otherwise); their return values in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     env = {"OMP_NUM_THREADS": "1", **(env or {})}
-    procs = [ctx.Process(target=_entry, args=(r, nprocs, port, env, results, fn, args), daemon=False)
-             for r in range(nprocs)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, nprocs, port, env, results, fn, args), daemon=False) for r in range(nprocs)
+    ]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
@@ -68,11 +76,12 @@ def run_ranks(nprocs: int, fn: Callable[..., Any], *args: Any, timeout: float = 
             except queue.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:  # a rank died without reporting (killed): stop the others, like torchrun
-                    raise RankFailed(f"rank {procs.index(dead[0])} died with exit code {dead[0].exitcode}",
-                                     _stop(procs))
+                    raise RankFailed(
+                        f"rank {procs.index(dead[0])} died with exit code {dead[0].exitcode}", _stop(procs)
+                    ) from None
                 timeout -= 1.0
                 if timeout <= 0:
-                    raise RankFailed("ranks timed out", _stop(procs))
+                    raise RankFailed("ranks timed out", _stop(procs)) from None
                 continue
             if status == "error":
                 raise RankFailed(f"rank {rank} failed:\n{value}", _stop(procs))

@@ -25,10 +25,23 @@ from dare_core.testing.distributed import run_ranks
 BASE_PLUGINS = ("dare_core.testing.toy", "dare_core.testing.digits:DigitsPlugin", "dare_plugin_samplers")
 
 #: a tiny run: 3 optimizer steps, no evaluation, a checkpoint only at the end
-TINY = ["task.name=digits", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
-        "rollout.temperature=1.0", "progress=false", "seed=3", "eval.before=false", "eval.after=false",
-        "trainer.steps=3", "trainer.batch_size=4", "trainer.group_size=2", "trainer.micro_batch_size=2",
-        "trainer.rollout_batch_size=1", "model.device=cpu"]
+TINY = [
+    "task.name=digits",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=4",
+    "rollout.temperature=1.0",
+    "progress=false",
+    "seed=3",
+    "eval.before=false",
+    "eval.after=false",
+    "trainer.steps=3",
+    "trainer.batch_size=4",
+    "trainer.group_size=2",
+    "trainer.micro_batch_size=2",
+    "trainer.rollout_batch_size=1",
+    "model.device=cpu",
+]
 
 #: metrics that measure time, not what was computed
 TIMING = ("time_", "rollout_tokens_per_s")
@@ -78,19 +91,23 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def assert_same_as_single(tmp_path: Any, algo: str, engine_overrides: Sequence[str],
-                          plugins: Sequence[str] = (), nprocs: int = 2, atol: float = 1e-6,
-                          extra: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+def assert_same_as_single(
+    tmp_path: Any,
+    algo: str,
+    engine_overrides: Sequence[str],
+    plugins: Sequence[str] = (),
+    nprocs: int = 2,
+    atol: float = 1e-6,
+    extra: Sequence[str] = (),
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train ``algo`` once in this process with the single-process engine and once on ``nprocs``
     ranks with ``engine_overrides``; the final weights agree within ``atol`` and the per-step
     metrics within float tolerance. Returns both runs' results."""
     common = [*TINY, f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", *extra]
     one = run_ranks(1, train_run, tuple(plugins), algo, [*common, "run_name=one"])[0]
-    many = run_ranks(nprocs, train_run, tuple(plugins), algo,
-                     [*common, "run_name=many", *engine_overrides])[0]
+    many = run_ranks(nprocs, train_run, tuple(plugins), algo, [*common, "run_name=many", *engine_overrides])[0]
     diff = max_weight_diff(one["weights"], many["weights"])
     assert diff <= atol, f"weights differ by {diff:.3g} (> {atol})"
     problems = same_records(one["records"], many["records"])
     assert not problems, "\n".join(problems[:10])
     return one, many
-

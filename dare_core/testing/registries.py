@@ -43,8 +43,7 @@ def _required(dist: str) -> tuple[str, ...]:
 def _installed() -> tuple[dict, dict]:
     """``(top-level module -> distributions, distribution -> its dare entry point)``, read once
     per process (scanning the installed metadata takes a few hundred milliseconds)."""
-    entry = {_canonical(ep.dist.name): ep for ep in md.entry_points(group=ENTRY_POINT_GROUP)
-             if ep.dist is not None}
+    entry = {_canonical(ep.dist.name): ep for ep in md.entry_points(group=ENTRY_POINT_GROUP) if ep.dist is not None}
     return md.packages_distributions(), entry
 
 

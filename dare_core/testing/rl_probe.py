@@ -26,8 +26,7 @@ class ParityTask:
     def examples(self, split: str, limit: Optional[int] = None, seed: int = 0) -> list[Example]:
         n = limit or 64
         off = 0 if split == "train" else 1000
-        return [Example([{"role": "user", "content": f"n{(i + off) % 10}"}], "0", "parity")
-                for i in range(n)]
+        return [Example([{"role": "user", "content": f"n{(i + off) % 10}"}], "0", "parity") for i in range(n)]
 
     def score(self, example: Example, response: str) -> Score:
         even = sum(ord(c) % 2 == 0 for c in response) / max(1, len(response))
@@ -53,8 +52,11 @@ class ProbePlugin:
 def _rows_of(corrupted: Corrupted) -> set[bytes]:
     """Fingerprints of every (row, sequence) state and target set of a corruption."""
     M, B, _ = corrupted.noisy_ids.shape
-    return {corrupted.noisy_ids[m, b].cpu().numpy().tobytes() + corrupted.masked[m, b].cpu().numpy().tobytes()
-            for m in range(M) for b in range(B)}
+    return {
+        corrupted.noisy_ids[m, b].cpu().numpy().tobytes() + corrupted.masked[m, b].cpu().numpy().tobytes()
+        for m in range(M)
+        for b in range(B)
+    }
 
 
 @attrs.define
@@ -137,8 +139,7 @@ def components_of(plugin: Any, algorithm: str, **options: Any):
     return algorithm_components((plugin,), algorithm, **options)
 
 
-def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", overrides=(),
-                steps: int = 2) -> dict:
+def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", overrides=(), steps: int = 2) -> dict:
     """Train ``algo`` for ``steps`` tiny steps on the ``parity`` task (no evaluation, nothing
     saved): 2 prompts x 4 rollouts, micro-batches of 3. ``plugins`` must include a
     :class:`ProbePlugin` and the model family."""
@@ -147,16 +148,31 @@ def tiny_rl_run(tmp_path: Any, plugins: list, algo: str, model: str = "toy", ove
     from dare_core.train import train
 
     dare = build_for(*plugins)
-    cfg = resolve(dare, algo=algo, model=model, overrides=[
-        "task.name=parity", "task.num_eval=8", "eval.before=false", "eval.after=false",
-        "progress=false", f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r",
-        f"trainer.steps={steps}", "trainer.batch_size=2", "trainer.group_size=4",
-        "trainer.micro_batch_size=3", "trainer.save_final=false", *overrides])
+    cfg = resolve(
+        dare,
+        algo=algo,
+        model=model,
+        overrides=[
+            "task.name=parity",
+            "task.num_eval=8",
+            "eval.before=false",
+            "eval.after=false",
+            "progress=false",
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=r",
+            f"trainer.steps={steps}",
+            "trainer.batch_size=2",
+            "trainer.group_size=4",
+            "trainer.micro_batch_size=3",
+            "trainer.save_final=false",
+            *overrides,
+        ],
+    )
     return train(dare, cfg)
 
 
-def spy_run(tmp_path: Any, plugin: Any, algorithm: str, family: Any, overrides=(),
-            steps: int = 2) -> SpyLog:
+def spy_run(tmp_path: Any, plugin: Any, algorithm: str, family: Any, overrides=(), steps: int = 2) -> SpyLog:
     """:func:`tiny_rl_run` of a spy of ``algorithm``; returns its :class:`SpyLog`."""
     from dare_core.testing.registries import build_for
 

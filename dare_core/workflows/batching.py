@@ -16,8 +16,10 @@ def encode_prompts(wrapper: Any, examples: Sequence[Example], max_len: int) -> l
     for ex in examples:
         ids = wrapper.encode(wrapper.render_prompt(ex.prompt))
         if len(ids) > max_len:
-            raise DareError(f"a prompt has {len(ids)} tokens, more than trainer.max_prompt_length="
-                            f"{max_len}; raise trainer.max_prompt_length")
+            raise DareError(
+                f"a prompt has {len(ids)} tokens, more than trainer.max_prompt_length="
+                f"{max_len}; raise trainer.max_prompt_length"
+            )
         out.append(ids)
     return out
 
@@ -74,5 +76,7 @@ class BatchStream:
 
 
 def decode_responses(wrapper: Any, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    return [wrapper.decode([t for t, m in zip(ids, mask) if m]).strip()
-            for ids, mask in zip(response_ids.tolist(), response_mask.tolist())]
+    return [
+        wrapper.decode([t for t, m in zip(ids, mask) if m]).strip()
+        for ids, mask in zip(response_ids.tolist(), response_mask.tolist())
+    ]

@@ -27,17 +27,25 @@ TRAINER_STATE = "trainer_state.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 #: config fields a resumed run may change (they do not change what is computed)
-RESUMABLE_CHANGES = ("trainer.resume", "trainer.keep_last", "trainer.save_every", "trainer.log_every",
-                     "trainer.save_final", "trainer.steps", "trainer.max_nonfinite_steps", "progress",
-                     "output_dir", "run_name")
+RESUMABLE_CHANGES = (
+    "trainer.resume",
+    "trainer.keep_last",
+    "trainer.save_every",
+    "trainer.log_every",
+    "trainer.save_final",
+    "trainer.steps",
+    "trainer.max_nonfinite_steps",
+    "progress",
+    "output_dir",
+    "run_name",
+)
 
 
 def rng_state() -> dict[str, Any]:
     import numpy as np
 
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda,
-            "numpy": np.random.get_state()}
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda, "numpy": np.random.get_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -62,16 +70,20 @@ def export_model(ctx: Any, directory: str, merge: Optional[bool] = None) -> None
     wrapper = ctx.wrapper
     full = ctx.engine.full_state_dict(wrapper)
     state = (full if full is not None else wrapper.module.state_dict()) if ctx.engine.is_main else {}
-    bad = ctx.engine.gather([next((k for k, v in state.items() if v.is_floating_point()
-                                   and not bool(torch.isfinite(v).all())), None)])[0]
+    bad = ctx.engine.gather(
+        [next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)]
+    )[0]
     if bad is not None:
-        raise DivergenceError(f"not writing {os.path.basename(directory).removeprefix('.tmp-')}: weight {bad} is not "
-                              f"finite (earlier checkpoints are kept); lower trainer.lr or check the data")
+        raise DivergenceError(
+            f"not writing {os.path.basename(directory).removeprefix('.tmp-')}: weight {bad} is not "
+            f"finite (earlier checkpoints are kept); lower trainer.lr or check the data"
+        )
     if not ctx.engine.is_main:
         return
     if lora.is_lora(wrapper):
-        lora.save_checkpoint(wrapper, directory, merge=ctx.config.model.lora.merge_on_save if merge is None else merge,
-                            state_dict=full)
+        lora.save_checkpoint(
+            wrapper, directory, merge=ctx.config.model.lora.merge_on_save if merge is None else merge, state_dict=full
+        )
     else:
         storage = DTYPES[ctx.config.model.dtype]
         if any(v.is_floating_point() and v.dtype != storage for v in state.values()):
@@ -97,13 +109,17 @@ def push_policy(ctx: Any, backend: Any, how: str, step: int) -> None:
 
     wrapper, engine = ctx.wrapper, ctx.engine
     if how == "directory":
-        target = ctx.rundir.path("rollout-policy") if ctx.rundir else os.path.join(ctx.config.output_dir, "rollout-policy")
+        target = (
+            ctx.rundir.path("rollout-policy") if ctx.rundir else os.path.join(ctx.config.output_dir, "rollout-policy")
+        )
         _write_dir(ctx, target, lambda tmp: export_model(ctx, tmp, merge=True))
         return backend.load_weights(target, step)
     full = engine.full_state_dict(wrapper)
     if engine.gather([full is not None])[0] != (full is not None):
-        raise DareError(f"a rollout backend taking tensors (sync=state) needs the whole model on every rank; the "
-                        f"{engine.name} engine shards it: use a backend with sync=directory or engine=ddp")
+        raise DareError(
+            f"a rollout backend taking tensors (sync=state) needs the whole model on every rank; the "
+            f"{engine.name} engine shards it: use a backend with sync=directory or engine=ddp"
+        )
     if lora.is_lora(wrapper):
         full = copy.deepcopy(wrapper.module).merge_and_unload().state_dict()
     backend.load_weights((full if full is not None else wrapper.module.state_dict()).items(), step)
@@ -137,7 +153,7 @@ def save_training_checkpoint(ctx: Any, step: int, trainer_state: dict[str, Any],
     target = os.path.join(root, f"step-{step}")
     _write_dir(ctx, target, write)
     if engine.is_main and ctx.config.trainer.keep_last:
-        for old in complete_checkpoints(root)[:-ctx.config.trainer.keep_last]:
+        for old in complete_checkpoints(root)[: -ctx.config.trainer.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     engine.barrier()
     return target
@@ -173,8 +189,11 @@ def complete_checkpoints(root: str) -> list[str]:
     """``step-N`` directories under ``root`` holding a trainer state, oldest first."""
     if not os.path.isdir(root):
         return []
-    found = [(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root)
-             if (m := STEP_DIR.match(n)) and os.path.isfile(os.path.join(root, n, TRAINER_STATE))]
+    found = [
+        (int(m.group(1)), os.path.join(root, n))
+        for n in os.listdir(root)
+        if (m := STEP_DIR.match(n)) and os.path.isfile(os.path.join(root, n, TRAINER_STATE))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -186,9 +205,11 @@ def find_resume(config: Any, run_root: str, log: Any) -> Optional[str]:
         return None
     if resume != "auto":
         if not os.path.isfile(os.path.join(resume, TRAINER_STATE)):
-            raise DareError(f"trainer.resume={resume}: no training checkpoint there (no {TRAINER_STATE}); "
-                            f"give a <run>/checkpoints/step-N directory written with trainer.save_every, "
-                            f"or auto")
+            raise DareError(
+                f"trainer.resume={resume}: no training checkpoint there (no {TRAINER_STATE}); "
+                f"give a <run>/checkpoints/step-N directory written with trainer.save_every, "
+                f"or auto"
+            )
         return resume
     root = os.path.join(run_root, "checkpoints")
     if os.path.isdir(root):
@@ -214,9 +235,14 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: str) 
     allowed = set(RESUMABLE_CHANGES)
     if a.get("trainer.lr_schedule") != "constant" or a.get("trainer.warmup_ratio"):
         allowed.discard("trainer.steps")  # the schedule depends on the number of steps
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in allowed
-                     and not k.startswith(("eval.", "tracking.")))
+    changed = sorted(
+        k
+        for k in set(a) | set(b)
+        if a.get(k) != b.get(k) and k not in allowed and not k.startswith(("eval.", "tracking."))
+    )
     if changed:
         k = changed[0]
-        raise DareError(f"trainer.resume: {k} was {a.get(k)!r} in the run of {path}, now {b.get(k)!r}; "
-                        f"resume with the checkpoint's value (or start a new run: another run_name)")
+        raise DareError(
+            f"trainer.resume: {k} was {a.get(k)!r} in the run of {path}, now {b.get(k)!r}; "
+            f"resume with the checkpoint's value (or start a new run: another run_name)"
+        )

@@ -28,22 +28,51 @@ from dare_core.engines.common import lr_at
 from dare_core.engines.lockstep import lockstep
 from dare_core.errors import DareError
 from dare_core.interfaces import (
-    AdvantageEstimator, Components, Corrupted, Engine, ModelWrapper, PolicyLoss, RolloutBackend, RolloutBatch, SequenceBatch,
-    Totals, TrajectoryBuilder, UpdateBatch)
+    AdvantageEstimator,
+    Components,
+    Corrupted,
+    Engine,
+    ModelWrapper,
+    PolicyLoss,
+    RolloutBackend,
+    RolloutBatch,
+    SequenceBatch,
+    Totals,
+    TrajectoryBuilder,
+    UpdateBatch,
+)
 from dare_core.interfaces.rows import ScoreFn, TrainingRows, TrajectoryContext
 from dare_core.models import lora
 from dare_core.workflows.batching import (
-    STREAM_CORRUPTION, STREAM_DATA, STREAM_ORDER, STREAM_ROLLOUT, BatchStream, chunks, decode_responses,
-    encode_prompts, left_pad)
+    STREAM_CORRUPTION,
+    STREAM_DATA,
+    STREAM_ORDER,
+    STREAM_ROLLOUT,
+    BatchStream,
+    chunks,
+    decode_responses,
+    encode_prompts,
+    left_pad,
+)
 from dare_core.workflows.checkpoint import push_policy
 from dare_core.workflows.runtime import Context, build_rollout, eval_backend_name
 from dare_core.workflows.tracker import Tracker
 from dare_core.workflows.update import UpdatePlan, UpdateStats, update
 
-
 #: the console line of a step (see :func:`_line` for the keys left out)
-LINE = ("reward", "accuracy", "loss", "pg_clipfrac", "ppo_kl", "kl_loss", "grad_norm", "response_length",
-        "rollout_tokens_per_s", "time_rollout", "time_update")
+LINE = (
+    "reward",
+    "accuracy",
+    "loss",
+    "pg_clipfrac",
+    "ppo_kl",
+    "kl_loss",
+    "grad_norm",
+    "response_length",
+    "rollout_tokens_per_s",
+    "time_rollout",
+    "time_update",
+)
 
 
 def estimate_no_grad(engine: Any, estimator: Any, wrapper: Any, batch, corrupted, micro: int) -> torch.Tensor:
@@ -56,8 +85,9 @@ def estimate_no_grad(engine: Any, estimator: Any, wrapper: Any, batch, corrupted
         with torch.no_grad(), engine.autocast():
             for sl in chunks(batch.batch_size, micro):
                 idx = torch.arange(sl.start, sl.stop)
-                outs.append(estimator(wrapper, batch.select(idx),
-                                      corrupted.select(idx) if corrupted is not None else None))
+                outs.append(
+                    estimator(wrapper, batch.select(idx), corrupted.select(idx) if corrupted is not None else None)
+                )
     finally:
         wrapper.module.train(was_training)
     return torch.cat(outs, dim=1)
@@ -122,12 +152,14 @@ def run_rl(ctx: Context) -> dict[str, Any]:
         stats = update(ctx.engine, run.objective, draws, plan)
         for backend, how in run.synced:  # and follow it
             push_policy(ctx, backend, how, step)
-        times = {"time_rollout": c.rollout_seconds, "time_logprob": t_old - t0 - c.rollout_seconds,
-                 "time_update": time.perf_counter() - t_old}
+        times = {
+            "time_rollout": c.rollout_seconds,
+            "time_logprob": t_old - t0 - c.rollout_seconds,
+            "time_update": time.perf_counter() - t_old,
+        }
         record = report(ctx, c, stats, plan, step, times)
         line = _line(record, plan, c.rows.num_rows)
-        run.tracker.step_end(step, record, line, reward=f"{record['reward']:.3f}",
-                             acc=f"{record['accuracy']:.2f}")
+        run.tracker.step_end(step, record, line, reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}")
     return run.tracker.finish({"steps": tr.steps, "final_reward_mean_last5": run.tracker.last("reward", 5)})
 
 
@@ -143,13 +175,24 @@ def _setup(ctx: Context) -> RLSetup:
     require_totals(comps.loss, PolicyLoss, cfg.algo)
     base = training_backend(ctx)
     specs = ctx.dare.registries.rollouts
-    synced = [(b, specs.get(name).sync) for b, name in ((base, cfg.rollout_backend),
-              (ctx.eval_rollout, eval_backend_name(cfg))) if specs.get(name).sync]
+    synced = [
+        (b, specs.get(name).sync)
+        for b, name in ((base, cfg.rollout_backend), (ctx.eval_rollout, eval_backend_name(cfg)))
+        if specs.get(name).sync
+    ]
     rollout = training_rollout(ctx, base)
     reference = ReferencePolicy(ctx.wrapper, ctx.engine) if comps.needs_ref else None
     ctx.engine.setup_optimizer(ctx.wrapper, cfg.trainer)
-    return RLSetup(batches, trajectory, comps.advantage or GroupNormAdvantage(), rollout, synced, reference,
-                   PolicyObjective(comps, ctx.wrapper, ctx.engine), Tracker(ctx, eval_examples, batches))
+    return RLSetup(
+        batches,
+        trajectory,
+        comps.advantage or GroupNormAdvantage(),
+        rollout,
+        synced,
+        reference,
+        PolicyObjective(comps, ctx.wrapper, ctx.engine),
+        Tracker(ctx, eval_examples, batches),
+    )
 
 
 def _begin(ctx: Context, run: RLSetup) -> int:
@@ -174,8 +217,14 @@ def _plan(ctx: Context, step: int, total: int) -> UpdatePlan:
     mini = max(1, tr.mini_batch_size // engine.world_size) if tr.mini_batch_size else total
     in_order = mini >= total and tr.ppo_epochs == 1
     order = None if in_order else (lambda epoch: ctx.stream(STREAM_ORDER, step, epoch, engine.rank))
-    return UpdatePlan(micro_batch=tr.micro_batch_size, mini_batch=min(mini, total), epochs=tr.ppo_epochs,
-                      grad_clip=tr.grad_clip, lr=lr_at(tr, step - 1), order=order)
+    return UpdatePlan(
+        micro_batch=tr.micro_batch_size,
+        mini_batch=min(mini, total),
+        epochs=tr.ppo_epochs,
+        grad_clip=tr.grad_clip,
+        lr=lr_at(tr, step - 1),
+        order=order,
+    )
 
 
 def _on_policy(ctx: Context, plan: UpdatePlan, c: Collected) -> bool:
@@ -184,20 +233,24 @@ def _on_policy(ctx: Context, plan: UpdatePlan, c: Collected) -> bool:
     detached (a loss that runs its own backward passes must say it can take ``old_logp=None``)."""
     comps = ctx.components
     accumulating = comps.accumulate is not None and c.corrupted is not None
-    return (ctx.config.trainer.reuse_logprob and plan.epochs == 1 and plan.mini_batch >= c.rows.num_rows
-            and (not accumulating or comps.accumulate.computes_own_old))
+    return (
+        ctx.config.trainer.reuse_logprob
+        and plan.epochs == 1
+        and plan.mini_batch >= c.rows.num_rows
+        and (not accumulating or comps.accumulate.computes_own_old)
+    )
 
 
-def update_batches(ctx: Context, reference: Optional[ReferencePolicy], c: Collected, step: int,
-                   on_policy: bool) -> list[UpdateBatch]:
+def update_batches(
+    ctx: Context, reference: Optional[ReferencePolicy], c: Collected, step: int, on_policy: bool
+) -> list[UpdateBatch]:
     """The collected rows under each corruption draw (the batch's, plus one per further PPO epoch
     with ``Components.remask_each_epoch``), with their old (unless ``on_policy``) and reference
     log-likelihoods, all computed before the first update."""
     comps, rows, micro = ctx.components, c.rows, ctx.config.trainer.micro_batch_size
     batch = rows.batch
     fresh = comps.remask_each_epoch and rows.corrupted is None and c.corrupted is not None
-    draws = [c.corrupted] + [_corruption(ctx, batch, step, e)
-                             for e in range(1, ctx.config.trainer.ppo_epochs) if fresh]
+    draws = [c.corrupted] + [_corruption(ctx, batch, step, e) for e in range(1, ctx.config.trainer.ppo_epochs) if fresh]
     out = []
     for d in draws:
         old = None if on_policy else estimate_no_grad(ctx.engine, comps.estimator, ctx.wrapper, batch, d, micro)
@@ -206,25 +259,42 @@ def update_batches(ctx: Context, reference: Optional[ReferencePolicy], c: Collec
     return out
 
 
-def rows_update_batch(rows: TrainingRows, corrupted: Optional[Corrupted], old_logp: Optional[torch.Tensor] = None,
-                      ref_logp: Optional[torch.Tensor] = None) -> UpdateBatch:
+def rows_update_batch(
+    rows: TrainingRows,
+    corrupted: Optional[Corrupted],
+    old_logp: Optional[torch.Tensor] = None,
+    ref_logp: Optional[torch.Tensor] = None,
+) -> UpdateBatch:
     """The trajectory builder's training rows as the update's rows: advantages on the batch's device,
     the loss weights (``TrainingRows.weights`` or the response mask) and extras, under ``corrupted``."""
-    return UpdateBatch(rows.batch, corrupted, old_logp, ref_logp, rows.advantages.to(rows.batch.input_ids.device),
-                       rows.loss_weights(), dict(rows.extras))
+    return UpdateBatch(
+        rows.batch,
+        corrupted,
+        old_logp,
+        ref_logp,
+        rows.advantages.to(rows.batch.input_ids.device),
+        rows.loss_weights(),
+        dict(rows.extras),
+    )
 
 
-def report(ctx: Context, c: Collected, stats: UpdateStats, plan: UpdatePlan, step: int,
-           times: dict[str, float]) -> dict[str, Any]:
+def report(
+    ctx: Context, c: Collected, stats: UpdateStats, plan: UpdatePlan, step: int, times: dict[str, float]
+) -> dict[str, Any]:
     """The step's record: the batch's statistics over every rank's rollouts (group ids made
     global), the update's statistics and the builder's metrics."""
     engine, rollout = ctx.engine, c.rollout
     merged = zip(c.rewards.tolist(), c.accs.tolist(), (c.group_ids + engine.rank * len(c.group_ids)).tolist())
     rewards, accs, group_ids = (torch.tensor(v) for v in zip(*engine.gather(list(merged))))
     record = {
-        "step": step, "reward": rewards.mean().item(), "accuracy": accs.mean().item(),
+        "step": step,
+        "reward": rewards.mean().item(),
+        "accuracy": accs.mean().item(),
         "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-        "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps, "lr": plan.lr,
+        "loss": stats.loss,
+        "grad_norm": stats.grad_norm,
+        "skipped_steps": stats.skipped_steps,
+        "lr": plan.lr,
         "response_length": rollout.response_mask.float().sum(1).mean().item(),
         "rollout_nfe": sum(engine.gather([rollout.nfe])),  # forward calls of all ranks
         **{k: round(v, 3) for k, v in times.items()},
@@ -260,8 +330,9 @@ def training_backend(ctx: Context) -> Any:
     """The rollout backend RL trains with, unwrapped: the run's, as the algorithm adjusts it
     (``rollout_config``, e.g. one token per step left to right). Evaluation keeps the run's."""
     comps, cfg = ctx.components, ctx.config
-    return (ctx.rollout if comps.rollout_config is None
-            else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout)))
+    return (
+        ctx.rollout if comps.rollout_config is None else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout))
+    )
 
 
 def training_rollout(ctx: Context, backend: Any = None) -> Any:
@@ -274,8 +345,9 @@ def training_rollout(ctx: Context, backend: Any = None) -> Any:
     return backend
 
 
-def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples,
-            group_size: int, step: int) -> Collected:
+def collect(
+    ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any, examples, group_size: int, step: int
+) -> Collected:
     """This rank's shard of the global batch ``examples``, rolled out ``group_size`` times each →
     rewards → advantages → training rows → the batch's one corruption draw (unless the rows bring
     their states). Prompts are padded to the global batch's longest, and each generate call (of
@@ -286,23 +358,27 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     prompts = encode_prompts(wrapper, examples, tr.max_prompt_length)
     mine = engine.shard(range(len(examples)))
     local = [examples[i] for i in mine]
-    prompt_ids, prompt_mask = left_pad([prompts[i] for i in mine], wrapper.pad_token_id,
-                                       max(len(p) for p in prompts))
+    prompt_ids, prompt_mask = left_pad([prompts[i] for i in mine], wrapper.pad_token_id, max(len(p) for p in prompts))
     prompt_ids = prompt_ids.repeat_interleave(group_size, 0).to(wrapper.device)
     prompt_mask = prompt_mask.repeat_interleave(group_size, 0).to(wrapper.device)
     group_ids = torch.arange(len(local)).repeat_interleave(group_size)
     expanded = [ex for ex in local for _ in range(group_size)]
     chunk = (tr.rollout_batch_size or len(local)) * group_size
     if chunk < len(expanded) and trajectory.records:
-        raise DareError(f"trainer.rollout_batch_size={tr.rollout_batch_size} splits the rollout, and "
-                        f"the records algorithm {ctx.config.algo!r} needs ({', '.join(sorted(trajectory.records))}) "
-                        f"are not joined across calls; set trainer.rollout_batch_size=0")
+        raise DareError(
+            f"trainer.rollout_batch_size={tr.rollout_batch_size} splits the rollout, and "
+            f"the records algorithm {ctx.config.algo!r} needs ({', '.join(sorted(trajectory.records))}) "
+            f"are not joined across calls; set trainer.rollout_batch_size=0"
+        )
     parts = []
     for sl in chunks(len(expanded), chunk):
         gen = ctx.stream(STREAM_ROLLOUT, step, mine[0] * group_size + sl.start)
         with engine.autocast(), lockstep(engine, wrapper, prompt_ids[sl], prompt_mask[sl]):
-            parts.append(rollout_backend.generate(wrapper, prompt_ids[sl], prompt_mask[sl],
-                                                  record=trajectory.records, generator=gen))
+            parts.append(
+                rollout_backend.generate(
+                    wrapper, prompt_ids[sl], prompt_mask[sl], record=trajectory.records, generator=gen
+                )
+            )
     rollout = parts[0] if len(parts) == 1 else _join(parts)
     seconds = time.perf_counter() - t0
     texts = decode_responses(wrapper, rollout.response_ids.cpu(), rollout.response_mask.cpu())
@@ -310,8 +386,9 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
     rewards = torch.tensor([_reward(ctx, s) for s in scored], dtype=torch.float32)
     accs = torch.tensor([s.acc for s in scored], dtype=torch.float32)
     advantages = advantage(rewards, group_ids).to(wrapper.device)
-    context = TrajectoryContext(rewards, advantages, group_ids, _score_fn(ctx, expanded), step,
-                                ctx.config.trainer.steps, ctx.generator)
+    context = TrajectoryContext(
+        rewards, advantages, group_ids, _score_fn(ctx, expanded), step, ctx.config.trainer.steps, ctx.generator
+    )
     rows = trajectory.rows(ctx.wrapper, rollout, context)  # see dare_core.interfaces.rows
     corrupted = rows.corrupted
     if corrupted is None and ctx.components.corruption is not None:
@@ -322,8 +399,14 @@ def collect(ctx: Context, rollout_backend: Any, trajectory: Any, advantage: Any,
 def _join(parts: list[RolloutBatch]) -> RolloutBatch:
     """Rollouts of consecutive prompt chunks (no records) as one batch."""
     cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
-    return RolloutBatch(cat("prompt_ids"), cat("prompt_mask"), cat("response_ids"), cat("response_mask"),
-                        num_steps=max(p.num_steps for p in parts), nfe=sum(p.nfe for p in parts))
+    return RolloutBatch(
+        cat("prompt_ids"),
+        cat("prompt_mask"),
+        cat("response_ids"),
+        cat("response_mask"),
+        num_steps=max(p.num_steps for p in parts),
+        nfe=sum(p.nfe for p in parts),
+    )
 
 
 def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Any:
@@ -338,11 +421,13 @@ def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Any:
     if len(set(shapes)) > 1:
         return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, *key, engine.rank + 1))
     parts = engine.gather([(batch.input_ids.cpu(), batch.attention_mask.cpu())])
-    full = SequenceBatch(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                         batch.prompt_len).to(batch.input_ids.device)
+    full = SequenceBatch(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), batch.prompt_len).to(
+        batch.input_ids.device
+    )
     n = batch.batch_size
     return corrupt(ctx.wrapper, full, ctx.stream(STREAM_CORRUPTION, *key)).select(
-        torch.arange(engine.rank * n, (engine.rank + 1) * n))
+        torch.arange(engine.rank * n, (engine.rank + 1) * n)
+    )
 
 
 @attrs.frozen
@@ -370,12 +455,21 @@ class PolicyObjective:
             if comps.accumulate is not None and part.corrupted is not None:
                 return comps.accumulate.accumulate(
                     _row_estimate(comps.estimator, self.wrapper, part.batch, part.corrupted),
-                    part.corrupted.num_samples, part.old_logp, part.ref_logp, part.advantages, part.weights,
-                    scale, extras=extras, backward=backward, totals=totals)
+                    part.corrupted.num_samples,
+                    part.old_logp,
+                    part.ref_logp,
+                    part.advantages,
+                    part.weights,
+                    scale,
+                    extras=extras,
+                    backward=backward,
+                    totals=totals,
+                )
             logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
             old = logp.detach() if part.old_logp is None else part.old_logp
-            loss, metrics = comps.loss(logp, old, part.ref_logp, part.advantages, part.weights,
-                                       extras=extras, totals=totals)
+            loss, metrics = comps.loss(
+                logp, old, part.ref_logp, part.advantages, part.weights, extras=extras, totals=totals
+            )
         backward(loss * scale)
         return loss.detach(), metrics
 
@@ -383,8 +477,10 @@ class PolicyObjective:
 def require_totals(loss: Any, seam: type, algo: str) -> None:
     """Refuse, before any work, a loss without the ``totals`` method of its seam (``seam``)."""
     if not isinstance(loss, seam):
-        raise DareError(f"the loss {type(loss).__name__} of algorithm {algo!r} has no method 'totals' "
-                        f"({seam.__name__} seam), which the loops normalise by; implement it")
+        raise DareError(
+            f"the loss {type(loss).__name__} of algorithm {algo!r} has no method 'totals' "
+            f"({seam.__name__} seam), which the loops normalise by; implement it"
+        )
 
 
 def _reward(ctx: Context, scored: Any) -> float:
@@ -398,16 +494,21 @@ def _check_records(ctx: Context, records: frozenset) -> None:
     spec = ctx.dare.registries.rollouts.get(ctx.config.rollout_backend)
     algo = ctx.dare.registries.algorithms.get(ctx.config.algo)
     fields = {f.name for f in attrs.fields(spec.config_cls)}
-    missing = sorted((records - set(spec.records)) | (algo.rollout_fields - fields)
-                     | (algo.rollout_methods - set(spec.methods)))
+    missing = sorted(
+        (records - set(spec.records)) | (algo.rollout_fields - fields) | (algo.rollout_methods - set(spec.methods))
+    )
     if missing:
-        able = [n for n, s in ctx.dare.registries.rollouts.items()
-                if backend_offers(s, records, algo.rollout_fields, algo.rollout_methods)
-                and (not s.kinds or ctx.family.kind in s.kinds)]
+        able = [
+            n
+            for n, s in ctx.dare.registries.rollouts.items()
+            if backend_offers(s, records, algo.rollout_fields, algo.rollout_methods)
+            and (not s.kinds or ctx.family.kind in s.kinds)
+        ]
         hint = f"set rollout.backend={able[0]}" if able else "no registered backend offers them"
         raise DareError(
             f"algorithm {ctx.config.algo!r} needs a rollout backend with {', '.join(missing)}, which "
-            f"rollout backend {spec.name!r} does not offer; {hint}")
+            f"rollout backend {spec.name!r} does not offer; {hint}"
+        )
 
 
 def _score_fn(ctx: Context, expanded: list) -> ScoreFn:
@@ -415,8 +516,10 @@ def _score_fn(ctx: Context, expanded: list) -> ScoreFn:
 
     def score(response_ids: torch.Tensor, response_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         texts = decode_responses(ctx.wrapper, response_ids.cpu(), response_mask.cpu())
-        return torch.tensor([_reward(ctx, ctx.task.score(expanded[int(r)], t))
-                             for r, t in zip(rows.tolist(), texts)], dtype=torch.float32)
+        return torch.tensor(
+            [_reward(ctx, ctx.task.score(expanded[int(r)], t)) for r, t in zip(rows.tolist(), texts)],
+            dtype=torch.float32,
+        )
 
     return score
 

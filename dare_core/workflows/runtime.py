@@ -14,14 +14,13 @@ import torch
 from dare_core._version import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
+from dare_core.config.structure import structure
 from dare_core.engines import build_engine
 from dare_core.engines.common import resolve_device
-from dare_core.config.structure import structure
-from dare_core.errors import ConfigError, DareError
+from dare_core.errors import ConfigError
 from dare_core.ops.paths import configure_training_paths
 from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
-
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,8 +60,14 @@ def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: 
         wrapper.module.gradient_checkpointing_enable()
     lcfg = config.model.lora
     if lcfg.enabled or saved_adapter is not None:
-        lora.apply_lora(wrapper, lcfg, base_path=base_path, adapter=lcfg.adapter or saved_adapter,
-                        trainable=trainable, checkpointing=config.model.gradient_checkpointing)
+        lora.apply_lora(
+            wrapper,
+            lcfg,
+            base_path=base_path,
+            adapter=lcfg.adapter or saved_adapter,
+            trainable=trainable,
+            checkpointing=config.model.gradient_checkpointing,
+        )
     return wrapper
 
 
@@ -141,8 +146,15 @@ class Context:
             tqdm.write(message, file=sys.stderr)
 
 
-def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engine: Any = None,
-          resume_from: Optional[str] = None, task: Any = None) -> Context:
+def setup(
+    dare: Any,
+    config: RunConfig,
+    *,
+    rundir: Optional[RunDir] = None,
+    engine: Any = None,
+    resume_from: Optional[str] = None,
+    task: Any = None,
+) -> Context:
     """The run's :class:`Context`; ``task``: the task already built (by the checks before the run)."""
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
@@ -156,18 +168,38 @@ def setup(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, engi
     wrapper = load_model(dare, config, device=engine.device)
     generator = seed_everything(config.seed, engine.rank)
     train_paths = configure_training_paths(
-        wrapper, config.model.train_attention, config.model.cross_entropy, engine.device.type,
-        attention_kernel=config.model.attention_kernel)
+        wrapper,
+        config.model.train_attention,
+        config.model.cross_entropy,
+        engine.device.type,
+        attention_kernel=config.model.attention_kernel,
+    )
     engine.prepare(wrapper, trainable=True)
     if rundir is not None and engine.is_main:
         rundir.write_config(to_dict(config))
-        rundir.write_json("plugins.json", {
-            "dare_core": __version__,
-            "plugins": [i.as_dict() for i in dare.plugin_infos()],
-        })
+        rundir.write_json(
+            "plugins.json",
+            {
+                "dare_core": __version__,
+                "plugins": [i.as_dict() for i in dare.plugin_infos()],
+            },
+        )
         rundir.write_json("training_paths.json", train_paths.as_dict())
-    ctx = Context(dare, config, spec, family, wrapper, rollout, eval_rollout, task, components,
-                  engine, rundir, generator, resume_from=resume_from)
+    ctx = Context(
+        dare,
+        config,
+        spec,
+        family,
+        wrapper,
+        rollout,
+        eval_rollout,
+        task,
+        components,
+        engine,
+        rundir,
+        generator,
+        resume_from=resume_from,
+    )
     ctx.log(train_paths.describe())
     return ctx
 
@@ -186,5 +218,17 @@ def eval_context(dare: Any, config: RunConfig, task: Any = None) -> Context:
     wrapper = load_model(dare, config, trainable=False, device=engine.device)
     gen = seed_everything(config.seed, engine.rank)
     engine.prepare(wrapper, trainable=False)
-    return Context(dare, config, None, dare.registries.models.get(config.model.family), wrapper,
-                   None, eval_rollout, task, None, engine, None, gen)
+    return Context(
+        dare,
+        config,
+        None,
+        dare.registries.models.get(config.model.family),
+        wrapper,
+        None,
+        eval_rollout,
+        task,
+        None,
+        engine,
+        None,
+        gen,
+    )

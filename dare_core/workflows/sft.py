@@ -17,19 +17,24 @@ from typing import Any, Optional, Sequence
 import attrs
 import torch
 
+from dare_core.engines.common import lr_at
 from dare_core.errors import DareError
 from dare_core.interfaces import Components, Engine, ModelWrapper, SequenceBatch, SFTObjective, Totals, UpdateBatch
-from dare_core.workflows.runtime import Context
-from dare_core.engines.common import lr_at
 from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, encode_prompts, left_pad
 from dare_core.workflows.rl import require_totals
+from dare_core.workflows.runtime import Context
 from dare_core.workflows.tracker import Tracker
 from dare_core.workflows.update import UpdatePlan, update
 
 
-def default_collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                    wrapper: Any, response_length: int = 0, fill_id: Optional[int] = None,
-                    train_padding: bool = False) -> SequenceBatch:
+def default_collate(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    wrapper: Any,
+    response_length: int = 0,
+    fill_id: Optional[int] = None,
+    train_padding: bool = False,
+) -> SequenceBatch:
     """Left-padded prompts and right-padded responses, cut or padded to ``response_length`` (0 =
     the longest) with ``fill_id`` (default: the pad id), attended and trained only if ``train_padding``."""
     p_ids, p_mask = left_pad(prompts, wrapper.pad_token_id)
@@ -54,8 +59,10 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     examples = ctx.task.examples("train", seed=cfg.seed)
     missing = sum(1 for ex in examples if ex.response is None)
     if missing:
-        raise DareError(f"task {cfg.task.name!r} gives {missing} training examples without a reference "
-                        f"response; supervised training needs task.train_path with answers")
+        raise DareError(
+            f"task {cfg.task.name!r} gives {missing} training examples without a reference "
+            f"response; supervised training needs task.train_path with answers"
+        )
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     collate = comps.collate or default_collate
     batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
@@ -72,19 +79,27 @@ def run_sft(ctx: Context) -> dict[str, Any]:
         # draws as one process) and each rank trains on its rows
         items = next(batches)
         prompts = encode_prompts(wrapper, items, tr.max_prompt_length)
-        responses = [(wrapper.encode(ex.response) + [wrapper.eos_token_id])[: tr.max_response_length]
-                     for ex in items]
+        responses = [(wrapper.encode(ex.response) + [wrapper.eos_token_id])[: tr.max_response_length] for ex in items]
         rows = torch.tensor(engine.shard(range(len(items))))
         full = collate(prompts, responses, wrapper).to(wrapper.device)
-        corrupted = (comps.corruption(wrapper, full, ctx.stream(STREAM_CORRUPTION, step))
-                     if comps.corruption is not None else None)
+        corrupted = (
+            comps.corruption(wrapper, full, ctx.stream(STREAM_CORRUPTION, step))
+            if comps.corruption is not None
+            else None
+        )
         part = UpdateBatch(full.select(rows), corrupted.select(rows) if corrupted is not None else None)
         lr = lr_at(tr, step - 1)
-        stats = update(engine, objective, [part], UpdatePlan(micro_batch=tr.micro_batch_size,
-                                                              grad_clip=tr.grad_clip, lr=lr))
+        stats = update(
+            engine, objective, [part], UpdatePlan(micro_batch=tr.micro_batch_size, grad_clip=tr.grad_clip, lr=lr)
+        )
         record = {  # this rank's shares times the world size: the ranks' mean is the batch loss
-            "step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps,
-            "lr": lr, "time_step": round(time.perf_counter() - t0, 3), **stats.metrics,
+            "step": step,
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "skipped_steps": stats.skipped_steps,
+            "lr": lr,
+            "time_step": round(time.perf_counter() - t0, 3),
+            **stats.metrics,
         }
         record = tracker.step_end(step, record, loss=f"{record['loss']:.4f}")
     return tracker.finish({"steps": tr.steps, "final_loss_mean_last20": tracker.last("loss", 20)})

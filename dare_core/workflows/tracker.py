@@ -92,12 +92,10 @@ class Tracker:
         if cfg.progress and ctx.engine.is_main:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step",
-                            dynamic_ncols=True)
+            self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step", dynamic_ncols=True)
         return done + 1
 
-    def step_end(self, step: int, record: dict[str, Any], line: Sequence[str] = LINE,
-                 **postfix: str) -> dict[str, Any]:
+    def step_end(self, step: int, record: dict[str, Any], line: Sequence[str] = LINE, **postfix: str) -> dict[str, Any]:
         """Log the step's ``record`` (reduced over ranks), print its ``line`` keys every
         ``trainer.log_every`` steps, guard against divergence, evaluate and checkpoint when due."""
         ctx = self.ctx
@@ -127,24 +125,33 @@ class Tracker:
         self.nonfinite = self.nonfinite + 1 if bad else 0
         limit = self.ctx.config.trainer.max_nonfinite_steps
         if bad:
-            self.ctx.log(f"step {step}: non-finite {', '.join(f'{k}={record[k]}' for k in bad)}; update "
-                         f"{'skipped' if record.get('skipped_steps') else 'applied'} "
-                         f"({self.nonfinite} of {limit} in a row)")
+            self.ctx.log(
+                f"step {step}: non-finite {', '.join(f'{k}={record[k]}' for k in bad)}; update "
+                f"{'skipped' if record.get('skipped_steps') else 'applied'} "
+                f"({self.nonfinite} of {limit} in a row)"
+            )
         if self.nonfinite >= limit:
             if self.bar is not None:
                 self.bar.close()
             raise DivergenceError(
                 f"training diverged at step {step}: non-finite {' and '.join(bad)} for {limit} steps in a "
-                f"row; lower trainer.lr, check the data, or raise trainer.max_nonfinite_steps")
+                f"row; lower trainer.lr, check the data, or raise trainer.max_nonfinite_steps"
+            )
 
     def checkpoint(self, step: int) -> str:
         """Write the training checkpoint of ``step`` (collective)."""
         ctx = self.ctx
         lines = ctx.rundir.metrics_lines() if ctx.engine.is_main else 0
-        trainer_state = {"summary": self.summary, "before_items": self.before_items, "metrics_lines": lines,
-                         "nonfinite": self.nonfinite}
-        rank_state = {"data": self.data.state_dict() if self.data is not None else None,
-                      "generator": ctx.generator.get_state()}
+        trainer_state = {
+            "summary": self.summary,
+            "before_items": self.before_items,
+            "metrics_lines": lines,
+            "nonfinite": self.nonfinite,
+        }
+        rank_state = {
+            "data": self.data.state_dict() if self.data is not None else None,
+            "generator": ctx.generator.get_state(),
+        }
         return save_training_checkpoint(ctx, step, trainer_state, rank_state)
 
     def _restore(self, path: str) -> int:
@@ -152,8 +159,10 @@ class Tracker:
         with open(os.path.join(path, TRAINER_STATE)) as fh:
             state = json.load(fh)
         if state["world_size"] != ctx.engine.world_size:
-            raise DareError(f"trainer.resume: {path} was written by {state['world_size']} processes, "
-                            f"this run has {ctx.engine.world_size}; resume with the same world size")
+            raise DareError(
+                f"trainer.resume: {path} was written by {state['world_size']} processes, "
+                f"this run has {ctx.engine.world_size}; resume with the same world size"
+            )
         ctx.engine.load_state(os.path.join(path, "state"))
         rank = torch.load(os.path.join(path, f"rank-{ctx.engine.rank}.pt"), weights_only=False)
         if self.data is not None:

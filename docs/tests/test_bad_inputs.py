@@ -96,10 +96,28 @@ def _existing_run(tmp: Path) -> dict:
     return {}
 
 
-TRAIN = ("train", "--algo", "sft", "--model", "llada", "trainer.steps=1", "eval.before=false",
-         "eval.after=false", "progress=false")
-RL = ("train", "--algo", "cj_grpo", "--model", "llada", "trainer.steps=1", "eval.before=false",
-      "eval.after=false", "progress=false")
+TRAIN = (
+    "train",
+    "--algo",
+    "sft",
+    "--model",
+    "llada",
+    "trainer.steps=1",
+    "eval.before=false",
+    "eval.after=false",
+    "progress=false",
+)
+RL = (
+    "train",
+    "--algo",
+    "cj_grpo",
+    "--model",
+    "llada",
+    "trainer.steps=1",
+    "eval.before=false",
+    "eval.after=false",
+    "progress=false",
+)
 GEN = ("generate", "--model", "llada")
 EVAL = ("eval", "--model", "llada", "task.num_eval=2")
 
@@ -110,7 +128,7 @@ CASES = [
     Case("unknown-model-generate", ("generate", "--model", "dram", "--prompt", "hi"), ("unknown model", "dream")),
     Case("unknown-model-eval", ("eval", "--model", "sdr"), ("unknown model", "sdar")),
     Case("unknown-algo-config-show", ("config", "show", "--algo", "nope", "--model", "llada"), ("unknown algorithm",)),
-    Case("unknown-task", TRAIN + ("task.name=gsm8", ), ("unknown task", "gsm8k")),
+    Case("unknown-task", TRAIN + ("task.name=gsm8",), ("unknown task", "gsm8k")),
     Case("unknown-rollout-backend", RL + ("rollout.backend=low_confidenc",), ("low_confidence",)),
     Case("unknown-eval-backend", TRAIN + ("eval.backend=nope",), ("nope",)),
     Case("unknown-engine", TRAIN + ("engine.name=fsdq",), ("unknown engine", "fsdp")),
@@ -124,7 +142,9 @@ CASES = [
     Case("fractional-steps", TRAIN + ("trainer.steps=1.5",), ("trainer.steps",)),
     Case("unknown-key", TRAIN + ("trainer.foo=1",), ("trainer.foo",)),
     Case("unknown-section", TRAIN + ("foo.bar=1",), ("foo",)),
-    Case("two-errors-at-once", TRAIN + ("trainer.lr=abc", "trainer.batch_size=-2"), ("trainer.lr", "trainer.batch_size")),
+    Case(
+        "two-errors-at-once", TRAIN + ("trainer.lr=abc", "trainer.batch_size=-2"), ("trainer.lr", "trainer.batch_size")
+    ),
     Case("override-without-equals", TRAIN + ("trainer.lr",), ("trainer.lr",)),
     Case("bad-literal", TRAIN + ("model.cross_entropy=bogus",), ("model.cross_entropy",)),
     Case("bad-precision", TRAIN + ("engine.precision=fp8",), ("engine.precision",)),
@@ -144,38 +164,88 @@ CASES = [
     Case("lora-rank-zero", TRAIN + ("model.lora.rank=0",), ("model.lora.rank",)),
     # ---- config files
     Case("config-file-missing", TRAIN + ("--config", "{tmp}/missing.yaml"), ("missing.yaml",)),
-    Case("config-file-bad-yaml", TRAIN + ("--config", "{bad_yaml}"), ("bad.yaml",),
-         setup=_file("bad.yaml", "trainer: {lr: [1,\n")),
-    Case("config-file-list", TRAIN + ("--config", "{list_yaml}"), ("list.yaml",), setup=_file("list.yaml", "- 1\n- 2\n")),
-    Case("config-file-not-utf8", TRAIN + ("--config", "{latin1_yaml}"), ("latin1.yaml", "utf-8"),
-         setup=_file("latin1.yaml", b"seed: \xff\n")),
-    Case("config-file-unknown-key", TRAIN + ("--config", "{keys_yaml}"), ("trainer.nope",),
-         setup=_file("keys.yaml", "trainer:\n  nope: 1\n")),
+    Case(
+        "config-file-bad-yaml",
+        TRAIN + ("--config", "{bad_yaml}"),
+        ("bad.yaml",),
+        setup=_file("bad.yaml", "trainer: {lr: [1,\n"),
+    ),
+    Case(
+        "config-file-list", TRAIN + ("--config", "{list_yaml}"), ("list.yaml",), setup=_file("list.yaml", "- 1\n- 2\n")
+    ),
+    Case(
+        "config-file-not-utf8",
+        TRAIN + ("--config", "{latin1_yaml}"),
+        ("latin1.yaml", "utf-8"),
+        setup=_file("latin1.yaml", b"seed: \xff\n"),
+    ),
+    Case(
+        "config-file-unknown-key",
+        TRAIN + ("--config", "{keys_yaml}"),
+        ("trainer.nope",),
+        setup=_file("keys.yaml", "trainer:\n  nope: 1\n"),
+    ),
     Case("config-file-is-directory", TRAIN + ("--config", "{tmp}"), ("config",)),
     # ---- checkpoints
     Case("checkpoint-missing", TRAIN + ("model.path={tmp}/nowhere",), ("nowhere",)),
     Case("checkpoint-is-file", TRAIN + ("model.path={a_txt}",), ("a.txt",), setup=_file("a.txt")),
     Case("checkpoint-path-empty", TRAIN + ("model.path=",), ("model.path",)),
-    Case("config-json-missing", TRAIN + ("model.path={ckpt}",), ("config.json",), setup=damaged(_remove("config.json"))),
-    Case("config-json-truncated", TRAIN + ("model.path={ckpt}",), ("config.json",),
-         setup=damaged(_truncate("config.json"))),
-    Case("config-json-not-object", TRAIN + ("model.path={ckpt}",), ("config.json",),
-         setup=damaged(_write("config.json", "[1, 2]"))),
+    Case(
+        "config-json-missing", TRAIN + ("model.path={ckpt}",), ("config.json",), setup=damaged(_remove("config.json"))
+    ),
+    Case(
+        "config-json-truncated",
+        TRAIN + ("model.path={ckpt}",),
+        ("config.json",),
+        setup=damaged(_truncate("config.json")),
+    ),
+    Case(
+        "config-json-not-object",
+        TRAIN + ("model.path={ckpt}",),
+        ("config.json",),
+        setup=damaged(_write("config.json", "[1, 2]")),
+    ),
     Case("config-json-incomplete", TRAIN + ("model.path={ckpt}",), ("config.json",), setup=damaged(_only_model_type)),
-    Case("checkpoint-of-other-family", TRAIN + ("model.path={ckpt}",), ("sdar",), setup=damaged(lambda c: None, "sdar")),
-    Case("checkpoint-of-other-family-generate", GEN + ("--prompt", "hi", "model.path={ckpt}"), ("sdar",),
-         setup=damaged(lambda c: None, "sdar")),
+    Case(
+        "checkpoint-of-other-family", TRAIN + ("model.path={ckpt}",), ("sdar",), setup=damaged(lambda c: None, "sdar")
+    ),
+    Case(
+        "checkpoint-of-other-family-generate",
+        GEN + ("--prompt", "hi", "model.path={ckpt}"),
+        ("sdar",),
+        setup=damaged(lambda c: None, "sdar"),
+    ),
     Case("weights-missing", TRAIN + ("model.path={ckpt}",), ("weights",), setup=damaged(_remove("model.safetensors"))),
-    Case("weights-truncated", TRAIN + ("model.path={ckpt}",), ("model.safetensors",),
-         setup=damaged(_truncate("model.safetensors", 0.9))),
-    Case("weights-header-garbage", TRAIN + ("model.path={ckpt}",), ("model.safetensors",),
-         setup=damaged(_write("model.safetensors", "not a safetensors file"))),
-    Case("weights-truncated-eval", EVAL + ("model.path={ckpt}",), ("model.safetensors",),
-         setup=damaged(_truncate("model.safetensors", 0.5))),
-    Case("tokenizer-corrupt", TRAIN + ("model.path={ckpt}",), ("tokenizer.json",),
-         setup=damaged(_truncate("tokenizer.json"))),
-    Case("tokenizer-config-corrupt", TRAIN + ("model.path={ckpt}",), ("tokenizer_config.json",),
-         setup=damaged(_truncate("tokenizer_config.json"))),
+    Case(
+        "weights-truncated",
+        TRAIN + ("model.path={ckpt}",),
+        ("model.safetensors",),
+        setup=damaged(_truncate("model.safetensors", 0.9)),
+    ),
+    Case(
+        "weights-header-garbage",
+        TRAIN + ("model.path={ckpt}",),
+        ("model.safetensors",),
+        setup=damaged(_write("model.safetensors", "not a safetensors file")),
+    ),
+    Case(
+        "weights-truncated-eval",
+        EVAL + ("model.path={ckpt}",),
+        ("model.safetensors",),
+        setup=damaged(_truncate("model.safetensors", 0.5)),
+    ),
+    Case(
+        "tokenizer-corrupt",
+        TRAIN + ("model.path={ckpt}",),
+        ("tokenizer.json",),
+        setup=damaged(_truncate("tokenizer.json")),
+    ),
+    Case(
+        "tokenizer-config-corrupt",
+        TRAIN + ("model.path={ckpt}",),
+        ("tokenizer_config.json",),
+        setup=damaged(_truncate("tokenizer_config.json")),
+    ),
     # ---- output directory
     Case("output-dir-is-file", TRAIN + ("output_dir={a_txt}",), ("a.txt",), setup=_file("a.txt")),
     Case("output-dir-under-file", TRAIN + ("output_dir={a_txt}/runs",), ("a.txt",), setup=_file("a.txt")),
@@ -197,17 +267,29 @@ CASES = [
     # ---- data files
     Case("train-data-missing", TRAIN + ("task.name=gsm8k", "task.train_path={tmp}/train.parquet"), ("train.parquet",)),
     Case("eval-data-missing", EVAL + ("task.name=gsm8k", "task.eval_path={tmp}/test.jsonl"), ("test.jsonl",)),
-    Case("train-data-corrupt", TRAIN + ("task.name=gsm8k", "task.train_path={bad_parquet}"), ("bad.parquet",),
-         setup=_file("bad.parquet", "not parquet")),
-    Case("train-data-bad-rows", TRAIN + ("task.name=gsm8k", "task.train_path={rows_jsonl}"), ("rows.jsonl",),
-         setup=_file("rows.jsonl", '{"unrelated": 1}\n')),
-    Case("train-data-unsupported-format", TRAIN + ("task.name=gsm8k", "task.train_path={d_csv}"), ("d.csv",),
-         setup=_file("d.csv", "a,b\n")),
+    Case(
+        "train-data-corrupt",
+        TRAIN + ("task.name=gsm8k", "task.train_path={bad_parquet}"),
+        ("bad.parquet",),
+        setup=_file("bad.parquet", "not parquet"),
+    ),
+    Case(
+        "train-data-bad-rows",
+        TRAIN + ("task.name=gsm8k", "task.train_path={rows_jsonl}"),
+        ("rows.jsonl",),
+        setup=_file("rows.jsonl", '{"unrelated": 1}\n'),
+    ),
+    Case(
+        "train-data-unsupported-format",
+        TRAIN + ("task.name=gsm8k", "task.train_path={d_csv}"),
+        ("d.csv",),
+        setup=_file("d.csv", "a,b\n"),
+    ),
 ]
 
 
 def _fill(args: tuple[str, ...], values: dict) -> list[str]:
-    return [a.format(**values) if "{" in a and "}" in a and not a.startswith("{\"") else a for a in args]
+    return [a.format(**values) if "{" in a and "}" in a and not a.startswith('{"') else a for a in args]
 
 
 def _tree(root: Path) -> set[str]:
@@ -223,13 +305,14 @@ def test_bad_input_is_one_line_before_work(case: Case, tmp_path: Path, monkeypat
         values.update(case.setup(work))
     monkeypatch.chdir(work)
     if case.free_bytes is not None:
-        usage = shutil._ntuple_diskusage(10 ** 12, 10 ** 12 - case.free_bytes, case.free_bytes)
+        usage = shutil._ntuple_diskusage(10**12, 10**12 - case.free_bytes, case.free_bytes)
         monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
     before = _tree(work)
     result = CliRunner().invoke(cli, _fill(case.args, values), catch_exceptions=True)
     out, err = result.stdout, result.stderr
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
         f"uncaught {type(result.exception).__name__}: {result.exception}"
+    )
     assert result.exit_code == 2, f"exit {result.exit_code}; stderr: {err[-2000:]}"
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), f"not one error line:\n{err[-3000:]}"
@@ -243,8 +326,9 @@ def test_bad_input_is_one_line_before_work(case: Case, tmp_path: Path, monkeypat
 @pytest.mark.parametrize("variable", ["DARE_PLUGINS", "DARE_DISABLE_PLUGINS"])
 def test_unknown_plugin_id_in_environment(variable: str, tmp_path: Path) -> None:
     env = dict(os.environ, **{variable: "sdar,no_such_plugin"})
-    proc = subprocess.run([sys.executable, "-m", "dare_core", "list"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dare_core", "list"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "no_such_plugin" in lines[0] and "Traceback" not in proc.stderr

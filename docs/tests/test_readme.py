@@ -50,18 +50,23 @@ def test_readme_is_a_front_page():
     assert not re.search(r"\bsession\b|§|\bp = ", text, re.IGNORECASE)
 
 
-@pytest.mark.parametrize("command", ["train", "generate", "eval", "compare", "init", "bench", "plot",
-                                     "plugins", "list", "config"])
+@pytest.mark.parametrize(
+    "command", ["train", "generate", "eval", "compare", "init", "bench", "plot", "plugins", "list", "config"]
+)
 def test_readme_commands_exist(command, dare_cli):
     assert f"dare {command}" in README.read_text()
     assert dare_cli(_first_party_dare())(command, "--help").exit_code == 0
 
 
 def test_set_up_installs_every_distribution_of_the_repository():
-    listed = {line.split()[1].lstrip("./").split("[")[0].rstrip("/")
-              for line in (REPO / "requirements-dev.txt").read_text().splitlines()
-              if line.startswith("-e ")}
-    dirs = {str(p.parent.relative_to(REPO)) for pattern in ("libs/*/pyproject.toml", "plugins/*/pyproject.toml",
-                                                             "contrib/*/pyproject.toml")
-            for p in REPO.glob(pattern)}
+    listed = {
+        line.split()[1].lstrip("./").split("[")[0].rstrip("/")
+        for line in (REPO / "requirements-dev.txt").read_text().splitlines()
+        if line.startswith("-e ")
+    }
+    dirs = {
+        str(p.parent.relative_to(REPO))
+        for pattern in ("libs/*/pyproject.toml", "plugins/*/pyproject.toml", "contrib/*/pyproject.toml")
+        for p in REPO.glob(pattern)
+    }
     assert dirs <= listed, sorted(dirs - listed)

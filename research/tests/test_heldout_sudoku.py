@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from dare_core.errors import DareError
 from dare_core.config import TaskConfig
+from dare_core.errors import DareError
 from dare_plugin_tasks.parquet import load_examples
 from dare_plugin_tasks.sudoku import SudokuTask, count_solutions, sudoku_reference_response
 
@@ -55,11 +55,14 @@ def test_unique_solution_subset_of_the_test_set(tmp_path):
     assert 0 < len(kept) < len(every)  # the real test set has puzzles with several solutions
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--train-seeds", "zero"], "--train-seeds takes seeds"),
-    (["--n", "0"], "--n must be"),
-    (["--out", "x.parquet"], "must end in .jsonl"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-seeds", "zero"], "--train-seeds takes seeds"),
+        (["--n", "0"], "--n must be"),
+        (["--out", "x.parquet"], "must end in .jsonl"),
+    ],
+)
 def test_bad_input_is_one_error(args, message, tmp_path):
     argv = ["--out", str(tmp_path / "h.jsonl"), *args]
     with pytest.raises(DareError, match=message):

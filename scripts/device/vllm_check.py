@@ -53,8 +53,12 @@ def main() -> None:
     args = ap.parse_args()
     layers = args.layers or DEFAULTS[args.shape]["layers"]
     canvas = args.canvas or DEFAULTS[args.shape]["canvas"]
-    result: dict = {"args": vars(args), "layers": layers, "canvas_length": canvas,
-                    "device": torch.cuda.get_device_name(0)}
+    result: dict = {
+        "args": vars(args),
+        "layers": layers,
+        "canvas_length": canvas,
+        "device": torch.cuda.get_device_name(0),
+    }
 
     def save() -> None:
         with open(args.out, "w") as fh:
@@ -62,8 +66,12 @@ def main() -> None:
         print(json.dumps(result), flush=True)
 
     t0 = time.perf_counter()
-    model = random_model(diffusion_gemma_config(args.shape, canvas_length=canvas, num_layers=layers), seed=0,
-                         dtype=torch.bfloat16, device="cuda")
+    model = random_model(
+        diffusion_gemma_config(args.shape, canvas_length=canvas, num_layers=layers),
+        seed=0,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["build_s"] = time.perf_counter() - t0
     save()
@@ -74,6 +82,7 @@ def main() -> None:
     mask = torch.ones_like(ids)
 
     if not args.skip_transformers:
+
         def hf():
             with torch.no_grad():
                 return model.generate(ids, attention_mask=mask, max_new_tokens=args.gen_length)
@@ -81,13 +90,23 @@ def main() -> None:
         first, _ = timed(hf, 1)
         seconds, out = timed(hf, args.repeats)
         tokens = (out.sequences.shape[1] - args.prompt_length) * args.batch
-        result["transformers"] = {"first_s": first[0], "seconds": seconds, "tokens": tokens,
-                                  "tokens_per_s": tokens / min(seconds)}
+        result["transformers"] = {
+            "first_s": first[0],
+            "seconds": seconds,
+            "tokens": tokens,
+            "tokens_per_s": tokens / min(seconds),
+        }
         save()
 
-    backend = VLLMRollout(VLLMRolloutConfig(
-        gen_length=args.gen_length, logprobs=False, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.batch, max_model_len=args.prompt_length + args.gen_length + canvas))
+    backend = VLLMRollout(
+        VLLMRolloutConfig(
+            gen_length=args.gen_length,
+            logprobs=False,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.batch,
+            max_model_len=args.prompt_length + args.gen_length + canvas,
+        )
+    )
     try:
         first, _ = timed(lambda: backend.generate(policy, ids, mask, generator=gen), 1)
         result["vllm"] = {"start_and_first_s": first[0]}

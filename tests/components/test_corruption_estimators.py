@@ -27,7 +27,7 @@ def test_random_ratio_rate_matches_t():
     w = make_toy_wrapper()
     batch = fake_rollout(w, batch=2, response_len=4000).sequences()
     c = RandomRatioMasking(mc_num=1)(w, batch, torch.Generator().manual_seed(1))
-    rate = c.masked[0, :, batch.prompt_len:].float().mean(-1)
+    rate = c.masked[0, :, batch.prompt_len :].float().mean(-1)
     torch.testing.assert_close(rate, c.extras["t"][0], atol=0.03, rtol=0)
 
 
@@ -42,4 +42,4 @@ def test_estimators_read_targets_at_corrupted_positions():
     assert (masked[~c.masked] == 0).all()
     logits = w.logits(c.noisy_ids[1], batch.attention_mask)
     ref = torch.log_softmax(logits.float(), -1).gather(-1, batch.input_ids[..., None])[..., 0]
-    torch.testing.assert_close(tok[1], ref[:, batch.prompt_len:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tok[1], ref[:, batch.prompt_len :], rtol=1e-5, atol=1e-5)

@@ -21,8 +21,13 @@ def _k3(d: float) -> float:
     return math.exp(20.0) - 21.0 + (1 - math.exp(20.0)) * (d + 20.0)
 
 
-CLOSED = {"k1": lambda d: d, "k2": lambda d: d * d / 2, "k3": _k3, "abs": abs,
-          "low_var_kl": lambda d: min(math.exp(-d) + d - 1, 10.0)}
+CLOSED = {
+    "k1": lambda d: d,
+    "k2": lambda d: d * d / 2,
+    "k3": _k3,
+    "abs": abs,
+    "low_var_kl": lambda d: min(math.exp(-d) + d - 1, 10.0),
+}
 
 
 def _pair(gaps, dtype=torch.float64):
@@ -75,8 +80,12 @@ def test_k3_gradient_pulls_towards_the_reference():
 def test_reference_log1p_rule_oracles():
     # algorithms.md §18: kl_penalty(l=[-1,-1], l_ref=[-1.5,-0.5], A=[1,-1]) of the DARE reference
     l, ref, adv = torch.tensor([-1.0, -1.0]), torch.tensor([-1.5, -0.5]), torch.tensor([1.0, -1.0])
-    oracles = {"dare_log1p_k1": [0.405465, -0.5], "dare_log1p_abs": [0.405465, 0.5],
-               "dare_log1p_k2": [0.082201, 0.125], "dare_log1p_k3": [0.072132, 0.148721]}
+    oracles = {
+        "dare_log1p_k1": [0.405465, -0.5],
+        "dare_log1p_abs": [0.405465, 0.5],
+        "dare_log1p_k2": [0.082201, 0.125],
+        "dare_log1p_k3": [0.072132, 0.148721],
+    }
     for kind, want in oracles.items():
         torch.testing.assert_close(kl_penalty(l, ref, adv, kind), torch.tensor(want), atol=1e-6, rtol=0)
     # the plain estimators differ from the rule where A > 0 (k1 = d = 0.5, not log 1.5)

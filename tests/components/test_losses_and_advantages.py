@@ -53,15 +53,14 @@ def test_agg_loss_oracles():
     assert masked_mean(torch.ones(2), torch.zeros(2)).item() == 0.0
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_agg_loss_shares_over_global_totals_add_up_to_the_whole(mode):
     """Each row's share, normalised by the totals of all rows, sums to the loss of all rows."""
     loss = torch.arange(12.0).reshape(3, 4)
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.5]])
-    totals = sum_totals([mask_totals(mask[i:i + 1]) for i in range(3)])
+    totals = sum_totals([mask_totals(mask[i : i + 1]) for i in range(3)])
     assert {k: float(v) for k, v in totals.items()} == {"tokens": 6.5, "rows": 3.0, "cells": 12.0}
-    shares = sum(agg_loss(loss[i:i + 1], mask[i:i + 1], mode, totals) for i in range(3))
+    shares = sum(agg_loss(loss[i : i + 1], mask[i : i + 1], mode, totals) for i in range(3))
     assert float(shares) == pytest.approx(float(agg_loss(loss, mask, mode)))
 
 

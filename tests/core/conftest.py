@@ -24,9 +24,9 @@ import click
 import pytest
 
 import dare_core.plugins as dare_plugins
+import dare_core.testing.toy as toy
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task (sudoku) and its reward
-import dare_core.testing.toy as toy
 from dare_core import hookimpl
 from dare_core.components import (
     ClippedPolicyLoss,
@@ -88,8 +88,9 @@ def build_algo_a(cfg: AlgoAConfig, lookup) -> Components:
     return Components(
         corruption=lookup.corruption("random_ratio", mc_num=cfg.mc_num),
         estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss("clipped_pg", clip_ratio_low=cfg.clip_ratio_low,
-                         clip_ratio_high=cfg.clip_ratio_high, agg=cfg.agg),
+        loss=lookup.loss(
+            "clipped_pg", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, agg=cfg.agg
+        ),
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
     )
 
@@ -99,28 +100,57 @@ def _no_build(cfg, lookup):  # pragma: no cover - never built in these tests
 
 
 RECIPE_A = {"trainer": {"lr": 1e-4, "steps": 3, "batch_size": 4, "group_size": 2}}
-A_COMPONENTS = {"corruption": "random_ratio", "estimator": "response_token_logprob",
-                "loss": "clipped_pg", "advantage": "group_norm"}
+A_COMPONENTS = {
+    "corruption": "random_ratio",
+    "estimator": "response_token_logprob",
+    "loss": "clipped_pg",
+    "advantage": "group_norm",
+}
 
 
 def _register_algorithms(register):
-    register(AlgorithmSpec(
-        name="algo_a", workflow="rl", config_cls=AlgoAConfig, build=build_algo_a,
-        kinds=frozenset({"masked"}), components=dict(A_COMPONENTS), paper="test paper",
-        description="test RL algorithm composed from core components", recipe=RECIPE_A,
-    ))
-    register(AlgorithmSpec(
-        name="algo_block", workflow="rl", config_cls=NoOptions, build=_no_build,
-        kinds=frozenset({"block"}), description="needs a block-diffusion family",
-    ))
-    register(AlgorithmSpec(
-        name="algo_cache", workflow="rl", config_cls=NoOptions, build=_no_build,
-        requires=frozenset({"kv_cache"}), description="needs the kv_cache capability",
-    ))
-    register(AlgorithmSpec(
-        name="algo_sft", workflow="sft", config_cls=NoOptions, build=_no_build,
-        description="test SFT algorithm",
-    ))
+    register(
+        AlgorithmSpec(
+            name="algo_a",
+            workflow="rl",
+            config_cls=AlgoAConfig,
+            build=build_algo_a,
+            kinds=frozenset({"masked"}),
+            components=dict(A_COMPONENTS),
+            paper="test paper",
+            description="test RL algorithm composed from core components",
+            recipe=RECIPE_A,
+        )
+    )
+    register(
+        AlgorithmSpec(
+            name="algo_block",
+            workflow="rl",
+            config_cls=NoOptions,
+            build=_no_build,
+            kinds=frozenset({"block"}),
+            description="needs a block-diffusion family",
+        )
+    )
+    register(
+        AlgorithmSpec(
+            name="algo_cache",
+            workflow="rl",
+            config_cls=NoOptions,
+            build=_no_build,
+            requires=frozenset({"kv_cache"}),
+            description="needs the kv_cache capability",
+        )
+    )
+    register(
+        AlgorithmSpec(
+            name="algo_sft",
+            workflow="sft",
+            config_cls=NoOptions,
+            build=_no_build,
+            description="test SFT algorithm",
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- families
@@ -133,16 +163,27 @@ def recording_load(path, *args, **kwargs):
 
 
 def _register_model_wrappers(register):
-    register(ModelFamily(
-        name="toy_cached", kind="masked", load=recording_load,
-        capabilities=frozenset({"bidirectional", "kv_cache", "mask_token", "absorbing_elbo"}),
-        default_rollout="low_confidence",
-        rollouts=("low_confidence", "cached"), description="masked test family with a cache",
-    ))
-    register(ModelFamily(
-        name="toy_block", kind="block", load=recording_load, block_size=4,
-        default_rollout="block_only", description="block-diffusion test family",
-    ))
+    register(
+        ModelFamily(
+            name="toy_cached",
+            kind="masked",
+            load=recording_load,
+            capabilities=frozenset({"bidirectional", "kv_cache", "mask_token", "absorbing_elbo"}),
+            default_rollout="low_confidence",
+            rollouts=("low_confidence", "cached"),
+            description="masked test family with a cache",
+        )
+    )
+    register(
+        ModelFamily(
+            name="toy_block",
+            kind="block",
+            load=recording_load,
+            block_size=4,
+            default_rollout="block_only",
+            description="block-diffusion test family",
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -156,13 +197,35 @@ class MiniRolloutConfig:
 
 
 def _register_rollout_backends(register):
-    register(RolloutSpec(name="mini", config_cls=MiniRolloutConfig, build=lambda cfg: cfg,
-                         kinds=frozenset({"masked"}), description="test backend"))
-    register(RolloutSpec(name="block_only", config_cls=MiniRolloutConfig, build=lambda cfg: cfg,
-                         kinds=frozenset({"block"}), description="block-diffusion test backend"))
-    register(RolloutSpec(name="cached", config_cls=MiniRolloutConfig, build=lambda cfg: cfg,
-                         kinds=frozenset({"masked"}), requires=frozenset({"kv_cache"}),
-                         records=frozenset({"reveal_step"}), description="needs kv_cache"))
+    register(
+        RolloutSpec(
+            name="mini",
+            config_cls=MiniRolloutConfig,
+            build=lambda cfg: cfg,
+            kinds=frozenset({"masked"}),
+            description="test backend",
+        )
+    )
+    register(
+        RolloutSpec(
+            name="block_only",
+            config_cls=MiniRolloutConfig,
+            build=lambda cfg: cfg,
+            kinds=frozenset({"block"}),
+            description="block-diffusion test backend",
+        )
+    )
+    register(
+        RolloutSpec(
+            name="cached",
+            config_cls=MiniRolloutConfig,
+            build=lambda cfg: cfg,
+            kinds=frozenset({"masked"}),
+            requires=frozenset({"kv_cache"}),
+            records=frozenset({"reveal_step"}),
+            description="needs kv_cache",
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- components, tasks
@@ -242,8 +305,9 @@ def make_dare(monkeypatch, load_calls):
     monkeypatch.setattr(toy, "load", recording_load)
 
     def make(*more: Any, default_plugins: bool = True):
-        return dare_plugins.build(load_entrypoints=False, extra_plugins=[*test_plugins(), *more],
-                                  default_plugins=default_plugins)
+        return dare_plugins.build(
+            load_entrypoints=False, extra_plugins=[*test_plugins(), *more], default_plugins=default_plugins
+        )
 
     return make
 

@@ -89,9 +89,14 @@ def test_list_tasks_and_components(run):
     assert result.exit_code == 0
     names = [line.split()[0] for line in result.output.splitlines()[2:]]
     assert names == sorted(names) and {"echo_task", "sudoku"} <= set(names)
-    for kind, name in [("rollouts", "mini"), ("losses", "clipped_pg"), ("corruptions", "test_corruption"),
-                       ("estimators", "response_token_logprob"), ("advantages", "group_norm"),
-                       ("trajectories", "final_sequence")]:
+    for kind, name in [
+        ("rollouts", "mini"),
+        ("losses", "clipped_pg"),
+        ("corruptions", "test_corruption"),
+        ("estimators", "response_token_logprob"),
+        ("advantages", "group_norm"),
+        ("trajectories", "final_sequence"),
+    ]:
         result = run("list", kind)
         assert result.exit_code == 0 and name in result.output, (kind, result.output)
 
@@ -141,29 +146,36 @@ def test_train_unsupported_combination_is_one_line_before_loading(run, load_call
 
 def test_train_bad_config_file_lists_all_problems_in_one_line(run, load_calls, ckpt, tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "trainer": {"lr": "fast", "stepz": 3, "batch_size": 0},
-        "algorithm": {"clip_ratio_lo": 0.1},
-    }))
-    line = _one_error_line(run("train", "--algo", "algo_a", "--model", "toy", "--config", str(path),
-                               f"model.path={ckpt}", "seed=x"))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {"lr": "fast", "stepz": 3, "batch_size": 0},
+                "algorithm": {"clip_ratio_lo": 0.1},
+            }
+        )
+    )
+    line = _one_error_line(
+        run("train", "--algo", "algo_a", "--model", "toy", "--config", str(path), f"model.path={ckpt}", "seed=x")
+    )
     assert line.startswith("error: invalid configuration (5 problems): ")
-    for needle in ("trainer.lr: expected float, got 'fast'", "trainer.stepz: unknown key (did you mean 'steps'?)",
-                   "trainer.batch_size: must be > 0, got 0", "seed: expected int, got 'x'",
-                   "algorithm.clip_ratio_lo: unknown key (did you mean 'clip_ratio_low'?)"):
+    for needle in (
+        "trainer.lr: expected float, got 'fast'",
+        "trainer.stepz: unknown key (did you mean 'steps'?)",
+        "trainer.batch_size: must be > 0, got 0",
+        "seed: expected int, got 'x'",
+        "algorithm.clip_ratio_lo: unknown key (did you mean 'clip_ratio_low'?)",
+    ):
         assert needle in line
     assert load_calls == []
 
 
 def test_train_missing_config_file_is_one_line(run, tmp_path):
-    line = _one_error_line(run("train", "--algo", "algo_a", "--model", "toy", "--config",
-                               str(tmp_path / "nope.yaml")))
+    line = _one_error_line(run("train", "--algo", "algo_a", "--model", "toy", "--config", str(tmp_path / "nope.yaml")))
     assert "does not exist" in line
 
 
 def test_config_show(run, ckpt):
-    result = run("config", "show", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}",
-                 "trainer.steps=11")
+    result = run("config", "show", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}", "trainer.steps=11")
     assert result.exit_code == 0, result.output
     out = result.output
     assert "  steps: 11  # Number of training steps" in out
@@ -174,8 +186,7 @@ def test_config_show(run, ckpt):
     assert data["algo"] == "algo_a" and data["model"]["path"] == str(ckpt)
 
 
-def test_config_show_prints_plugin_sections_with_their_description(make_dare, make_plugin, use_dare,
-                                                                    ckpt):
+def test_config_show_prints_plugin_sections_with_their_description(make_dare, make_plugin, use_dare, ckpt):
     import attrs
 
     from dare_core.config import option
@@ -185,18 +196,40 @@ def test_config_show_prints_plugin_sections_with_their_description(make_dare, ma
     class WatchConfig:
         every: int = option(10, "Watch every N steps.")
 
-    use_dare(make_dare(make_plugin("test_watch", dare_register_config_sections=lambda register: register(
-        ConfigSection("watch", WatchConfig, "The watcher's options.")))))
-    result = CliRunner().invoke(cli, ["config", "show", "--algo", "algo_a", "--model", "toy",
-                                      f"model.path={ckpt}", "watch.every=3"], prog_name="dare")
+    use_dare(
+        make_dare(
+            make_plugin(
+                "test_watch",
+                dare_register_config_sections=lambda register: register(
+                    ConfigSection("watch", WatchConfig, "The watcher's options.")
+                ),
+            )
+        )
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["config", "show", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}", "watch.every=3"],
+        prog_name="dare",
+    )
     assert result.exit_code == 0, result.output
     assert "\nwatch:  # The watcher's options.\n  every: 3  # Watch every N steps.\n" in result.output
     assert yaml.safe_load(result.output)["watch"] == {"every": 3}
 
 
 def test_config_show_errors_are_one_line(run, ckpt):
-    line = _one_error_line(run("config", "show", "--algo", "algo_a", "--model", "toy",
-                               f"model.path={ckpt}", "algorithm.nope=1", "trainer.lr=-1"))
+    line = _one_error_line(
+        run(
+            "config",
+            "show",
+            "--algo",
+            "algo_a",
+            "--model",
+            "toy",
+            f"model.path={ckpt}",
+            "algorithm.nope=1",
+            "trainer.lr=-1",
+        )
+    )
     assert "algorithm.nope: unknown key" in line and "trainer.lr: must be > 0" in line
 
 

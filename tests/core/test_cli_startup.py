@@ -24,10 +24,18 @@ HEAVY = ("torch", "transformers", "safetensors")
 def run_dare(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
     """Run ``dare ARGS``; the result and the top-level packages it imported."""
     environ = {k: v for k, v in os.environ.items() if k not in ("DARE_PLUGINS", "DARE_DISABLE_PLUGINS")}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "dare_core", *args],
-                          capture_output=True, text=True, env={**environ, **(env or {})}, timeout=300)
-    imported = {line.rsplit("|", 1)[1].strip().split(".")[0]
-                for line in proc.stderr.splitlines() if line.startswith("import time:") and "|" in line}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dare_core", *args],
+        capture_output=True,
+        text=True,
+        env={**environ, **(env or {})},
+        timeout=300,
+    )
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
     return proc, imported
 
@@ -36,13 +44,15 @@ def test_the_import_report_is_read():
     """The check below can fail: a command that trains does import torch."""
     proc, imported = run_dare("--version")
     assert proc.returncode == 0 and "dare_core" in imported and "click" in imported
-    probe = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch"], capture_output=True,
-                           text=True, timeout=300)
+    probe = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import torch"], capture_output=True, text=True, timeout=300
+    )
     assert any(line.rstrip().endswith("| torch") for line in probe.stderr.splitlines())
 
 
-@pytest.mark.parametrize("args", [("--help",), ("plugins",), ("plugins", "--json"), ("list",),
-                                  ("list", "--matrix"), ("list", "algorithms")])
+@pytest.mark.parametrize(
+    "args", [("--help",), ("plugins",), ("plugins", "--json"), ("list",), ("list", "--matrix"), ("list", "algorithms")]
+)
 def test_listing_commands_import_no_torch(args):
     proc, imported = run_dare(*args)
     assert proc.returncode == 0, proc.stderr
@@ -60,8 +70,13 @@ def _supported_pair() -> tuple[str, str]:
     pytest.skip("no installed RL algorithm with a model family it supports")
 
 
-@pytest.mark.parametrize("override,problem", [("trainer.lr=abc", "trainer.lr: expected float, got 'abc'"),
-                                              ("trainer.no_such_key=1", "trainer.no_such_key: unknown key")])
+@pytest.mark.parametrize(
+    "override,problem",
+    [
+        ("trainer.lr=abc", "trainer.lr: expected float, got 'abc'"),
+        ("trainer.no_such_key=1", "trainer.no_such_key: unknown key"),
+    ],
+)
 def test_a_config_error_is_reported_before_torch_is_imported(override, problem):
     algo, model = _supported_pair()
     proc, imported = run_dare("train", "--algo", algo, "--model", model, override)

@@ -13,6 +13,7 @@ from dare_core.config import (
     EvalConfig,
     ModelConfig,
     RunConfig,
+    TaskConfig,
     TrainerConfig,
     render_with_help,
     resolve,
@@ -23,10 +24,9 @@ from dare_core.config import (
 from dare_core.config.loader import PRESET_FILE, deep_merge, load_yaml, parse_overrides
 from dare_core.config.structure import unstructure
 from dare_core.config.validators import positive
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig
 from dare_core.errors import CapabilityError, ConfigError, DareError, UnknownNameError
 from dare_core.rundir import RunDir
-from dare_core.config import TaskConfig
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig
 
 
 def _write(path, data) -> str:
@@ -51,8 +51,9 @@ def test_defaults_structure_to_the_default_config():
     assert isinstance(cfg.trainer, TrainerConfig) and isinstance(cfg.task, TaskConfig)
 
 
-@pytest.mark.parametrize("cls", [RunConfig, ModelConfig, TrainerConfig, EvalConfig, EngineConfig,
-                                 TaskConfig, LowConfidenceConfig])
+@pytest.mark.parametrize(
+    "cls", [RunConfig, ModelConfig, TrainerConfig, EvalConfig, EngineConfig, TaskConfig, LowConfidenceConfig]
+)
 def test_every_core_config_field_has_help_and_is_frozen(cls):
     for f in attrs.fields(cls):
         assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
@@ -103,7 +104,9 @@ def test_validators_may_read_other_fields_and_defaults_are_checked():
     assert structure(Bounds, {"low": 20})[1] == ["high: must be >= low (20), got 10"]
     # a broken field does not crash a validator that reads it, and other problems still show
     assert structure(Bounds, {"low": "x", "name": []})[1] == [
-        "low: expected int, got 'x'", "name: expected str or null, got []"]
+        "low: expected int, got 'x'",
+        "name: expected str or null, got []",
+    ]
 
 
 def test_required_fields_are_reported():
@@ -124,15 +127,29 @@ def test_unstructure_gives_plain_yaml_data():
 
 # ----------------------------------------------------------------------------- overrides
 def test_parse_overrides_nested_and_yaml_typed():
-    data, problems = parse_overrides([
-        "trainer.lr=1e-4", "trainer.steps=5", "eval.before=false", "model.path=null",
-        "run_name=my run", "a.b.c=[1, 2]", "x=y=z", "s='007'", "empty=",
-    ])
+    data, problems = parse_overrides(
+        [
+            "trainer.lr=1e-4",
+            "trainer.steps=5",
+            "eval.before=false",
+            "model.path=null",
+            "run_name=my run",
+            "a.b.c=[1, 2]",
+            "x=y=z",
+            "s='007'",
+            "empty=",
+        ]
+    )
     assert problems == []
     assert data == {
         "trainer": {"lr": "1e-4", "steps": 5},  # YAML 1.1 reads 1e-4 as a string ...
-        "eval": {"before": False}, "model": {"path": None}, "run_name": "my run",
-        "a": {"b": {"c": [1, 2]}}, "x": "y=z", "s": "007", "empty": "",
+        "eval": {"before": False},
+        "model": {"path": None},
+        "run_name": "my run",
+        "a": {"b": {"c": [1, 2]}},
+        "x": "y=z",
+        "s": "007",
+        "empty": "",
     }
 
 
@@ -178,10 +195,13 @@ def test_resolve_structures_algorithm_and_rollout_sections(dare, ckpt, load_call
 
 
 def test_one_yaml_file_with_several_problems_gives_one_error(dare, ckpt, tmp_path):
-    path = _write(tmp_path / "run.yaml", {
-        "trainr": {"steps": 2},                      # bad key
-        "trainer": {"steps": "many", "lr": -0.5},    # wrong type, bad value
-    })
+    path = _write(
+        tmp_path / "run.yaml",
+        {
+            "trainr": {"steps": 2},  # bad key
+            "trainer": {"steps": "many", "lr": -0.5},  # wrong type, bad value
+        },
+    )
     with pytest.raises(ConfigError) as info:
         _resolve(dare, ckpt, config_file=path)
     problems = _problems(info)
@@ -194,12 +214,15 @@ def test_one_yaml_file_with_several_problems_gives_one_error(dare, ckpt, tmp_pat
 
 
 def test_problems_of_every_section_are_reported_together(dare, ckpt, tmp_path):
-    path = _write(tmp_path / "run.yaml", {
-        "seed": "abc",
-        "task": {"name": "no_such_task"},
-        "algorithm": {"clip_ratio_lo": 0.1, "agg": "sum"},
-        "rollout": {"gen_length": 0, "temprature": 1.0},
-    })
+    path = _write(
+        tmp_path / "run.yaml",
+        {
+            "seed": "abc",
+            "task": {"name": "no_such_task"},
+            "algorithm": {"clip_ratio_lo": 0.1, "agg": "sum"},
+            "rollout": {"gen_length": 0, "temprature": 1.0},
+        },
+    )
     with pytest.raises(ConfigError) as info:
         _resolve(dare, ckpt, config_file=path)
     problems = _problems(info)
@@ -252,27 +275,35 @@ def test_cross_field_invariants_are_reported(dare, ckpt):
 
 
 def test_layering_recipe_preset_file_overrides(dare, ckpt, tmp_path):
-    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({
-        "common": {
-            "trainer": {"steps": 5, "batch_size": 6, "micro_batch_size": 2},
-            "rollout": {"gen_length": 16, "block_length": 16, "steps": 8, "not_a_field": 1,
-                        "backend": "ignored"},
-            "eval": {"before": False},
-            "algorithm": {"mc_num": 4},  # below the file, whatever the preset may set
-        },
-        "rl": {"trainer": {"batch_size": 7, "group_size": 3}},
-        "sft": {"trainer": {"group_size": 99, "lr": 0.5}},
-    }))
-    path = _write(tmp_path / "run.yaml", {"trainer": {"group_size": 4, "ppo_epochs": 2},
-                                          "algorithm": {"mc_num": 2}})
+    (ckpt / PRESET_FILE).write_text(
+        yaml.safe_dump(
+            {
+                "common": {
+                    "trainer": {"steps": 5, "batch_size": 6, "micro_batch_size": 2},
+                    "rollout": {
+                        "gen_length": 16,
+                        "block_length": 16,
+                        "steps": 8,
+                        "not_a_field": 1,
+                        "backend": "ignored",
+                    },
+                    "eval": {"before": False},
+                    "algorithm": {"mc_num": 4},  # below the file, whatever the preset may set
+                },
+                "rl": {"trainer": {"batch_size": 7, "group_size": 3}},
+                "sft": {"trainer": {"group_size": 99, "lr": 0.5}},
+            }
+        )
+    )
+    path = _write(tmp_path / "run.yaml", {"trainer": {"group_size": 4, "ppo_epochs": 2}, "algorithm": {"mc_num": 2}})
     cfg = _resolve(dare, ckpt, "trainer.ppo_epochs=3", config_file=path)
     t = cfg.trainer
-    assert t.lr == 1e-4             # recipe
-    assert t.steps == 5             # preset common > recipe (3)
+    assert t.lr == 1e-4  # recipe
+    assert t.steps == 5  # preset common > recipe (3)
     assert t.micro_batch_size == 2  # preset common
-    assert t.batch_size == 7        # preset rl section > common (6) > recipe (4)
-    assert t.group_size == 4        # file > preset rl (3) > recipe (2); the sft section unused
-    assert t.ppo_epochs == 3        # override > file (2)
+    assert t.batch_size == 7  # preset rl section > common (6) > recipe (4)
+    assert t.group_size == 4  # file > preset rl (3) > recipe (2); the sft section unused
+    assert t.ppo_epochs == 3  # override > file (2)
     assert cfg.eval.before is False
     assert cfg.algorithm.mc_num == 2
     assert (cfg.rollout.gen_length, cfg.rollout.block_length, cfg.rollout.steps) == (16, 16, 8)
@@ -347,13 +378,16 @@ def test_config_file_errors(dare, ckpt, tmp_path):
 
 
 # ----------------------------------------------------------------------------- capabilities
-@pytest.mark.parametrize("algo,model,overrides,needle", [
-    ("algo_block", "toy", (), "does not support masked-diffusion models such as 'toy'"),
-    ("algo_cache", "toy", (), "needs model capability kv_cache which 'toy' lacks"),
-    ("algo_a", "toy_block", ("rollout.backend=block_only",), "does not support block-diffusion"),
-    ("algo_a", "toy", ("rollout.backend=block_only",), "does not support masked-diffusion models such as 'toy'"),
-    ("algo_a", "toy", ("rollout.backend=cached",), "needs model capability kv_cache"),
-])
+@pytest.mark.parametrize(
+    "algo,model,overrides,needle",
+    [
+        ("algo_block", "toy", (), "does not support masked-diffusion models such as 'toy'"),
+        ("algo_cache", "toy", (), "needs model capability kv_cache which 'toy' lacks"),
+        ("algo_a", "toy_block", ("rollout.backend=block_only",), "does not support block-diffusion"),
+        ("algo_a", "toy", ("rollout.backend=block_only",), "does not support masked-diffusion models such as 'toy'"),
+        ("algo_a", "toy", ("rollout.backend=cached",), "needs model capability kv_cache"),
+    ],
+)
 def test_capability_errors_come_before_any_model_load(dare, ckpt, load_calls, algo, model, overrides, needle):
     with pytest.raises(CapabilityError) as info:
         _resolve(dare, ckpt, *overrides, algo=algo, model=model)
@@ -394,9 +428,17 @@ def test_render_with_help_contains_every_fields_help(dare, ckpt):
 
 
 def test_to_dict_round_trips_through_resolve(dare, ckpt, tmp_path):
-    cfg = _resolve(dare, ckpt, "rollout.backend=mini", "rollout.gen_length=12", "trainer.lr=3e-5",
-                   "algorithm.tags=[b, a]", "algorithm.stages=[1, 5, 9]", "task.name=countdown",
-                   "run_name=again")
+    cfg = _resolve(
+        dare,
+        ckpt,
+        "rollout.backend=mini",
+        "rollout.gen_length=12",
+        "trainer.lr=3e-5",
+        "algorithm.tags=[b, a]",
+        "algorithm.stages=[1, 5, 9]",
+        "task.name=countdown",
+        "run_name=again",
+    )
     data = to_dict(cfg)
     assert data["rollout"]["backend"] == "mini" and "rollout_backend" not in data
     assert data["algorithm"]["tags"] == ["a", "b"] and data["algorithm"]["stages"] == [1, 5, 9]
@@ -431,10 +473,17 @@ class _NeedsBackendFeatures:
     def dare_register_model_wrappers(self, register):
         from dare_core.interfaces import ModelFamily
 
-        register(ModelFamily(name="toy_mini", kind="masked", load=lambda *a, **k: None,
-                             capabilities=frozenset({"mask_token", "absorbing_elbo"}),
-                             default_rollout="mini", rollouts=("mini", "low_confidence"),
-                             description="family whose default backend is 'mini'"))
+        register(
+            ModelFamily(
+                name="toy_mini",
+                kind="masked",
+                load=lambda *a, **k: None,
+                capabilities=frozenset({"mask_token", "absorbing_elbo"}),
+                default_rollout="mini",
+                rollouts=("mini", "low_confidence"),
+                description="family whose default backend is 'mini'",
+            )
+        )
 
     @_hookimpl
     def dare_register_algorithms(self, register):
@@ -444,17 +493,28 @@ class _NeedsBackendFeatures:
         class Empty:
             pass
 
-        for name, fields, methods in (("needs_plain", frozenset(), frozenset()),
-                                      ("needs_field", frozenset({"block_length"}), frozenset()),
-                                      ("needs_method", frozenset(), frozenset({"continue_from"}))):
-            register(AlgorithmSpec(name=name, workflow="rl", config_cls=Empty, build=self._build,
-                                   rollout_fields=fields, rollout_methods=methods, description=name))
+        for name, fields, methods in (
+            ("needs_plain", frozenset(), frozenset()),
+            ("needs_field", frozenset({"block_length"}), frozenset()),
+            ("needs_method", frozenset(), frozenset({"continue_from"})),
+        ):
+            register(
+                AlgorithmSpec(
+                    name=name,
+                    workflow="rl",
+                    config_cls=Empty,
+                    build=self._build,
+                    rollout_fields=fields,
+                    rollout_methods=methods,
+                    description=name,
+                )
+            )
 
 
-@pytest.mark.parametrize("algo,backend", [("needs_plain", "mini"), ("needs_field", "low_confidence"),
-                                          ("needs_method", "low_confidence")])
-def test_default_backend_offers_the_fields_and_methods_the_training_rollout_needs(
-        make_dare, ckpt, algo, backend):
+@pytest.mark.parametrize(
+    "algo,backend", [("needs_plain", "mini"), ("needs_field", "low_confidence"), ("needs_method", "low_confidence")]
+)
+def test_default_backend_offers_the_fields_and_methods_the_training_rollout_needs(make_dare, ckpt, algo, backend):
     dare = make_dare(_NeedsBackendFeatures())
     cfg = _resolve(dare, ckpt, algo=algo, model="toy_mini")
     assert cfg.rollout_backend == backend
@@ -465,15 +525,21 @@ def test_default_backend_offers_the_fields_and_methods_the_training_rollout_need
 
 def test_preset_suggests_a_rollout_backend_that_yields_to_the_algorithm_needs(make_dare, ckpt):
     dare = make_dare(_NeedsBackendFeatures())
-    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({
-        "common": {"rollout": {"gen_length": 16, "block_length": 16, "steps": 8}},
-        "rl": {"rollout": {"backend": "mini"}},
-    }))
+    (ckpt / PRESET_FILE).write_text(
+        yaml.safe_dump(
+            {
+                "common": {"rollout": {"gen_length": 16, "block_length": 16, "steps": 8}},
+                "rl": {"rollout": {"backend": "mini"}},
+            }
+        )
+    )
     assert _resolve(dare, ckpt, algo="needs_plain").rollout_backend == "mini"
     # mini has no block_length: the suggestion is passed over for a backend that has it
     assert _resolve(dare, ckpt, algo="needs_field").rollout_backend == "low_confidence"
     # an explicit choice wins; a suggestion that is not installed is ignored
-    assert _resolve(dare, ckpt, "rollout.backend=low_confidence", algo="needs_plain").rollout_backend == "low_confidence"
+    assert (
+        _resolve(dare, ckpt, "rollout.backend=low_confidence", algo="needs_plain").rollout_backend == "low_confidence"
+    )
     (ckpt / PRESET_FILE).write_text(yaml.safe_dump({"rl": {"rollout": {"backend": "not_installed"}}}))
     assert _resolve(dare, ckpt, algo="needs_plain").rollout_backend == "low_confidence"
     # a suggestion that cannot drive the family (block-only backend on a masked family) is ignored
@@ -482,10 +548,14 @@ def test_preset_suggests_a_rollout_backend_that_yields_to_the_algorithm_needs(ma
 
 
 def test_preset_algorithm_sections_apply_to_that_algorithm_only(dare, ckpt):
-    (ckpt / PRESET_FILE).write_text(yaml.safe_dump({
-        "rl": {"trainer": {"lr": 0.125, "steps": 9}},
-        "algorithms": {"algo_a": {"trainer": {"lr": 0.25}}, "algo_sft": {"trainer": {"lr": 0.5}}},
-    }))
+    (ckpt / PRESET_FILE).write_text(
+        yaml.safe_dump(
+            {
+                "rl": {"trainer": {"lr": 0.125, "steps": 9}},
+                "algorithms": {"algo_a": {"trainer": {"lr": 0.25}}, "algo_sft": {"trainer": {"lr": 0.5}}},
+            }
+        )
+    )
     cfg = _resolve(dare, ckpt)  # algo_a
     assert cfg.trainer.lr == 0.25 and cfg.trainer.steps == 9
     assert _resolve(dare, ckpt, "trainer.lr=0.75").trainer.lr == 0.75  # overrides still win
@@ -507,11 +577,21 @@ def test_eval_backend_is_checked_and_shares_the_rollout_fields(make_dare, ckpt):
     assert "block" in _problems(info)[0]
     with pytest.raises(ConfigError) as info:  # drives masked models, but 'toy' does not list it
         _resolve(dare, ckpt, "eval.backend=mini")
-    assert _problems(info) == ["eval.backend 'mini' is not a backend model family 'toy' lists; "
-                               "use one of: low_confidence"]
-    cfg = _resolve(dare, ckpt, "eval.backend=mini", "rollout.backend=low_confidence", "rollout.gen_length=24",
-                   "rollout.block_length=8", "rollout.steps=12", "rollout.temperature=0.7", "eval.steps=6",
-                   model="toy_mini")
+    assert _problems(info) == [
+        "eval.backend 'mini' is not a backend model family 'toy' lists; use one of: low_confidence"
+    ]
+    cfg = _resolve(
+        dare,
+        ckpt,
+        "eval.backend=mini",
+        "rollout.backend=low_confidence",
+        "rollout.gen_length=24",
+        "rollout.block_length=8",
+        "rollout.steps=12",
+        "rollout.temperature=0.7",
+        "eval.steps=6",
+        model="toy_mini",
+    )
     assert cfg.rollout_backend == "low_confidence" and eval_backend_name(cfg) == "mini"
     ev = eval_rollout_config(cfg, dare)
     assert type(ev).__name__ == "MiniRolloutConfig"
@@ -540,6 +620,7 @@ class ObserverConfig:
 
 def _sections(make_dare, make_plugin, *sections):
     """A Dare whose plugin ``test_sections`` registers ``sections`` (ConfigSection objects)."""
+
     def register_sections(register):
         for sec in sections:
             register(sec)
@@ -551,8 +632,7 @@ def _sections(make_dare, make_plugin, *sections):
 def observed(make_dare, make_plugin):
     from dare_core.interfaces import ConfigSection
 
-    return _sections(make_dare, make_plugin,
-                     ConfigSection("observer", ObserverConfig, "A test observer's options."))
+    return _sections(make_dare, make_plugin, ConfigSection("observer", ObserverConfig, "A test observer's options."))
 
 
 def test_a_plugin_section_not_given_holds_its_defaults(observed, ckpt):
@@ -570,8 +650,9 @@ def test_without_a_plugin_section_nothing_changes(dare, ckpt):
 
 
 def test_a_plugin_section_is_structured_from_the_file_and_overrides(observed, ckpt, tmp_path):
-    path = _write(tmp_path / "run.yaml", {"observer": {"names": ["loss"], "sink": {"path": "x.log"}},
-                                           "trainer": {"steps": 4}})
+    path = _write(
+        tmp_path / "run.yaml", {"observer": {"names": ["loss"], "sink": {"path": "x.log"}}, "trainer": {"steps": 4}}
+    )
     cfg = _resolve(observed, ckpt, "observer.level=3", "observer.sink.path=y.log", config_file=path)
     assert cfg.plugin_section("observer") == ObserverConfig(3, ("loss",), SinkConfig("y.log"))
     assert cfg.trainer.steps == 4
@@ -579,8 +660,16 @@ def test_a_plugin_section_is_structured_from_the_file_and_overrides(observed, ck
 
 def test_plugin_section_problems_are_reported_with_the_others(observed, ckpt):
     with pytest.raises(ConfigError) as info:
-        _resolve(observed, ckpt, "observer.levle=2", "observer.level=0", "observer.sink.pth=a",
-                 "observer.names=3", "trainer.stepz=1", "algorithm.mc_numm=2")
+        _resolve(
+            observed,
+            ckpt,
+            "observer.levle=2",
+            "observer.level=0",
+            "observer.sink.pth=a",
+            "observer.names=3",
+            "trainer.stepz=1",
+            "algorithm.mc_numm=2",
+        )
     problems = _problems(info)
     assert problems == [
         "trainer.stepz: unknown key (did you mean 'steps'?)",
@@ -610,7 +699,8 @@ def test_unknown_top_level_keys_offer_the_plugin_sections(observed, dare, ckpt):
     with pytest.raises(ConfigError) as info:  # the holder field is not a key of the file
         _resolve(observed, ckpt, "sections.observer.level=2")
     assert _problems(info) == [
-        "sections: not a config key; plugin-owned sections are top-level keys (installed: observer)"]
+        "sections: not a config key; plugin-owned sections are top-level keys (installed: observer)"
+    ]
 
 
 def test_a_plugin_section_round_trips_through_config_yaml(observed, ckpt, tmp_path):
@@ -652,8 +742,10 @@ def test_a_plugin_section_may_not_take_a_core_key_or_a_non_attrs_class(make_dare
     from dare_core.interfaces import ConfigSection
 
     taken = _sections(make_dare, make_plugin, ConfigSection("trainer", ObserverConfig))
-    with pytest.raises(DareError, match="plugin 'test_sections' registers the config section "
-                                        "'trainer'.*DARE_DISABLE_PLUGINS=test_sections"):
+    with pytest.raises(
+        DareError,
+        match="plugin 'test_sections' registers the config section 'trainer'.*DARE_DISABLE_PLUGINS=test_sections",
+    ):
         _resolve(taken, ckpt)
     bad = _sections(make_dare, make_plugin, ConfigSection("observer", dict))
     with pytest.raises(TypeError, match="needs an attrs class"):

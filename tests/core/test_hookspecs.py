@@ -9,11 +9,10 @@ import types
 
 import pytest
 
-import dare_plugin_samplers  # the reference rollout backends the loops run with
-import dare_plugin_tasks  # the default task of the run config
-
 import dare_core.hookspecs as hookspecs
 import dare_core.train as train_mod
+import dare_plugin_samplers  # the reference rollout backends the loops run with
+import dare_plugin_tasks  # the default task of the run config
 from dare_core import hookimpl
 from dare_core.config import resolve
 from dare_core.interfaces import WorkflowSpec
@@ -23,8 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _specs() -> dict[str, object]:
-    return {name: fn for name, fn in vars(hookspecs).items()
-            if inspect.isfunction(fn) and hasattr(fn, "dare_spec")}
+    return {name: fn for name, fn in vars(hookspecs).items() if inspect.isfunction(fn) and hasattr(fn, "dare_spec")}
 
 
 def _test_files() -> list[pathlib.Path]:
@@ -37,9 +35,18 @@ def _test_files() -> list[pathlib.Path]:
 
 def test_there_are_hook_specs():
     names = set(_specs())
-    assert {"dare_register_model_wrappers", "dare_register_algorithms", "dare_register_commands",
-            "dare_register_config_sections", "dare_addhooks", "dare_configure", "dare_on_run_start",
-            "dare_on_step_end", "dare_on_eval", "dare_unconfigure"} <= names
+    assert {
+        "dare_register_model_wrappers",
+        "dare_register_algorithms",
+        "dare_register_commands",
+        "dare_register_config_sections",
+        "dare_addhooks",
+        "dare_configure",
+        "dare_on_run_start",
+        "dare_on_step_end",
+        "dare_on_eval",
+        "dare_unconfigure",
+    } <= names
     assert all(name.startswith("dare_") for name in names)
 
 
@@ -60,12 +67,19 @@ def test_every_spec_is_in_the_hook_reference():
 
 
 def test_every_spec_is_exercised_by_a_test():
-    corpus = "\n".join(p.read_text(errors="replace") for p in _test_files()
-                       if p.resolve() != pathlib.Path(__file__).resolve())
+    corpus = "\n".join(
+        p.read_text(errors="replace") for p in _test_files() if p.resolve() != pathlib.Path(__file__).resolve()
+    )
     missing = [name for name in _specs() if name not in corpus]
     # the lifecycle hooks are exercised in this file, below
-    lifecycle = {"dare_addhooks", "dare_configure", "dare_on_run_start", "dare_on_step_end",
-                 "dare_on_eval", "dare_unconfigure"}
+    lifecycle = {
+        "dare_addhooks",
+        "dare_configure",
+        "dare_on_run_start",
+        "dare_on_step_end",
+        "dare_on_eval",
+        "dare_unconfigure",
+    }
     here = pathlib.Path(__file__).read_text()
     missing = [name for name in missing if not (name in lifecycle and f"def {name}(" in here)]
     assert not missing, f"no test uses: {missing}"
@@ -96,7 +110,10 @@ def _observer(name: str, events: list) -> types.ModuleType:
         events.append((name, "unconfigure", config))
 
     mod.dare_configure, mod.dare_on_step_end, mod.dare_unconfigure = (
-        dare_configure, dare_on_step_end, dare_unconfigure)
+        dare_configure,
+        dare_on_step_end,
+        dare_unconfigure,
+    )
     mod.dare_on_run_start, mod.dare_on_eval = dare_on_run_start, dare_on_eval
     return mod
 
@@ -142,12 +159,14 @@ def test_dare_configure_is_historic_and_observers_all_see_steps():
 
 
 @pytest.mark.parametrize("fail", [False, True])
-def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ckpt, tmp_path,
-                                                                    monkeypatch, load_calls, fail):
+def test_train_calls_configure_and_unconfigure_around_the_workflow(
+    make_dare, ckpt, tmp_path, monkeypatch, load_calls, fail
+):
     events: list = []
     d = make_dare(_observer("obs", events))
-    config = resolve(d, algo="algo_a", model="toy",
-                     overrides=[f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=r"])
+    config = resolve(
+        d, algo="algo_a", model="toy", overrides=[f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=r"]
+    )
 
     class FakeCtx:
         engine = types.SimpleNamespace(is_main=True)
@@ -167,8 +186,9 @@ def test_train_calls_configure_and_unconfigure_around_the_workflow(make_dare, ck
         return {"eval": {"after": {"accuracy": 1.0}}, "final_checkpoint": None}
 
     monkeypatch.setattr(train_mod, "setup", fake_setup)
-    monkeypatch.setitem(d.registries.workflows._items, "rl",
-                        WorkflowSpec("rl", fake_workflow, "a stand-in for the rl loop"))
+    monkeypatch.setitem(
+        d.registries.workflows._items, "rl", WorkflowSpec("rl", fake_workflow, "a stand-in for the rl loop")
+    )
     if fail:
         with pytest.raises(RuntimeError, match="workflow failed"):
             train_mod.train(d, config)
@@ -205,17 +225,43 @@ def test_run_start_and_eval_hooks_in_a_real_run(tmp_path):
 
     obs.dare_on_run_start = dare_on_run_start
     d = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), obs])
-    cfg = resolve(d, algo="pg_test", model="toy", overrides=[
-        "task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
-        "rollout.steps=4", "eval.batch_size=8", "progress=false", f"model.path={tmp_path}",
-        f"output_dir={tmp_path}", "run_name=r", "trainer.steps=4", "trainer.batch_size=2",
-        "trainer.group_size=2", "eval.every=2", "trainer.save_final=false"])
+    cfg = resolve(
+        d,
+        algo="pg_test",
+        model="toy",
+        overrides=[
+            "task.name=digits",
+            "task.num_eval=8",
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "eval.batch_size=8",
+            "progress=false",
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=r",
+            "trainer.steps=4",
+            "trainer.batch_size=2",
+            "trainer.group_size=2",
+            "eval.every=2",
+            "trainer.save_final=false",
+        ],
+    )
     train_mod.train(d, cfg)
     assert "config.yaml" in found[0]
     kinds = [(e[1], e[2] if e[1] in ("step", "eval") else None) for e in events]
-    assert kinds == [("configure", None), ("run_start", None), ("eval", 0), ("step", 1),
-                     ("step", 2), ("eval", 2), ("step", 3), ("step", 4), ("eval", 4),
-                     ("unconfigure", None)]
+    assert kinds == [
+        ("configure", None),
+        ("run_start", None),
+        ("eval", 0),
+        ("step", 1),
+        ("step", 2),
+        ("eval", 2),
+        ("step", 3),
+        ("step", 4),
+        ("eval", 4),
+        ("unconfigure", None),
+    ]
     evals = [e for e in events if e[1] == "eval"]
     assert [e[3] for e in evals] == ["before", "step-2", "after"]
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

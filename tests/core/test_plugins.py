@@ -30,9 +30,13 @@ def test_build_registers_default_plugins_and_extras_with_owners(dare):
     assert regs.algorithms.owner("algo_a") == "test_algorithms"
     assert regs.rollouts.owner("mini") == "test_rollouts"
     assert regs.tasks.owner("echo_task") == "test_tasks"
-    for attr, name in [("corruptions", "test_corruption"), ("trajectories", "test_trajectory"),
-                       ("estimators", "test_estimator"), ("losses", "test_loss"),
-                       ("advantages", "test_advantage")]:
+    for attr, name in [
+        ("corruptions", "test_corruption"),
+        ("trajectories", "test_trajectory"),
+        ("estimators", "test_estimator"),
+        ("losses", "test_loss"),
+        ("advantages", "test_advantage"),
+    ]:
         assert regs[attr].owner(name) == "test_components"
 
 
@@ -56,8 +60,9 @@ def test_engines_and_workflows_are_registered_through_hooks(make_dare, make_plug
         raise AssertionError
 
     def needs_loop(register):
-        register(AlgorithmSpec(name="needs_loop", workflow="pair_loop", config_cls=object,
-                               build=lambda cfg, lookup: None))
+        register(
+            AlgorithmSpec(name="needs_loop", workflow="pair_loop", config_cls=object, build=lambda cfg, lookup: None)
+        )
 
     extra = make_plugin(
         "engines_and_workflows",
@@ -76,8 +81,9 @@ def test_engines_and_workflows_are_registered_through_hooks(make_dare, make_plug
 def test_build_without_default_plugins_has_only_the_extras(make_dare):
     d = make_dare(default_plugins=False)
     assert "random_ratio" not in d.registries.corruptions
-    tasks_plugin = dare_plugins.build(load_entrypoints=False, default_plugins=False,
-                                      extra_plugins=[dare_plugin_tasks]).registries.tasks.names()
+    tasks_plugin = dare_plugins.build(
+        load_entrypoints=False, default_plugins=False, extra_plugins=[dare_plugin_tasks]
+    ).registries.tasks.names()
     assert set(d.registries.tasks.names()) == {"echo_task", *tasks_plugin}  # exactly the extras'
     assert "sudoku" in tasks_plugin
     assert not any(i.builtin for i in d.plugin_infos())
@@ -91,8 +97,9 @@ def test_plugin_infos_list_plugins_and_hooks(dare):
     comp = infos["test_components"]
     assert not comp.builtin and comp.distribution == "-"
     assert comp.hooks == tuple(sorted(comp.hooks))
-    assert {"dare_register_corruptions", "dare_register_policy_losses",
-            "dare_register_advantage_estimators"} <= set(comp.hooks)
+    assert {"dare_register_corruptions", "dare_register_policy_losses", "dare_register_advantage_estimators"} <= set(
+        comp.hooks
+    )
     assert infos["test_commands"].hooks == ("dare_register_commands",)
     data = json.loads(json.dumps([i.as_dict() for i in dare.plugin_infos()]))
     assert {"name", "distribution", "version", "module", "hooks", "builtin"} <= set(data[0])
@@ -182,14 +189,17 @@ def test_all_entry_points_load_when_unfiltered(fake_entry_points):
     assert info.hooks == ("dare_register_tasks",)
 
 
-@pytest.mark.parametrize("allow,deny,expected", [
-    ("ep_a,ep_c", None, ["ep_a", "ep_c"]),
-    (" ep_b , ", None, ["ep_b"]),
-    ("none", None, []),
-    (None, "ep_b", ["ep_a", "ep_c"]),
-    (None, "ep_a,ep_c", ["ep_b"]),
-    ("ep_a,ep_b", "ep_b", ["ep_a"]),  # the deny list applies after the allow list
-])
+@pytest.mark.parametrize(
+    "allow,deny,expected",
+    [
+        ("ep_a,ep_c", None, ["ep_a", "ep_c"]),
+        (" ep_b , ", None, ["ep_b"]),
+        ("none", None, []),
+        (None, "ep_b", ["ep_a", "ep_c"]),
+        (None, "ep_a,ep_c", ["ep_b"]),
+        ("ep_a,ep_b", "ep_b", ["ep_a"]),  # the deny list applies after the allow list
+    ],
+)
 def test_env_filtering(fake_entry_points, monkeypatch, allow, deny, expected):
     fake_entry_points("ep_a", "ep_b", "ep_c")
     if allow is not None:
@@ -237,8 +247,9 @@ def test_a_multi_line_import_error_is_still_one_line(fake_entry_points, monkeypa
         def load(self):
             raise ImportError("first line\n\nsecond line of advice")
 
-    monkeypatch.setattr(dare_plugins.md, "entry_points",
-                        lambda *, group=None: [Broken("ep_broken", "dare_fake_broken")])
+    monkeypatch.setattr(
+        dare_plugins.md, "entry_points", lambda *, group=None: [Broken("ep_broken", "dare_fake_broken")]
+    )
     with pytest.raises(DareError) as info:
         build(default_plugins=False, strict=True)
     assert "\n" not in str(info.value)
@@ -248,6 +259,7 @@ def test_a_multi_line_import_error_is_still_one_line(fake_entry_points, monkeypa
 
 def _half_broken_plugin(calls):
     """Registers a task, a loss, then raises in its algorithm hook; observes ``dare_configure``."""
+
     def tasks(register):
         register(types.SimpleNamespace(name="half_task", description=""))
 
@@ -261,8 +273,12 @@ def _half_broken_plugin(calls):
         calls.append(config)
 
     mod = types.ModuleType("half_broken")
-    for hook, fn in [("dare_register_tasks", tasks), ("dare_register_policy_losses", losses),
-                     ("dare_register_algorithms", algorithms), ("dare_configure", configure)]:
+    for hook, fn in [
+        ("dare_register_tasks", tasks),
+        ("dare_register_policy_losses", losses),
+        ("dare_register_algorithms", algorithms),
+        ("dare_configure", configure),
+    ]:
         setattr(mod, hook, dare_plugins.hookimpl(fn))
     return mod
 
@@ -283,12 +299,16 @@ def test_a_registration_hook_that_raises_breaks_only_its_plugin(fake_entry_point
         build(extra_plugins=[_half_broken_plugin(calls)], strict=True)
 
 
-@pytest.mark.parametrize("var,value,unknown,close", [
-    ("DARE_PLUGINS", "ep_a,ep_bb", "ep_bb", "ep_b"),
-    ("DARE_DISABLE_PLUGINS", "zzz", "zzz", None),
-])
-def test_an_unknown_plugin_id_in_the_load_variables_is_one_line(fake_entry_points, monkeypatch, var, value,
-                                                                unknown, close):
+@pytest.mark.parametrize(
+    "var,value,unknown,close",
+    [
+        ("DARE_PLUGINS", "ep_a,ep_bb", "ep_bb", "ep_b"),
+        ("DARE_DISABLE_PLUGINS", "zzz", "zzz", None),
+    ],
+)
+def test_an_unknown_plugin_id_in_the_load_variables_is_one_line(
+    fake_entry_points, monkeypatch, var, value, unknown, close
+):
     fake_entry_points("ep_a", "ep_b")
     monkeypatch.setenv(var, value)
     with pytest.raises(DareError) as info:
@@ -313,10 +333,13 @@ def test_lazy_imports_its_target_on_first_call_only(monkeypatch):
     assert f() == 3  # resolved once, kept
 
 
-@pytest.mark.parametrize("target,problem", [
-    ("dare_fake_no_such_module:build", "ModuleNotFoundError: No module named 'dare_fake_no_such_module'"),
-    ("json:no_such_attr", "AttributeError: module 'json' has no attribute 'no_such_attr'"),
-])
+@pytest.mark.parametrize(
+    "target,problem",
+    [
+        ("dare_fake_no_such_module:build", "ModuleNotFoundError: No module named 'dare_fake_no_such_module'"),
+        ("json:no_such_attr", "AttributeError: module 'json' has no attribute 'no_such_attr'"),
+    ],
+)
 def test_a_missing_lazy_target_is_one_line(target, problem):
     with pytest.raises(DareError) as info:
         dare_plugins.lazy(target)()

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 PLUGINS = {
-    "good_plugin": '''
+    "good_plugin": """
         import attrs
         from dare_core.api import AlgorithmSpec, TaskSpec, hookimpl, lazy
 
@@ -33,11 +33,11 @@ PLUGINS = {
         @hookimpl
         def dare_register_algorithms(register):
             register(AlgorithmSpec("good_algo", "rl", GoodConfig, lazy("good_plugin:nothing")))
-    ''',
-    "import_broken_plugin": '''
+    """,
+    "import_broken_plugin": """
         import dare_test_missing_dependency_xyz  # noqa: F401
-    ''',
-    "hook_broken_plugin": '''
+    """,
+    "hook_broken_plugin": """
         from dare_core.api import ComponentSpec, TaskSpec, hookimpl, lazy
 
         @hookimpl
@@ -51,17 +51,21 @@ PLUGINS = {
         @hookimpl
         def dare_register_commands(cli):
             raise AssertionError("never called: the plugin is unregistered")
-    ''',
-    "command_broken_plugin": '''
+    """,
+    "command_broken_plugin": """
         from dare_core.api import hookimpl
 
         @hookimpl
         def dare_register_commands(cli):
             raise ValueError("no click here")
-    ''',
+    """,
 }
-IDS = {"good": "good_plugin", "import_broken": "import_broken_plugin", "hook_broken": "hook_broken_plugin",
-       "command_broken": "command_broken_plugin"}
+IDS = {
+    "good": "good_plugin",
+    "import_broken": "import_broken_plugin",
+    "hook_broken": "hook_broken_plugin",
+    "command_broken": "command_broken_plugin",
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +86,9 @@ def dare(plugin_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("DARE_DISABLE_PLUGINS", "DARE_DEBUG")}
     environ["PYTHONPATH"] = os.pathsep.join([str(plugin_path), *filter(None, [environ.get("PYTHONPATH")])])
     environ["DARE_PLUGINS"] = ",".join(IDS)
-    return subprocess.run([sys.executable, "-m", "dare_core", *args], capture_output=True, text=True,
-                          env={**environ, **env}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dare_core", *args], capture_output=True, text=True, env={**environ, **env}, timeout=300
+    )
 
 
 def warnings(proc: subprocess.CompletedProcess) -> dict[str, str]:
@@ -99,9 +104,11 @@ def test_every_command_warns_once_per_broken_plugin_in_one_line(plugin_path):
     assert found["import_broken"] == (
         "warning: plugin 'import_broken' (dare-test-plugins) is broken: ModuleNotFoundError: No module "
         "named 'dare_test_missing_dependency_xyz'; reinstall it or disable it with "
-        "DARE_DISABLE_PLUGINS=import_broken")
-    assert ("is broken: dare_register_algorithms raised RuntimeError: the spec could not be built: see "
-            "the plugin's docs;") in found["hook_broken"]
+        "DARE_DISABLE_PLUGINS=import_broken"
+    )
+    assert (
+        "is broken: dare_register_algorithms raised RuntimeError: the spec could not be built: see the plugin's docs;"
+    ) in found["hook_broken"]
     assert "is broken: dare_register_commands raised ValueError: no click here;" in found["command_broken"]
     # the advice works
     quiet = dare(plugin_path, "--help", DARE_PLUGINS="good,hook_broken", DARE_DISABLE_PLUGINS="hook_broken")
@@ -137,8 +144,9 @@ def test_a_command_that_needs_a_broken_plugin_fails_in_one_line(plugin_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("warning:")]
     assert len(errors) == 1 and errors[0].startswith("error: unknown ")
-    assert ("broken plugins, not loaded: 'hook_broken' (dare-test-plugins), 'import_broken' "
-            "(dare-test-plugins)") in errors[0]  # the command hooks run for plugin commands only
+    assert (
+        "broken plugins, not loaded: 'hook_broken' (dare-test-plugins), 'import_broken' (dare-test-plugins)"
+    ) in errors[0]  # the command hooks run for plugin commands only
 
 
 def test_an_unknown_id_in_dare_plugins_is_one_line_naming_it(plugin_path):
@@ -146,7 +154,9 @@ def test_an_unknown_id_in_dare_plugins_is_one_line_naming_it(plugin_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "error: DARE_PLUGINS names 'god', which is not an installed plugin; installed: "
-        + ", ".join(sorted({*IDS, *_installed_ids()})) + "; did you mean 'good'?")
+        + ", ".join(sorted({*IDS, *_installed_ids()}))
+        + "; did you mean 'good'?"
+    )
 
 
 def _installed_ids() -> set[str]:

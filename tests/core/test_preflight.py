@@ -40,11 +40,30 @@ ABSORBING = frozenset({"mask_token", "absorbing_elbo"})
 
 
 def _families(register):
-    register(ModelFamily(name="hf_toy", kind="masked", load=_load, model_types=("hf_toy",),
-                         config_keys=("vocab_size", "dim"), context_key="max_len", capabilities=ABSORBING,
-                         default_rollout="low_confidence", rollouts=("low_confidence",)))
-    register(ModelFamily(name="other_toy", kind="masked", load=_load, model_types=("other_toy",),
-                         capabilities=ABSORBING, default_rollout="low_confidence", rollouts=("low_confidence",)))
+    register(
+        ModelFamily(
+            name="hf_toy",
+            kind="masked",
+            load=_load,
+            model_types=("hf_toy",),
+            config_keys=("vocab_size", "dim"),
+            context_key="max_len",
+            capabilities=ABSORBING,
+            default_rollout="low_confidence",
+            rollouts=("low_confidence",),
+        )
+    )
+    register(
+        ModelFamily(
+            name="other_toy",
+            kind="masked",
+            load=_load,
+            model_types=("other_toy",),
+            capabilities=ABSORBING,
+            default_rollout="low_confidence",
+            rollouts=("low_confidence",),
+        )
+    )
 
 
 @pytest.fixture
@@ -78,14 +97,23 @@ def refused(dare, use_dare, tmp_path, load_calls):
         assert LOADS == [] and load_calls == []
         runs = tmp_path / "runs"
         assert not runs.exists() or os.listdir(runs) == []
-        return line[len("error: "):]
+        return line[len("error: ") :]
 
     return run
 
 
 def _train(tmp_path, ckpt, *more):
-    return ("train", "--algo", "algo_a", "--model", "hf_toy", f"model.path={ckpt}",
-            f"output_dir={tmp_path / 'runs'}", "trainer.max_prompt_length=4096", *more)
+    return (
+        "train",
+        "--algo",
+        "algo_a",
+        "--model",
+        "hf_toy",
+        f"model.path={ckpt}",
+        f"output_dir={tmp_path / 'runs'}",
+        "trainer.max_prompt_length=4096",
+        *more,
+    )
 
 
 COMMANDS = {
@@ -106,19 +134,31 @@ def _shards(ckpt):
 
 
 DAMAGE = {
-    "truncated config.json": (lambda c: (c / "config.json").write_text('{"model_type": "hf_to'),
-                              "config.json is not readable JSON (Unterminated string"),
-    "config.json not an object": (lambda c: (c / "config.json").write_text("[1, 2]"),
-                                  "config.json holds a JSON list, not an object"),
-    "config.json with only model_type": (lambda c: (c / "config.json").write_text('{"model_type": "hf_toy"}'),
-                                         "config.json lacks vocab_size, dim (the sizes of a 'hf_toy' model)"),
-    "missing weights": (lambda c: (c / "model.safetensors").unlink(),
-                        "holds no weights (model.safetensors or pytorch_model.bin, or a sharded index"),
-    "truncated safetensors": (lambda c: _truncate(c / "model.safetensors"),
-                              "model.safetensors is truncated or not a safetensors file"),
+    "truncated config.json": (
+        lambda c: (c / "config.json").write_text('{"model_type": "hf_to'),
+        "config.json is not readable JSON (Unterminated string",
+    ),
+    "config.json not an object": (
+        lambda c: (c / "config.json").write_text("[1, 2]"),
+        "config.json holds a JSON list, not an object",
+    ),
+    "config.json with only model_type": (
+        lambda c: (c / "config.json").write_text('{"model_type": "hf_toy"}'),
+        "config.json lacks vocab_size, dim (the sizes of a 'hf_toy' model)",
+    ),
+    "missing weights": (
+        lambda c: (c / "model.safetensors").unlink(),
+        "holds no weights (model.safetensors or pytorch_model.bin, or a sharded index",
+    ),
+    "truncated safetensors": (
+        lambda c: _truncate(c / "model.safetensors"),
+        "model.safetensors is truncated or not a safetensors file",
+    ),
     "missing shard": (_shards, "model-00002-of-00002.safetensors, named by the weights index, is missing"),
-    "corrupt tokenizer.json": (lambda c: (c / "tokenizer.json").write_text("{not json"),
-                               "tokenizer.json is not readable JSON (Expecting property name"),
+    "corrupt tokenizer.json": (
+        lambda c: (c / "tokenizer.json").write_text("{not json"),
+        "tokenizer.json is not readable JSON (Expecting property name",
+    ),
 }
 
 
@@ -132,8 +172,12 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(refused, tmp_path, hf_ckpt,
 
 
 def test_the_intact_checkpoint_passes_every_check(dare, hf_ckpt, tmp_path):
-    cfg = resolve(dare, algo="algo_a", model="hf_toy", overrides=[
-        f"model.path={hf_ckpt}", f"output_dir={tmp_path / 'runs'}", "trainer.max_prompt_length=4096"])
+    cfg = resolve(
+        dare,
+        algo="algo_a",
+        model="hf_toy",
+        overrides=[f"model.path={hf_ckpt}", f"output_dir={tmp_path / 'runs'}", "trainer.max_prompt_length=4096"],
+    )
     task = preflight_mod.preflight(dare, cfg, train=True)
     assert task.name == "sudoku" and LOADS == []
     assert preflight_mod.preflight(dare, cfg, prompts=["hi"]) is None
@@ -148,12 +192,15 @@ def test_a_checkpoint_of_another_family_names_that_family(refused, tmp_path, hf_
     # its preset would not even resolve for hf_toy's sampler: the family is named first
     (hf_ckpt / "dare_defaults.yaml").write_text("common:\n  rollout: {gen_length: 7, block_length: 4}\n")
     message = refused(*_train(tmp_path, hf_ckpt))
-    assert message == (f"{hf_ckpt} is a checkpoint of model_type 'other_toy', which model family 'hf_toy' "
-                       f"does not load; it is a 'other_toy' checkpoint: pass --model other_toy")
+    assert message == (
+        f"{hf_ckpt} is a checkpoint of model_type 'other_toy', which model family 'hf_toy' "
+        f"does not load; it is a 'other_toy' checkpoint: pass --model other_toy"
+    )
     (hf_ckpt / "config.json").write_text(json.dumps(dict(CONFIG, model_type="nobody")))
     assert refused(*_train(tmp_path, hf_ckpt)).endswith("no installed model family loads it (`dare list models`)")
     assert refused(*_train(tmp_path, tmp_path / "nope")) == (
-        f"model.path={tmp_path / 'nope'}: no such directory; give a checkpoint directory")
+        f"model.path={tmp_path / 'nope'}: no such directory; give a checkpoint directory"
+    )
 
 
 @pytest.mark.parametrize("command", ["train", "generate"])
@@ -163,26 +210,39 @@ def test_a_prompt_beyond_the_context_is_refused(refused, tmp_path, hf_ckpt, comm
     if command == "generate":
         args = ("generate", "--model", "hf_toy", "--prompt", "x" * 100, f"model.path={hf_ckpt}")
     message = refused(*args, "rollout.gen_length=32")
-    assert "tokens plus rollout.gen_length=32 exceeds the model's context of 64 tokens (max_len in " \
-           "config.json); shorten the prompt or lower rollout.gen_length" in message
+    assert (
+        "tokens plus rollout.gen_length=32 exceeds the model's context of 64 tokens (max_len in "
+        "config.json); shorten the prompt or lower rollout.gen_length" in message
+    )
     n = 729 if command == "train" else len("user: " + "x" * 100 + "\nassistant: ")  # the chat template's
     assert message.startswith(f"a prompt of {n} tokens")
 
 
 def test_a_prompt_beyond_max_prompt_length_is_refused_before_the_run(refused, tmp_path, hf_ckpt):
     message = refused(*_train(tmp_path, hf_ckpt)[:-1])  # the default trainer.max_prompt_length
-    assert message == ("a prompt has 729 tokens, more than trainer.max_prompt_length=512; "
-                       "raise trainer.max_prompt_length")
+    assert message == (
+        "a prompt has 729 tokens, more than trainer.max_prompt_length=512; raise trainer.max_prompt_length"
+    )
 
 
 def test_an_empty_prompt_is_refused(refused, hf_ckpt):
-    assert refused("generate", "--model", "hf_toy", "--prompt", "hi", "--prompt", " ",
-                   f"model.path={hf_ckpt}") == "--prompt is empty; give the text the model should respond to"
+    assert (
+        refused("generate", "--model", "hf_toy", "--prompt", "hi", "--prompt", " ", f"model.path={hf_ckpt}")
+        == "--prompt is empty; give the text the model should respond to"
+    )
 
 
 def test_a_missing_data_file_is_refused_before_the_model(refused, tmp_path, ckpt):
-    message = refused("train", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}",
-                      f"output_dir={tmp_path / 'runs'}", f"task.eval_path={tmp_path / 'missing.jsonl'}")
+    message = refused(
+        "train",
+        "--algo",
+        "algo_a",
+        "--model",
+        "toy",
+        f"model.path={ckpt}",
+        f"output_dir={tmp_path / 'runs'}",
+        f"task.eval_path={tmp_path / 'missing.jsonl'}",
+    )
     assert message.startswith(f"data file not found: {tmp_path / 'missing.jsonl'}")
 
 
@@ -202,25 +262,41 @@ def test_an_output_dir_that_is_a_file_is_refused(refused, tmp_path, hf_ckpt):
     (tmp_path / "file").write_text("x")
     for out in (tmp_path / "file", tmp_path / "file" / "runs"):
         assert refused(*_train(tmp_path, hf_ckpt), f"output_dir={out}") == (
-            f"output_dir={out}: {tmp_path / 'file'} is a file, not a directory; choose another output_dir")
+            f"output_dir={out}: {tmp_path / 'file'} is a file, not a directory; choose another output_dir"
+        )
 
 
 def test_too_little_free_space_is_refused(refused, tmp_path, hf_ckpt, monkeypatch, dare):
-    cfg = resolve(dare, algo="algo_a", model="hf_toy", overrides=[
-        f"model.path={hf_ckpt}", "trainer.steps=1000", "trainer.save_every=1", "trainer.keep_last=0"])
+    cfg = resolve(
+        dare,
+        algo="algo_a",
+        model="hf_toy",
+        overrides=[f"model.path={hf_ckpt}", "trainer.steps=1000", "trainer.save_every=1", "trainer.keep_last=0"],
+    )
     need = preflight_mod.disk_need(cfg, 800)
     assert need == 1000 * 800 * (4 + 12) + 800 * 4  # every checkpoint kept, the final model
     assert preflight_mod.disk_need(attrs_evolve(cfg, keep_last=2), 800) == 3 * 800 * 16 + 800 * 4
     usage = types.SimpleNamespace(total=10**12, used=0, free=need // 2)
     monkeypatch.setattr(preflight_mod.shutil, "disk_usage", lambda path: usage)
     message = refused(*_train(tmp_path, hf_ckpt), "trainer.steps=1000", "trainer.save_every=1")
-    assert message == (f"output_dir={tmp_path / 'runs'}: the run's saves need about 12.8 MB, {tmp_path} has "
-                       f"6.4 MB free; free space, choose another output_dir or save less (trainer.keep_last, "
-                       f"trainer.save_every, trainer.save_final)")
+    assert message == (
+        f"output_dir={tmp_path / 'runs'}: the run's saves need about 12.8 MB, {tmp_path} has "
+        f"6.4 MB free; free space, choose another output_dir or save less (trainer.keep_last, "
+        f"trainer.save_every, trainer.save_final)"
+    )
     usage.free = need
-    cfg = resolve(dare, algo="algo_a", model="hf_toy", overrides=[
-        f"model.path={hf_ckpt}", f"output_dir={tmp_path / 'runs'}", "trainer.max_prompt_length=4096",
-        "trainer.steps=1000", "trainer.save_every=1"])
+    cfg = resolve(
+        dare,
+        algo="algo_a",
+        model="hf_toy",
+        overrides=[
+            f"model.path={hf_ckpt}",
+            f"output_dir={tmp_path / 'runs'}",
+            "trainer.max_prompt_length=4096",
+            "trainer.steps=1000",
+            "trainer.save_every=1",
+        ],
+    )
     preflight_mod.preflight(dare, cfg, train=True)  # exactly enough
 
 
@@ -231,7 +307,8 @@ def attrs_evolve(cfg, **trainer):
 # ----------------------------------------------------------------------------- semantic checks
 def test_an_empty_model_path_is_refused(refused, tmp_path):
     assert refused("train", "--algo", "algo_a", "--model", "toy", "model.path=") == (
-        "invalid configuration: model.path is empty; omit it to use the bundled checkpoint or give a directory")
+        "invalid configuration: model.path is empty; omit it to use the bundled checkpoint or give a directory"
+    )
 
 
 @attrs.frozen
@@ -242,13 +319,28 @@ class _NoOptions:
 def test_one_rollout_per_group_is_refused_for_a_grouped_advantage(refused, make_dare, make_plugin, ckpt):
     assert refused("train", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}", "trainer.group_size=1") == (
         "invalid configuration: trainer.group_size=1: algorithm 'algo_a' compares the rollouts of each prompt "
-        "(advantage 'group_norm'); set trainer.group_size to 2 or more")
+        "(advantage 'group_norm'); set trainer.group_size to 2 or more"
+    )
     # an advantage estimator that does not declare needs_groups takes one rollout per prompt
-    d = make_dare(make_plugin("plain", dare_register_algorithms=lambda register: register(AlgorithmSpec(
-        name="algo_plain", workflow="rl", config_cls=_NoOptions, build=lambda cfg, lookup: None,
-        components={"advantage": "test_advantage"}))))
+    d = make_dare(
+        make_plugin(
+            "plain",
+            dare_register_algorithms=lambda register: register(
+                AlgorithmSpec(
+                    name="algo_plain",
+                    workflow="rl",
+                    config_cls=_NoOptions,
+                    build=lambda cfg, lookup: None,
+                    components={"advantage": "test_advantage"},
+                )
+            ),
+        )
+    )
     assert [d.registries.advantages.get(n).needs_groups for n in ("group_norm", "rloo", "test_advantage")] == [
-        True, True, False]
+        True,
+        True,
+        False,
+    ]
     cfg = resolve(d, algo="algo_plain", model="toy", overrides=[f"model.path={ckpt}", "trainer.group_size=1"])
     assert cfg.trainer.group_size == 1
 
@@ -256,4 +348,5 @@ def test_one_rollout_per_group_is_refused_for_a_grouped_advantage(refused, make_
 def test_an_eval_backend_the_family_does_not_list_is_refused(refused, ckpt):
     assert refused("generate", "--model", "toy", "--prompt", "hi", f"model.path={ckpt}", "eval.backend=mini") == (
         "invalid configuration: eval.backend 'mini' is not a backend model family 'toy' lists; "
-        "use one of: low_confidence")
+        "use one of: low_confidence"
+    )

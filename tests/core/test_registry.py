@@ -135,8 +135,11 @@ def test_a_plugin_may_register_the_same_spec_twice(make_plugin):
         register(spec)
         register(spec)
 
-    d = build(load_entrypoints=False, default_plugins=False,
-              extra_plugins=[make_plugin("twice_plugin", dare_register_policy_losses=reg)])
+    d = build(
+        load_entrypoints=False,
+        default_plugins=False,
+        extra_plugins=[make_plugin("twice_plugin", dare_register_policy_losses=reg)],
+    )
     assert d.registries.losses.names() == ["twice"]
 
 
@@ -145,7 +148,8 @@ def test_a_spec_without_name_is_refused(make_plugin):
         register(object())
 
     with pytest.raises(TypeError, match="nameless_plugin"):
-        build(load_entrypoints=False, strict=True,
-              extra_plugins=[make_plugin("nameless_plugin", dare_register_tasks=reg)])
+        build(
+            load_entrypoints=False, strict=True, extra_plugins=[make_plugin("nameless_plugin", dare_register_tasks=reg)]
+        )
     d = build(load_entrypoints=False, extra_plugins=[make_plugin("nameless_plugin", dare_register_tasks=reg)])
     assert "registered a task without a name" in d.broken()[0].broken

@@ -68,8 +68,10 @@ def test_a_named_run_directory_is_claimed_once(tmp_path):
     first.log_metrics({"step": 1})
     with pytest.raises(DareError) as info:  # finished or not: never shared, never appended to
         RunDir.create(str(tmp_path), "exp", "algo_a-toy")
-    assert str(info.value) == (f"run directory {tmp_path / 'exp'} exists; choose another run_name, pass "
-                               f"--overwrite to replace it, or continue it with trainer.resume=auto")
+    assert str(info.value) == (
+        f"run directory {tmp_path / 'exp'} exists; choose another run_name, pass "
+        f"--overwrite to replace it, or continue it with trainer.resume=auto"
+    )
     assert (tmp_path / "exp" / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert sorted(os.listdir(tmp_path)) == ["exp"]
 
@@ -94,8 +96,9 @@ def test_remove_temp_removes_what_interrupted_saves_left(tmp_path):
     for f in (".tmp-abc.json", "checkpoints/step-2/.tmp-x", "config.yaml", "checkpoints/step-2/model.safetensors"):
         open(run.path(f), "w").close()
     run.remove_temp()
-    left = sorted(os.path.relpath(os.path.join(top, n), run.root)
-                  for top, dirs, files in os.walk(run.root) for n in dirs + files)
+    left = sorted(
+        os.path.relpath(os.path.join(top, n), run.root) for top, dirs, files in os.walk(run.root) for n in dirs + files
+    )
     assert left == ["checkpoints", "checkpoints/step-2", "checkpoints/step-2/model.safetensors", "config.yaml"]
 
 
@@ -124,7 +127,6 @@ def test_metrics_jsonl_appends(tmp_path):
     RunDir(run.root).log_metrics({"step": 3, "loss": 0.125})  # a new handle appends too
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
-
 
 
 def test_concurrent_claims_of_one_name_give_it_to_one_run(tmp_path):
@@ -181,8 +183,17 @@ def _old_run(root):
 
 
 def _train_args(tmp_path, ckpt, *more):
-    return ("train", "--algo", "algo_a", "--model", "toy", f"model.path={ckpt}",
-            f"output_dir={tmp_path / 'runs'}", "run_name=exp", *more)
+    return (
+        "train",
+        "--algo",
+        "algo_a",
+        "--model",
+        "toy",
+        f"model.path={ckpt}",
+        f"output_dir={tmp_path / 'runs'}",
+        "run_name=exp",
+        *more,
+    )
 
 
 def test_an_existing_run_name_is_refused_and_left_as_it_was(stand_in, tmp_path, ckpt):
@@ -191,8 +202,10 @@ def test_an_existing_run_name_is_refused_and_left_as_it_was(stand_in, tmp_path, 
     before = sorted(os.walk(root))
     result = _cli(*_train_args(tmp_path, ckpt))
     assert result.exit_code == 2 and "Traceback" not in result.output and result.stdout == ""
-    assert result.stderr == (f"error: run directory {root} exists; choose another run_name, pass --overwrite "
-                             f"to replace it, or continue it with trainer.resume=auto\n")
+    assert result.stderr == (
+        f"error: run directory {root} exists; choose another run_name, pass --overwrite "
+        f"to replace it, or continue it with trainer.resume=auto\n"
+    )
     assert sorted(os.walk(root)) == before and stand_in.setups == []
     assert (root / "metrics.jsonl").read_text() == '{"step": 1, "run": "old"}\n'
 
@@ -209,8 +222,12 @@ def test_overwrite_replaces_the_old_run(stand_in, tmp_path, ckpt):
 
 
 def test_a_run_started_while_one_of_the_same_name_runs_is_refused(stand_in, tmp_path, ckpt):
-    config = resolve(stand_in.dare, algo="algo_a", model="toy", overrides=[
-        f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=exp"])
+    config = resolve(
+        stand_in.dare,
+        algo="algo_a",
+        model="toy",
+        overrides=[f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=exp"],
+    )
     second: list = []
 
     def start_another():
@@ -230,16 +247,21 @@ def test_resume_removes_the_temp_entries_of_an_interrupted_save(stand_in, tmp_pa
     result = _cli(*_train_args(tmp_path, ckpt, "trainer.resume=auto"))
     assert result.exit_code == 0, result.output
     assert "warning: skipping checkpoint step-3, cut off mid-write" in result.stderr
-    left = sorted(os.path.relpath(os.path.join(top, n), root) for top, dirs, files in os.walk(root)
-                  for n in dirs + files)
+    left = sorted(
+        os.path.relpath(os.path.join(top, n), root) for top, dirs, files in os.walk(root) for n in dirs + files
+    )
     assert left == ["checkpoints", "config.yaml", "metrics.jsonl", "summary.json"]
     assert (root / "metrics.jsonl").read_text() == ""  # no checkpoint: afresh, without the old records
 
 
 def test_a_run_that_fails_in_set_up_leaves_no_run_directory(make_dare, tmp_path, ckpt, load_calls):
     d = make_dare()  # the toy family's load fails (it records the call)
-    config = resolve(d, algo="algo_a", model="toy", overrides=[
-        f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=exp"])
+    config = resolve(
+        d,
+        algo="algo_a",
+        model="toy",
+        overrides=[f"model.path={ckpt}", f"output_dir={tmp_path / 'runs'}", "run_name=exp"],
+    )
     with pytest.raises(AssertionError, match="a core test loaded a model"):
         train_mod.train(d, config)
     assert len(load_calls) == 1 and os.listdir(tmp_path / "runs") == []

@@ -18,8 +18,11 @@ import torch
 #: family -> (plugin module, rollout backend, rollout config changes)
 CASES = {
     "llada": ("dare_plugin_llada", "low_confidence", {"gen_length": 8, "block_length": 4, "steps": 8}),
-    "llada-fast": ("dare_plugin_llada", "fast", {"gen_length": 8, "block_length": 4, "steps": 8,
-                                                  "decoding": "threshold", "threshold": 0.3}),
+    "llada-fast": (
+        "dare_plugin_llada",
+        "fast",
+        {"gen_length": 8, "block_length": 4, "steps": 8, "decoding": "threshold", "threshold": 0.3},
+    ),
     "dream": ("dare_plugin_dream", None, {"gen_length": 8, "steps": 8}),
     "sdar": ("dare_plugin_sdar", None, {"gen_length": 8, "steps": 4}),
     "llada2": ("dare_plugin_llada2", None, {"gen_length": 8, "steps": 4, "threshold": 0.3}),
@@ -59,11 +62,24 @@ def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lo
     out: dict[str, Any] = {}
     for eng_name, port in engines:
         os.environ["MASTER_PORT"] = str(port)  # each engine its own process group
-        over = (["engine.name=fsdp"] if eng_name == "fsdp" else
-                ["engine.name=deepspeed", "deepspeed.zero_stage=3", f"deepspeed.config={root}/zero3.json"])
-        cfg = resolve(dare, algo="sup_test", model="toy", overrides=[
-            "model.device=cpu", f"model.path={root}/ckpt", f"output_dir={root}/runs", "trainer.micro_batch_size=1",
-            "model.cross_entropy=naive", *over])
+        over = (
+            ["engine.name=fsdp"]
+            if eng_name == "fsdp"
+            else ["engine.name=deepspeed", "deepspeed.zero_stage=3", f"deepspeed.config={root}/zero3.json"]
+        )
+        cfg = resolve(
+            dare,
+            algo="sup_test",
+            model="toy",
+            overrides=[
+                "model.device=cpu",
+                f"model.path={root}/ckpt",
+                f"output_dir={root}/runs",
+                "trainer.micro_batch_size=1",
+                "model.cross_entropy=naive",
+                *over,
+            ],
+        )
         engine = dare.registries.engines.get(cfg.engine.name).build(cfg)
         for case in cases:
             module, name, changes = CASES[case]
@@ -80,8 +96,10 @@ def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lo
             engine.setup_optimizer(sharded, cfg.trainer)  # ZeRO-3 partitions here
             key = f"{eng_name}/{case}"
             try:
-                with torch.no_grad(), (lockstep(engine, sharded, ids, mask) if use_lockstep
-                                       else contextlib.nullcontext()):
+                with (
+                    torch.no_grad(),
+                    lockstep(engine, sharded, ids, mask) if use_lockstep else contextlib.nullcontext(),
+                ):
                     got = backend.generate(sharded, ids, mask, generator=torch.Generator().manual_seed(5))
             except DareError as exc:  # refused before any forward, on every rank
                 out[key] = {"refused": str(exc), "forwards": count[0]}
@@ -94,9 +112,18 @@ def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lo
 def write_zero3(root: str) -> None:
     """A DeepSpeed file partitioning every parameter (no persistence threshold)."""
     with open(os.path.join(root, "zero3.json"), "w") as fh:
-        json.dump({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                   "zero_optimization": {"stage": "auto", "stage3_param_persistence_threshold": 0,
-                                         "stage3_model_persistence_threshold": 0}}, fh)
+        json.dump(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "zero_optimization": {
+                    "stage": "auto",
+                    "stage3_param_persistence_threshold": 0,
+                    "stage3_model_persistence_threshold": 0,
+                },
+            },
+            fh,
+        )
 
 
 def train_jobs(jobs: list[tuple]) -> list[dict[str, Any]]:

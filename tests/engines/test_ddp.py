@@ -11,4 +11,3 @@ def test_two_ranks_equal_one_process(tmp_path, algo):
     one, many = assert_same_as_single(tmp_path, algo, ["engine.name=ddp"])
     assert len([r for r in one["records"] if "loss" in r]) == 3
     assert many["summary"]["world_size"] == 2
-

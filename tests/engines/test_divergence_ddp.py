@@ -13,8 +13,15 @@ from nan_on_rank import train_until_diverged  # noqa: E402
 
 
 def test_both_ranks_stop_at_the_same_step(tmp_path):
-    overrides = [*TINY, "engine.name=ddp", "trainer.steps=5", "trainer.max_nonfinite_steps=2",
-                 f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", "run_name=nan"]
+    overrides = [
+        *TINY,
+        "engine.name=ddp",
+        "trainer.steps=5",
+        "trainer.max_nonfinite_steps=2",
+        f"model.path={tmp_path / 'ckpt'}",
+        f"output_dir={tmp_path}",
+        "run_name=nan",
+    ]
     messages = run_ranks(2, train_until_diverged, overrides)
     assert messages[0] is not None and messages[0] == messages[1]
     assert messages[0].startswith("training diverged at step 2: non-finite loss for 2 steps")

@@ -54,22 +54,48 @@ def test_rl_and_odd_evaluation_on_two_ranks_equal_one_process(root):
     """``fast`` threshold decoding on the bundled LLaDA, and the default backends of SDAR and
     LLaDA2: one RL step, evaluations of 3 items in batches of 1 (rank 1 pads) before and after,
     greedy and sampled (LLaDA)."""
-    common = ["task.name=digits", "rollout.gen_length=4", "rollout.steps=4", "rollout.temperature=1.0",
-              "progress=false", "seed=3", "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=2",
-              "trainer.micro_batch_size=2", "trainer.rollout_batch_size=1", "model.device=cpu",
-              "task.num_eval=3", "eval.batch_size=1", f"output_dir={root / 'runs'}", "model.cross_entropy=naive"]
+    common = [
+        "task.name=digits",
+        "rollout.gen_length=4",
+        "rollout.steps=4",
+        "rollout.temperature=1.0",
+        "progress=false",
+        "seed=3",
+        "trainer.steps=1",
+        "trainer.batch_size=2",
+        "trainer.group_size=2",
+        "trainer.micro_batch_size=2",
+        "trainer.rollout_batch_size=1",
+        "model.device=cpu",
+        "task.num_eval=3",
+        "eval.batch_size=1",
+        f"output_dir={root / 'runs'}",
+        "model.cross_entropy=naive",
+    ]
     zero3 = ["engine.name=deepspeed", "deepspeed.zero_stage=3", f"deepspeed.config={root / 'zero3.json'}"]
     fast = ["rollout.backend=fast", "rollout.decoding=threshold", "rollout.threshold=0.3", "rollout.block_length=4"]
-    jobs = {"greedy": ("llada", *fast), "sampled": ("llada", *fast, "eval.temperature=1.0"),
-            "sdar": ("sdar",), "llada2": ("llada2", "rollout.threshold=0.3")}
+    jobs = {
+        "greedy": ("llada", *fast),
+        "sampled": ("llada", *fast, "eval.temperature=1.0"),
+        "sdar": ("sdar",),
+        "llada2": ("llada2", "rollout.threshold=0.3"),
+    }
     one = run_ranks(1, train_jobs, [_run(common, f"one-{n}", *o) for n, o in jobs.items()])[0]
-    many = run_ranks(2, train_jobs, [_run(common, f"{e}-{n}", *o, *eng) for n, o in jobs.items()
-                                     for e, eng in (("fsdp", ["engine.name=fsdp"]), ("zero3", zero3))])[0]
+    many = run_ranks(
+        2,
+        train_jobs,
+        [
+            _run(common, f"{e}-{n}", *o, *eng)
+            for n, o in jobs.items()
+            for e, eng in (("fsdp", ["engine.name=fsdp"]), ("zero3", zero3))
+        ],
+    )[0]
     for i, single in enumerate(one):
-        for sharded in many[2 * i: 2 * i + 2]:
+        for sharded in many[2 * i : 2 * i + 2]:
             assert max_weight_diff(single["weights"], sharded["weights"]) <= 1e-6, list(jobs)[i]
-            untimed = [[{k: v for k, v in r.items() if k != "eval"} for r in run["records"]]
-                       for run in (single, sharded)]
+            untimed = [
+                [{k: v for k, v in r.items() if k != "eval"} for r in run["records"]] for run in (single, sharded)
+            ]
             problems = same_records(*untimed)
             assert not problems, "\n".join(problems[:10])
             assert single["samples"] == sharded["samples"]

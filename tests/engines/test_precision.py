@@ -10,7 +10,7 @@ from dare_core.config.schema import EngineConfig, ModelConfig, TrainerConfig
 from dare_core.engines import SingleProcessEngine
 from dare_core.engines.common import adamw
 from dare_core.errors import DareError
-from dare_core.testing.engines import train_run, TINY
+from dare_core.testing.engines import TINY, train_run
 
 
 def _changed_fraction(rounding: str, steps: int = 10, lr: float = 5e-7) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -54,8 +54,9 @@ def test_uncompensated_pure_bf16_is_refused_in_one_line():
     with pytest.raises(DareError) as info:
         SingleProcessEngine(cfg)
     assert "\n" not in str(info.value) and "engine.bf16_update=kahan" in str(info.value)
-    engine = SingleProcessEngine(RunConfig(model=ModelConfig(device="cpu"),
-                                           engine=EngineConfig(precision="bf16", bf16_update="kahan")))
+    engine = SingleProcessEngine(
+        RunConfig(model=ModelConfig(device="cpu"), engine=EngineConfig(precision="bf16", bf16_update="kahan"))
+    )
     assert engine.precision == "bf16"
     assert SingleProcessEngine(RunConfig(model=ModelConfig(device="cpu"))).precision == "fp32"  # auto on CPU
 
@@ -64,12 +65,26 @@ def test_uncompensated_pure_bf16_is_refused_in_one_line():
 def test_training_at_a_small_learning_rate_moves_the_weights_as_fp32_does(tmp_path, precision):
     """The toy model trained 3 steps at lr 5e-7: under bf16-mixed (fp32 master weights) and
     compensated pure bf16 every weight fp32 moves, moves."""
-    common = [*TINY, f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", "trainer.lr=5e-7",
-              "trainer.save_every=0"]
+    common = [
+        *TINY,
+        f"model.path={tmp_path / 'ckpt'}",
+        f"output_dir={tmp_path}",
+        "trainer.lr=5e-7",
+        "trainer.save_every=0",
+    ]
     start = train_run((), "sup_test", [*common, "run_name=start", "trainer.steps=1", "trainer.lr=1e-30"])
     fp32 = train_run((), "sup_test", [*common, "run_name=fp32"])
-    low = train_run((), "sup_test", [*common, f"run_name={precision}", f"engine.precision={precision}",
-                                     "engine.bf16_update=kahan", "model.dtype=float32"])
+    low = train_run(
+        (),
+        "sup_test",
+        [
+            *common,
+            f"run_name={precision}",
+            f"engine.precision={precision}",
+            "engine.bf16_update=kahan",
+            "model.dtype=float32",
+        ],
+    )
     for name, w0 in start["weights"].items():
         if not w0.is_floating_point():
             continue

@@ -24,14 +24,27 @@ STEPS = 5
 
 
 def _common(tmp_path, name, *extra):
-    return [*TINY, f"trainer.steps={STEPS}", "trainer.save_every=1", f"model.path={tmp_path / 'ckpt'}",
-            f"output_dir={tmp_path}", f"run_name={name}", *extra]
+    return [
+        *TINY,
+        f"trainer.steps={STEPS}",
+        "trainer.save_every=1",
+        f"model.path={tmp_path / 'ckpt'}",
+        f"output_dir={tmp_path}",
+        f"run_name={name}",
+        *extra,
+    ]
 
 
 def _killed(tmp_path, nprocs, rank, step, when, algo="pg_test", extra=()):
     with pytest.raises(RankFailed) as info:
-        run_ranks(nprocs, train_run, KILL, algo, _common(tmp_path, "cut") + list(extra),
-                  env={**THREADS, "DARE_TEST_KILL_AT": f"{rank}:{step}:{when}"})
+        run_ranks(
+            nprocs,
+            train_run,
+            KILL,
+            algo,
+            _common(tmp_path, "cut") + list(extra),
+            env={**THREADS, "DARE_TEST_KILL_AT": f"{rank}:{step}:{when}"},
+        )
     assert -9 in info.value.exitcodes  # SIGKILL, not an exception
 
 
@@ -53,8 +66,7 @@ def test_a_checkpoint_cut_off_mid_write_is_skipped(tmp_path, capfd):
     _killed(tmp_path, 1, 0, 3, "save")
     ckpts = tmp_path / "cut" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == [".tmp-step-3", "step-1", "step-2"]
-    resumed = run_ranks(1, train_run, (), "pg_test", _common(tmp_path, "cut", "trainer.resume=auto"),
-                        env=THREADS)[0]
+    resumed = run_ranks(1, train_run, (), "pg_test", _common(tmp_path, "cut", "trainer.resume=auto"), env=THREADS)[0]
     err = capfd.readouterr().err
     assert "warning: skipping checkpoint step-3, cut off mid-write" in err
     assert "resumed from" in err and "step-2" in err
@@ -66,8 +78,9 @@ def test_a_checkpoint_cut_off_mid_write_is_skipped(tmp_path, capfd):
 def test_one_rank_of_two_killed_then_resumed_equals_one_uninterrupted_process(tmp_path):
     full = train_run((), "pg_test", _common(tmp_path, "full"))
     _killed(tmp_path, 2, 1, random.randint(2, STEPS - 1), "step", extra=["engine.name=ddp"])
-    resumed = run_ranks(2, train_run, (), "pg_test",
-                        _common(tmp_path, "cut", "engine.name=ddp", "trainer.resume=auto"))[0]
+    resumed = run_ranks(
+        2, train_run, (), "pg_test", _common(tmp_path, "cut", "engine.name=ddp", "trainer.resume=auto")
+    )[0]
     assert same_records(full["records"], resumed["records"]) == []
     assert max_weight_diff(full["weights"], resumed["weights"]) <= 1e-6
 

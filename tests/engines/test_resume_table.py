@@ -24,6 +24,7 @@ from dare_core.testing.engines import TINY, max_weight_diff, same_records, train
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # the test double's package
 from workflows.test_rollout_sync import PUSHES, CopyEngine  # noqa: E402
+
 from dare_plugin_samplers.config import LowConfidenceConfig  # noqa: E402
 
 PRECISIONS = {
@@ -41,8 +42,7 @@ ENGINES = {  # name: (processes, plugins)
 }
 #: (engine, precision) refused by design: the start of the one-line error (every backend)
 REFUSED = {
-    ("fsdp", "bf16-stochastic"): "engine.name=fsdp implements engine.precision=bf16 with "
-                                 "engine.bf16_update=kahan only",
+    ("fsdp", "bf16-stochastic"): "engine.name=fsdp implements engine.precision=bf16 with engine.bf16_update=kahan only",
     ("deepspeed", "bf16-kahan"): "engine.name=deepspeed does not run engine.precision=bf16",
     ("deepspeed", "bf16-stochastic"): "engine.name=deepspeed does not run engine.precision=bf16",
 }
@@ -65,8 +65,15 @@ class PushedOnly(CopyEngine):
 class PushedOnlyPlugin:
     @hookimpl
     def dare_register_rollout_backends(self, register):
-        register(RolloutSpec(name="pushed_only", config_cls=LowConfidenceConfig, build=lambda cfg: PushedOnly(
-            cfg, "directory"), kinds=frozenset({"masked"}), sync="directory"))
+        register(
+            RolloutSpec(
+                name="pushed_only",
+                config_cls=LowConfidenceConfig,
+                build=lambda cfg: PushedOnly(cfg, "directory"),
+                kinds=frozenset({"masked"}),
+                sync="directory",
+            )
+        )
 
 
 def resume_rows(engine: str, plugins: tuple[str, ...], root: str) -> dict[tuple[str, str], object]:
@@ -82,8 +89,17 @@ def resume_rows(engine: str, plugins: tuple[str, ...], root: str) -> dict[tuple[
     for precision, extra in PRECISIONS.items():
         for backend, rollout in BACKENDS.items():
             name = f"{engine}-{precision}-{backend}"
-            common = [*TINY, f"model.path={root}/ckpt", f"output_dir={root}", f"run_name={name}",
-                      "trainer.save_every=1", "trainer.lr=1e-2", f"engine.name={engine}", *extra, *rollout]
+            common = [
+                *TINY,
+                f"model.path={root}/ckpt",
+                f"output_dir={root}",
+                f"run_name={name}",
+                "trainer.save_every=1",
+                "trainer.lr=1e-2",
+                f"engine.name={engine}",
+                *extra,
+                *rollout,
+            ]
             try:
                 full = train_run(plugins, "pg_test", common)
             except DareError as exc:

@@ -26,12 +26,28 @@ from dare_core.workflows.evaluation import evaluate
 from dare_core.workflows.runtime import eval_context, setup
 from dare_core.workflows.tracker import Tracker, strict
 
-TINY = ["task.name=digits", "task.num_eval=4", "rollout.gen_length=4", "rollout.block_length=4",
-        "rollout.steps=4", "rollout.temperature=1.0", "progress=false", "seed=3", "trainer.batch_size=4",
-        "trainer.group_size=2", "trainer.micro_batch_size=4", "model.device=cpu"]
+TINY = [
+    "task.name=digits",
+    "task.num_eval=4",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=4",
+    "rollout.temperature=1.0",
+    "progress=false",
+    "seed=3",
+    "trainer.batch_size=4",
+    "trainer.group_size=2",
+    "trainer.micro_batch_size=4",
+    "model.device=cpu",
+]
 #: at this learning rate the first update destroys the toy model: every later loss is NaN
-DIVERGE = ["trainer.lr=1e10", "trainer.max_nonfinite_steps=2", "trainer.steps=6", "eval.before=false",
-           "eval.after=true"]
+DIVERGE = [
+    "trainer.lr=1e10",
+    "trainer.max_nonfinite_steps=2",
+    "trainer.steps=6",
+    "eval.before=false",
+    "eval.after=true",
+]
 
 
 @pytest.fixture
@@ -40,8 +56,12 @@ def dare():
 
 
 def _config(dare, tmp_path, algo, name, *extra):
-    return resolve(dare, algo=algo, model="toy", overrides=[
-        *TINY, f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", f"run_name={name}", *extra])
+    return resolve(
+        dare,
+        algo=algo,
+        model="toy",
+        overrides=[*TINY, f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", f"run_name={name}", *extra],
+    )
 
 
 def strict_lines(path):
@@ -78,28 +98,44 @@ def test_nonfinite_steps_in_a_row_stop_the_run(dare, tmp_path, capsys, algo):
 
 def test_a_finite_step_resets_the_count():
     logged = []
-    ctx = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(max_nonfinite_steps=2)),
-                          log=logged.append)
+    ctx = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(max_nonfinite_steps=2)), log=logged.append)
     tracker = Tracker(ctx, [])
     for step, loss in enumerate([math.nan, 1.0, math.inf], 1):
         tracker._guard(step, {"loss": loss, "grad_norm": 0.5, "skipped_steps": 0})
-    assert logged == ["step 1: non-finite loss=nan; update applied (1 of 2 in a row)",
-                      "step 3: non-finite loss=inf; update applied (1 of 2 in a row)"]
+    assert logged == [
+        "step 1: non-finite loss=nan; update applied (1 of 2 in a row)",
+        "step 3: non-finite loss=inf; update applied (1 of 2 in a row)",
+    ]
     with pytest.raises(DivergenceError, match="at step 4: non-finite grad_norm for 2 steps"):
         tracker._guard(4, {"loss": 1.0, "grad_norm": math.nan, "skipped_steps": 1})
 
 
 def test_strict_records_flag_nonfinite_values_as_null():
     record = strict({"step": 2, "loss": math.nan, "lr": 1e-3, "eval_pairs": {"dpo_loss": -math.inf, "n": 4}})
-    assert record == {"step": 2, "loss": None, "lr": 1e-3, "eval_pairs": {"dpo_loss": None, "n": 4},
-                      "nonfinite": ["loss", "eval_pairs.dpo_loss"]}
+    assert record == {
+        "step": 2,
+        "loss": None,
+        "lr": 1e-3,
+        "eval_pairs": {"dpo_loss": None, "n": 4},
+        "nonfinite": ["loss", "eval_pairs.dpo_loss"],
+    }
     json.dumps(record, allow_nan=False)
     assert strict({"loss": 1.0}) == {"loss": 1.0}
 
 
 def test_divergence_is_one_error_line_and_status_2_from_the_cli(dare, dare_cli, tmp_path):
-    result = dare_cli(dare)("train", "--algo", "sup_test", "--model", "toy", *TINY, *DIVERGE,
-                            f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", "run_name=cli")
+    result = dare_cli(dare)(
+        "train",
+        "--algo",
+        "sup_test",
+        "--model",
+        "toy",
+        *TINY,
+        *DIVERGE,
+        f"model.path={tmp_path / 'ckpt'}",
+        f"output_dir={tmp_path}",
+        "run_name=cli",
+    )
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -109,12 +145,22 @@ def test_divergence_is_one_error_line_and_status_2_from_the_cli(dare, dare_cli, 
 
 
 def test_nonfinite_weights_are_never_written(dare, tmp_path):
-    cfg = _config(dare, tmp_path, "sup_test", "w", "trainer.steps=1", "trainer.save_every=1",
-                  "eval.before=false", "eval.after=false")
+    cfg = _config(
+        dare,
+        tmp_path,
+        "sup_test",
+        "w",
+        "trainer.steps=1",
+        "trainer.save_every=1",
+        "eval.before=false",
+        "eval.after=false",
+    )
     train(dare, cfg)
     root = tmp_path / "w"
-    kept = {p: (root / p).read_bytes() for p in ("checkpoints/step-1/toy.pt",
-                                                 "checkpoints/step-1/trainer_state.json", "final/toy.pt")}
+    kept = {
+        p: (root / p).read_bytes()
+        for p in ("checkpoints/step-1/toy.pt", "checkpoints/step-1/trainer_state.json", "final/toy.pt")
+    }
     ctx = setup(dare, cfg, rundir=RunDir(str(root)))
     ctx.engine.setup_optimizer(ctx.wrapper, cfg.trainer)
     with torch.no_grad():
@@ -133,8 +179,20 @@ def test_the_rl_console_line_shows_what_moves(dare, tmp_path, capsys):
     fraction and KL 0): the line leaves them out; with two epochs it shows them."""
     lines = {}
     for epochs in (1, 2):
-        train(dare, _config(dare, tmp_path, "pg_test", f"e{epochs}", "trainer.steps=1", f"trainer.ppo_epochs={epochs}",
-                            "eval.before=false", "eval.after=false", "trainer.save_final=false"))
+        train(
+            dare,
+            _config(
+                dare,
+                tmp_path,
+                "pg_test",
+                f"e{epochs}",
+                "trainer.steps=1",
+                f"trainer.ppo_epochs={epochs}",
+                "eval.before=false",
+                "eval.after=false",
+                "trainer.save_final=false",
+            ),
+        )
         lines[epochs] = next(l for l in capsys.readouterr().err.splitlines() if l.startswith("step 1 "))
     for key in ("reward=", "accuracy=", "grad_norm=", "response_length=", "rollout_tokens_per_s="):
         assert key in lines[1] and key in lines[2]
@@ -147,10 +205,17 @@ def test_evaluation_shows_a_progress_bar_on_a_terminal_only(dare, tmp_path, monk
         def isatty(self):
             return True
 
-    for progress, stream, shown in (("true", Terminal(), True), ("true", io.StringIO(), False),
-                                    ("false", Terminal(), False)):
-        cfg = resolve(dare, model="toy", need_algo=False, overrides=[
-            *TINY, f"model.path={tmp_path / 'ckpt'}", f"progress={progress}"])
+    for progress, stream, shown in (
+        ("true", Terminal(), True),
+        ("true", io.StringIO(), False),
+        ("false", Terminal(), False),
+    ):
+        cfg = resolve(
+            dare,
+            model="toy",
+            need_algo=False,
+            overrides=[*TINY, f"model.path={tmp_path / 'ckpt'}", f"progress={progress}"],
+        )
         ctx = eval_context(dare, cfg)
         monkeypatch.setattr(sys, "stderr", stream)
         result = evaluate(ctx, ctx.task.examples("eval", limit=4), "before")

@@ -27,8 +27,19 @@ def dare():
 
 
 def test_bundled_tasks_declare_their_maximum_reward(dare):
-    for name in ["sudoku", "countdown", "gsm8k", "math500", "aime2024", "aime2025", "humaneval",
-                 "humaneval_plus", "mbpp", "multiple_choice", "parquet"]:
+    for name in [
+        "sudoku",
+        "countdown",
+        "gsm8k",
+        "math500",
+        "aime2024",
+        "aime2025",
+        "humaneval",
+        "humaneval_plus",
+        "mbpp",
+        "multiple_choice",
+        "parquet",
+    ]:
         assert dare.registries.tasks.get(name).max_score == 1.0, name
 
 

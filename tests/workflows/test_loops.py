@@ -12,7 +12,6 @@ import pytest
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
 from dare_core.config import resolve
 from dare_core.plugins import build
 from dare_core.testing import toy
@@ -22,28 +21,59 @@ from dare_core.train import train
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})])
+    return build(
+        load_entrypoints=False,
+        extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})],
+    )
 
 
-COMMON = ["task.name=digits", "task.num_eval=16", "rollout.gen_length=4", "rollout.block_length=4",
-          "rollout.steps=4", "eval.batch_size=16", "progress=false", "seed=3"]
+COMMON = [
+    "task.name=digits",
+    "task.num_eval=16",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=4",
+    "eval.batch_size=16",
+    "progress=false",
+    "seed=3",
+]
 
 
 def test_rl_loop_learns_and_writes_run_dir(dare, tmp_path):
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", "run_name=rl",
-        "trainer.steps=25", "trainer.batch_size=8", "trainer.group_size=8", "trainer.micro_batch_size=32",
-        "rollout.temperature=1.0", "trainer.save_every=10",
-    ])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=COMMON
+        + [
+            f"model.path={tmp_path / 'ckpt'}",
+            f"output_dir={tmp_path}",
+            "run_name=rl",
+            "trainer.steps=25",
+            "trainer.batch_size=8",
+            "trainer.group_size=8",
+            "trainer.micro_batch_size=32",
+            "rollout.temperature=1.0",
+            "trainer.save_every=10",
+        ],
+    )
     assert cfg.trainer.lr == 3e-3  # the algorithm recipe
     os.makedirs(tmp_path / "ckpt", exist_ok=True)
     summary = train(dare, cfg)
     before, after = summary["eval"]["before"], summary["eval"]["after"]
     assert after["reward"] > before["reward"] + 0.2, (before, after)
     root = tmp_path / "rl"
-    for name in ("config.yaml", "plugins.json", "metrics.jsonl", "summary.json",
-                 "final/toy.pt", "checkpoints/step-10/toy.pt", "checkpoints/step-20/toy.pt",
-                 "eval_samples/before.json", "eval_samples/after.json"):
+    for name in (
+        "config.yaml",
+        "plugins.json",
+        "metrics.jsonl",
+        "summary.json",
+        "final/toy.pt",
+        "checkpoints/step-10/toy.pt",
+        "checkpoints/step-20/toy.pt",
+        "eval_samples/before.json",
+        "eval_samples/after.json",
+    ):
         assert (root / name).exists(), name
     stored = json.loads((root / "summary.json").read_text())
     assert {"algo", "model", "task", "eval"} <= set(stored)
@@ -65,11 +95,23 @@ def test_rl_loop_learns_and_writes_run_dir(dare, tmp_path):
 def test_old_and_new_logprobs_share_the_corruption(dare, tmp_path, monkeypatch):
     """With one epoch and one mini-batch the first update's ratio is exactly 1 (here from a
     separate no-grad pass under the same corruption, not from the update's own forward)."""
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=r1", "trainer.steps=1",
-        "trainer.batch_size=2", "trainer.group_size=4", "eval.before=false", "eval.after=false",
-        "trainer.reuse_logprob=false",
-    ])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=COMMON
+        + [
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=r1",
+            "trainer.steps=1",
+            "trainer.batch_size=2",
+            "trainer.group_size=4",
+            "eval.before=false",
+            "eval.after=false",
+            "trainer.reuse_logprob=false",
+        ],
+    )
     summary = train(dare, cfg)
     metrics = [json.loads(l) for l in (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -84,15 +126,31 @@ def test_reused_logprobs_train_the_same_weights(dare, tmp_path):
 
     runs = {}
     for reuse in (False, True):
-        cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-            f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name=reuse-{reuse}",
-            "trainer.steps=3", "trainer.batch_size=4", "trainer.group_size=4", "rollout.temperature=1.0",
-            "trainer.micro_batch_size=8", "eval.before=false", "eval.after=false",
-            f"trainer.reuse_logprob={reuse}"])
+        cfg = resolve(
+            dare,
+            algo="pg_test",
+            model="toy",
+            overrides=COMMON
+            + [
+                f"model.path={tmp_path}",
+                f"output_dir={tmp_path}",
+                f"run_name=reuse-{reuse}",
+                "trainer.steps=3",
+                "trainer.batch_size=4",
+                "trainer.group_size=4",
+                "rollout.temperature=1.0",
+                "trainer.micro_batch_size=8",
+                "eval.before=false",
+                "eval.after=false",
+                f"trainer.reuse_logprob={reuse}",
+            ],
+        )
         train(dare, cfg)
         root = tmp_path / f"reuse-{reuse}"
-        runs[reuse] = (torch.load(root / "final" / "toy.pt"),
-                       [json.loads(l) for l in (root / "metrics.jsonl").read_text().splitlines()])
+        runs[reuse] = (
+            torch.load(root / "final" / "toy.pt"),
+            [json.loads(l) for l in (root / "metrics.jsonl").read_text().splitlines()],
+        )
     (w_sep, m_sep), (w_reuse, m_reuse) = runs[False], runs[True]
     assert w_sep.keys() == w_reuse.keys()
     for k in w_sep:
@@ -107,10 +165,24 @@ def test_reused_logprobs_train_the_same_weights(dare, tmp_path):
 def test_task_reward_chooses_partial_credit_or_exact(dare, tmp_path, reward):
     """``task.reward=acc`` trains on exact correctness (0/1) instead of the task's partial
     credit; the logged reward is then the rollouts' accuracy."""
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name={reward}", "trainer.steps=3",
-        "trainer.batch_size=4", "trainer.group_size=4", "rollout.temperature=1.0",
-        "eval.before=false", "eval.after=false", f"task.reward={reward}"])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=COMMON
+        + [
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            f"run_name={reward}",
+            "trainer.steps=3",
+            "trainer.batch_size=4",
+            "trainer.group_size=4",
+            "rollout.temperature=1.0",
+            "eval.before=false",
+            "eval.after=false",
+            f"task.reward={reward}",
+        ],
+    )
     train(dare, cfg)
     steps = [json.loads(l) for l in (tmp_path / reward / "metrics.jsonl").read_text().splitlines()]
     partial = False
@@ -129,10 +201,21 @@ def test_task_reward_rejects_unknown_values(dare):
 
 
 def test_sft_loop_lowers_loss(dare, tmp_path):
-    cfg = resolve(dare, algo="sup_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=sft", "trainer.steps=60",
-        "trainer.lr=1e-2", "trainer.batch_size=16", "trainer.micro_batch_size=8",
-    ])
+    cfg = resolve(
+        dare,
+        algo="sup_test",
+        model="toy",
+        overrides=COMMON
+        + [
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=sft",
+            "trainer.steps=60",
+            "trainer.lr=1e-2",
+            "trainer.batch_size=16",
+            "trainer.micro_batch_size=8",
+        ],
+    )
     summary = train(dare, cfg)
     lines = [json.loads(l) for l in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     losses = [l["loss"] for l in lines if "loss" in l]
@@ -153,8 +236,9 @@ def test_final_export_is_atomic(tmp_path, monkeypatch):
 
     config = RunConfig(model=ModelConfig(path=str(tmp_path / "ckpt"), device="cpu"))
     w = toy.make_toy_wrapper()
-    ctx = types.SimpleNamespace(rundir=RunDir(str(tmp_path / "run")), engine=SingleProcessEngine(config),
-                                wrapper=w, config=config)
+    ctx = types.SimpleNamespace(
+        rundir=RunDir(str(tmp_path / "run")), engine=SingleProcessEngine(config), wrapper=w, config=config
+    )
     save_final(ctx)
     before = (tmp_path / "run" / "final" / "toy.pt").read_bytes()
 
@@ -179,34 +263,44 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     from dare_core.interfaces import AlgorithmSpec
     from dare_core.plugins import hookimpl
     from dare_core.testing.digits import ClipConfig, pg_components
-    from dare_core.workflows.runtime import setup
     from dare_core.workflows.rl import training_rollout
+    from dare_core.workflows.runtime import setup
 
     class Wrapped:
         def __init__(self, inner, run_config):
             self.inner, self.run_config = inner, run_config
 
     def adjusted(cfg, lookup):
-        return attrs.evolve(pg_components(cfg, lookup),
-                            rollout_config=lambda rc: attrs.evolve(rc, temperature=0.25),
-                            wrap_rollout=Wrapped)
+        return attrs.evolve(
+            pg_components(cfg, lookup),
+            rollout_config=lambda rc: attrs.evolve(rc, temperature=0.25),
+            wrap_rollout=Wrapped,
+        )
 
     class Adjusted:
         @hookimpl
         def dare_register_algorithms(self, register):
             register(AlgorithmSpec("adjusted_test", "rl", ClipConfig, adjusted))
 
-    dare = build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), Adjusted()])
-    cfg = resolve(dare, algo="adjusted_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", "rollout.temperature=1.0"])
+    dare = build(
+        load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), Adjusted()]
+    )
+    cfg = resolve(
+        dare,
+        algo="adjusted_test",
+        model="toy",
+        overrides=COMMON + [f"model.path={tmp_path}", "rollout.temperature=1.0"],
+    )
     ctx = setup(dare, cfg)
     backend = training_rollout(ctx)
     assert isinstance(backend, Wrapped) and backend.run_config is cfg
     assert backend.inner.config.temperature == 0.25
     assert ctx.rollout.config.temperature == 1.0  # the run's own backend is left as it was
     assert ctx.eval_rollout.config.temperature == cfg.eval.temperature
-    plain = setup(build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin()]),
-                  resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}"]))
+    plain = setup(
+        build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin()]),
+        resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}"]),
+    )
     assert training_rollout(plain) is plain.rollout
 
 
@@ -221,13 +315,22 @@ def test_a_backend_without_the_declared_rollout_fields_is_refused_in_one_line(tm
     class NeedsField:
         @hookimpl
         def dare_register_algorithms(self, register):
-            register(AlgorithmSpec("needs_field_test", "rl", ClipConfig, pg_components,
-                                   rollout_fields=frozenset({"no_such_field"})))
+            register(
+                AlgorithmSpec(
+                    "needs_field_test", "rl", ClipConfig, pg_components, rollout_fields=frozenset({"no_such_field"})
+                )
+            )
 
-    dare = build(load_entrypoints=False,
-                 extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), NeedsField()])
-    cfg = resolve(dare, algo="needs_field_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "trainer.steps=1", "eval.before=false"])
+    dare = build(
+        load_entrypoints=False,
+        extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), NeedsField()],
+    )
+    cfg = resolve(
+        dare,
+        algo="needs_field_test",
+        model="toy",
+        overrides=COMMON + [f"model.path={tmp_path}", f"output_dir={tmp_path}", "trainer.steps=1", "eval.before=false"],
+    )
     with pytest.raises(DareError) as info:
         train(dare, cfg)
     message = str(info.value)
@@ -241,23 +344,35 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
     the loop's gradient."""
     import torch
 
-    from dare_core.workflows.runtime import setup
     from dare_core.workflows.rl import PolicyObjective, collect, rows_update_batch, training_rollout
+    from dare_core.workflows.runtime import setup
     from dare_core.workflows.update import UpdatePlan, backward_minibatch
 
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", "rollout.temperature=1.0"])
+    cfg = resolve(
+        dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}", "rollout.temperature=1.0"]
+    )
     ctx = setup(dare, cfg)
     comps = ctx.components
-    c = collect(ctx, training_rollout(ctx), comps.trajectory, comps.advantage,
-                ctx.task.examples("train", limit=4, seed=0)[:4], 4, 1)
+    c = collect(
+        ctx,
+        training_rollout(ctx),
+        comps.trajectory,
+        comps.advantage,
+        ctx.task.examples("train", limit=4, seed=0)[:4],
+        4,
+        1,
+    )
     total = c.rows.batch.batch_size
     assert total == 16 and c.rows.advantages.abs().sum() > 0
     grads = {}
     for micro in (total, 3):
         ctx.wrapper.module.zero_grad()
-        _, metrics = backward_minibatch(None, PolicyObjective(comps, ctx.wrapper), rows_update_batch(c.rows, c.corrupted),
-                                        UpdatePlan(micro_batch=micro))
+        _, metrics = backward_minibatch(
+            None,
+            PolicyObjective(comps, ctx.wrapper),
+            rows_update_batch(c.rows, c.corrupted),
+            UpdatePlan(micro_batch=micro),
+        )
         assert "pg_clipfrac" in metrics
         grads[micro] = [p.grad.clone() for p in ctx.wrapper.module.parameters() if p.grad is not None]
     assert grads[total] and any(g.abs().sum() > 0 for g in grads[total])

@@ -8,13 +8,12 @@ import torch
 import dare_objectives  # the shared ELBO estimator and stratified masking
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
-from dare_objectives.elbo import RowMeanObjective, clipped_surrogate
 from dare_core.config import option
 from dare_core.interfaces import AlgorithmSpec, Components
 from dare_core.plugins import hookimpl
 from dare_core.testing import toy
 from dare_core.testing.algorithm_checks import one_rl_step
+from dare_objectives.elbo import RowMeanObjective, clipped_surrogate
 
 
 class SeqPPO(RowMeanObjective):
@@ -50,14 +49,19 @@ class Plugin:
                 corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.mc_num),
                 trajectory=lookup.trajectory("final_sequence"),
                 estimator=lookup.estimator("sequence_elbo", norm="none"),
-                loss=(loss := SeqPPO()), accumulate=loss, advantage=lookup.advantage("group_norm"))
+                loss=(loss := SeqPPO()),
+                accumulate=loss,
+                advantage=lookup.advantage("group_norm"),
+            )
 
         register(AlgorithmSpec("mc_seq_test", "rl", Cfg, build, recipe={"trainer": {"lr": 1e-3}}))
 
 
 def test_loop_uses_accumulate_one_row_at_a_time(tmp_path):
     SeqPPO.calls.clear()
-    rec = one_rl_step((dare_objectives, dare_plugin_samplers, dare_plugin_tasks, toy, Plugin()), "mc_seq_test", "toy", tmp_path)
+    rec = one_rl_step(
+        (dare_objectives, dare_plugin_samplers, dare_plugin_tasks, toy, Plugin()), "mc_seq_test", "toy", tmp_path
+    )
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert rec["grad_norm"] > 0 and rec["skipped_steps"] == 0
     # 8 sequences in micro-batches of 4: all rows once without grad, then each row alone

@@ -33,7 +33,8 @@ def build(cfg, lookup):
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("response_token_logprob"),
         loss=lookup.loss("clipped_pg", agg=cfg.loss_agg_mode),
-        advantage=lookup.advantage("group_norm"))
+        advantage=lookup.advantage("group_norm"),
+    )
 
 
 class AggPlugin:

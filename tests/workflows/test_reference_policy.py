@@ -7,7 +7,6 @@ import torch
 
 import dare_plugin_samplers  # the toy family's default rollout backend
 import dare_plugin_tasks  # the run config's default task
-
 from dare_core.api import MaskedTokenLogProb, RandomRatioMasking, ReferencePolicy, SingleProcessEngine, resolve
 from dare_core.models import lora
 from dare_core.testing import make_toy_wrapper, toy
@@ -21,14 +20,14 @@ TARGETS = ("mlp.0", "mlp.2", "head")
 
 def _lora_cfg(tmp_path, *overrides):
     dare = build_for(toy, dare_plugin_samplers, dare_plugin_tasks)
-    return resolve(dare, model="toy", need_algo=False,
-                   overrides=[f"model.path={tmp_path}", *overrides]).model.lora
+    return resolve(dare, model="toy", need_algo=False, overrides=[f"model.path={tmp_path}", *overrides]).model.lora
 
 
 def _engine(tmp_path):
     dare = build_for(toy, dare_plugin_samplers, dare_plugin_tasks)
-    return SingleProcessEngine(resolve(dare, model="toy", need_algo=False,
-                                       overrides=[f"model.path={tmp_path}", "model.device=cpu"]))
+    return SingleProcessEngine(
+        resolve(dare, model="toy", need_algo=False, overrides=[f"model.path={tmp_path}", "model.device=cpu"])
+    )
 
 
 def test_reference_is_the_base_for_fresh_adapters_and_a_copy_otherwise(tmp_path):

@@ -14,9 +14,6 @@ import torch
 
 import dare_plugin_samplers
 import dare_plugin_tasks
-from dare_plugin_samplers.config import LowConfidenceConfig
-from dare_plugin_samplers.low_confidence import LowConfidenceSampler
-
 from dare_core.api import RolloutSpec, hookimpl
 from dare_core.config import resolve
 from dare_core.models import lora
@@ -24,6 +21,8 @@ from dare_core.plugins import build
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
 from dare_core.train import train
+from dare_plugin_samplers.config import LowConfidenceConfig
+from dare_plugin_samplers.low_confidence import LowConfidenceSampler
 
 PUSHES: list = []
 
@@ -58,30 +57,67 @@ class EnginePlugin:
     @hookimpl
     def dare_register_rollout_backends(self, register):
         for how in ("state", "directory"):
-            register(RolloutSpec(name=f"engine_{how}", config_cls=LowConfidenceConfig,
-                                 build=lambda cfg, how=how: CopyEngine(cfg, how), kinds=frozenset({"masked"}),
-                                 sync=how))
+            register(
+                RolloutSpec(
+                    name=f"engine_{how}",
+                    config_cls=LowConfidenceConfig,
+                    build=lambda cfg, how=how: CopyEngine(cfg, how),
+                    kinds=frozenset({"masked"}),
+                    sync=how,
+                )
+            )
 
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, EnginePlugin(),
-                                                        DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}})])
+    return build(
+        load_entrypoints=False,
+        extra_plugins=[
+            dare_plugin_samplers,
+            dare_plugin_tasks,
+            toy,
+            EnginePlugin(),
+            DigitsPlugin(rl_recipe={"trainer": {"lr": 3e-3}}),
+        ],
+    )
 
 
 def _run(dare, tmp_path, name, backend, extra=()):
     os.makedirs(tmp_path / "ckpt", exist_ok=True)
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=[
-        "task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
-        "rollout.steps=4", "rollout.temperature=1.0", "eval.batch_size=8", "progress=false", "seed=5",
-        f"model.path={tmp_path / 'ckpt'}", f"output_dir={tmp_path}", f"run_name={name}",
-        "trainer.steps=3", "trainer.batch_size=4", "trainer.group_size=4", f"rollout.backend={backend}",
-        *extra])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=[
+            "task.name=digits",
+            "task.num_eval=8",
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "rollout.temperature=1.0",
+            "eval.batch_size=8",
+            "progress=false",
+            "seed=5",
+            f"model.path={tmp_path / 'ckpt'}",
+            f"output_dir={tmp_path}",
+            f"run_name={name}",
+            "trainer.steps=3",
+            "trainer.batch_size=4",
+            "trainer.group_size=4",
+            f"rollout.backend={backend}",
+            *extra,
+        ],
+    )
     train(dare, cfg)
     metrics = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
     def timeless(d):
-        return {k: timeless(v) if isinstance(v, dict) else v for k, v in d.items()
-                if not (k.startswith("time") or k == "seconds" or "per_s" in k)}
+        return {
+            k: timeless(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if not (k.startswith("time") or k == "seconds" or "per_s" in k)
+        }
+
     return [timeless(m) for m in metrics]
 
 
@@ -112,8 +148,12 @@ def test_an_unsynced_engine_copy_would_diverge(dare, tmp_path, monkeypatch):
 
 def test_lora_policy_is_pushed_merged(dare, tmp_path):
     PUSHES.clear()
-    adapters = ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[mlp.0,mlp.2,head]",
-                "trainer.lr=5e-2"]
+    adapters = [
+        "model.lora.rank=4",
+        "model.lora.alpha=8",
+        "model.lora.target_modules=[mlp.0,mlp.2,head]",
+        "trainer.lr=5e-2",
+    ]
     reference = _run(dare, tmp_path, "inproc", "low_confidence", adapters)
     synced = _run(dare, tmp_path, "engine", "engine_state", adapters)
     assert synced == reference

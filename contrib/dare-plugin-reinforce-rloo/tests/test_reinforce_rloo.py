@@ -7,7 +7,13 @@ import torch
 
 import dare_plugin_reinforce_rloo
 from dare_core.api import (
-    ComponentLookup, ConfigError, Corrupted, DareError, resolve, SequenceBatch, structure,
+    ComponentLookup,
+    ConfigError,
+    Corrupted,
+    DareError,
+    SequenceBatch,
+    resolve,
+    structure,
 )
 from dare_core.testing import fake_rollout, toy
 from dare_plugin_reinforce_rloo.algorithm import (
@@ -43,17 +49,21 @@ class TableWrapper:
 def test_estimator_hand_computed():
     # B = 3 sequences, P = 1 prompt column, R = 3 response columns, M = 2 corruption rows.
     ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]])
-    att = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])   # b=2: last response token is padding
+    att = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])  # b=2: last response token is padding
     batch = SequenceBatch(ids, att, 1)
-    tables = torch.tensor([
-        [[-9.0, -1.0, -2.0, -3.0], [-9.0, -4.0, -5.0, -6.0], [-100.0, -100.0, -100.0, -100.0]],
-        [[-9.0, -0.5, -1.5, -2.5], [-9.0, -7.0, -8.0, -9.5], [-100.0, -100.0, -100.0, -100.0]],
-    ])
+    tables = torch.tensor(
+        [
+            [[-9.0, -1.0, -2.0, -3.0], [-9.0, -4.0, -5.0, -6.0], [-100.0, -100.0, -100.0, -100.0]],
+            [[-9.0, -0.5, -1.5, -2.5], [-9.0, -7.0, -8.0, -9.5], [-100.0, -100.0, -100.0, -100.0]],
+        ]
+    )
     T, F = True, False
-    masked = torch.tensor([
-        [[F, T, F, T], [T, F, F, F], [F, F, F, T]],   # b=1: only a prompt column (ignored); b=2: padding (ignored)
-        [[F, F, T, F], [F, T, F, F], [F, F, F, F]],
-    ])
+    masked = torch.tensor(
+        [
+            [[F, T, F, T], [T, F, F, F], [F, F, F, T]],  # b=1: only a prompt column (ignored); b=2: padding (ignored)
+            [[F, F, T, F], [F, T, F, F], [F, F, F, F]],
+        ]
+    )
     corrupted = Corrupted(torch.where(masked, 99, ids[None]), masked, masked.float())
     w = TableWrapper(tables)
     ell = MaskedMeanSequenceLogProb()(w, batch, corrupted)
@@ -83,7 +93,7 @@ def test_estimator_on_toy_model_matches_direct_computation(toy_wrapper):
 
 
 def test_loss_hand_computed_value_and_gradient():
-    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)   # [M'=1, B=2]
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)  # [M'=1, B=2]
     old = torch.tensor([[-1.0, -2.5]])
     adv = torch.tensor([0.5, -1.0])
     loss, metrics = SequenceReinforceLoss()(logp, old, None, adv, torch.ones(2, 3))
@@ -92,7 +102,7 @@ def test_loss_hand_computed_value_and_gradient():
     assert metrics["logp_mean"] == pytest.approx(-1.5)
     assert metrics["ratio_mean"] == pytest.approx((1.0 + torch.exp(torch.tensor(0.5)).item()) / 2)
     loss.backward()
-    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.5]]))   # -A_b / B
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.5]]))  # -A_b / B
     with pytest.raises(ValueError, match="per-sequence"):
         SequenceReinforceLoss()(torch.zeros(1, 2, 3), None, None, adv, torch.ones(2, 3))
 
@@ -111,10 +121,10 @@ def test_config_invariants_are_validators():
 
 def test_group_size_one_is_refused_when_the_run_is_configured(tmp_path):
     dare = toy_build()
-    family = dare.registries.models.names()[0]   # the only family registered: dare_core's toy
+    family = dare.registries.models.names()[0]  # the only family registered: dare_core's toy
     kw = dict(algo="reinforce_rloo", model=family)
     ok = resolve(dare, overrides=[f"model.path={tmp_path}"], **kw)
-    assert ok.trainer.group_size == 4 and ok.trainer.ppo_epochs == 1   # the recipe
+    assert ok.trainer.group_size == 4 and ok.trainer.ppo_epochs == 1  # the recipe
     dare.pm.hook.dare_configure.call_historic(kwargs={"config": ok})
     with pytest.raises(ConfigError, match="trainer.group_size=1"):  # the core: rloo needs groups
         resolve(dare, overrides=[f"model.path={tmp_path}", "trainer.group_size=1"], **kw)

@@ -39,7 +39,7 @@ def test_loss_and_group_mean_advantage_by_hand(components):
     adv = components.advantage(torch.tensor([1.0, 0.0, 0.0, 3.0]), torch.tensor([0, 0, 1, 1]))
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -1.5, 1.5]))
     logp = torch.tensor([[[-1.0, -3.0], [-2.0, -4.0]]], requires_grad=True)  # [M=1, B=2, R=2]
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])                           # 3 valid tokens
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # 3 valid tokens
     loss, metrics = components.loss(logp, logp.detach(), None, torch.tensor([0.5, -0.5]), mask)
     # -(0.5*-1 + 0.5*-3 + -0.5*-2) / 3 = -(-0.5 - 1.5 + 1.0) / 3 = 1/3
     assert loss.item() == pytest.approx(1.0 / 3.0)

@@ -25,12 +25,12 @@ def _batch(lengths, vocab=60, seed=0):
     mask = torch.zeros_like(clean)
     noisy = clean.clone()
     for i, (a, b) in enumerate(lengths):
-        clean[i, p - a:p + b] = torch.randint(4, vocab, (a + b,), generator=g)
-        mask[i, p - a:p + b] = 1
+        clean[i, p - a : p + b] = torch.randint(4, vocab, (a + b,), generator=g)
+        mask[i, p - a : p + b] = 1
         hit = torch.rand(b, generator=g) < 0.5
         hit[torch.randint(0, b, (1,), generator=g)] = True
         noisy[i] = clean[i]
-        noisy[i, p:p + b] = torch.where(hit, 1, clean[i, p:p + b])
+        noisy[i, p : p + b] = torch.where(hit, 1, clean[i, p : p + b])
     return noisy, clean, mask
 
 
@@ -46,7 +46,7 @@ def test_each_document_gets_its_padded_layout_and_nothing_else():
     seen = torch.zeros(rows * width, dtype=torch.bool)
     for b in range(noisy.shape[0]):
         valid = mask[b].bool()
-        pos = positions_from_mask(mask[b:b + 1], (1, mask.shape[1]))[0][valid]
+        pos = positions_from_mask(mask[b : b + 1], (1, mask.shape[1]))[0][valid]
         blocks = block_index(pos, BS)
         in_doc = pack.where[0] == b
         src = pack.source[in_doc]
@@ -83,13 +83,15 @@ def test_packed_mask_rule_by_hand():
     clean = torch.tensor([[False, True, True, True, False, True, False]])
     blocks = torch.tensor([[1, 0, 1, 1, 0, 0, 0]])
     m = bd3lm_packed_mask(doc, clean, blocks)[0, 0].int().tolist()
-    assert m == [[1, 1, 0, 0, 0, 0, 0],   # noisy block 1: itself + clean block 0
-                 [0, 1, 0, 0, 0, 0, 0],   # clean block 0
-                 [0, 1, 1, 1, 0, 0, 0],   # clean block 1: clean blocks <= 1
-                 [0, 1, 1, 1, 0, 0, 0],
-                 [0, 0, 0, 0, 1, 0, 0],   # document 1, noisy block 0: its own block only
-                 [0, 0, 0, 0, 0, 1, 0],
-                 [0, 0, 0, 0, 0, 0, 1]]   # filler: itself
+    assert m == [
+        [1, 1, 0, 0, 0, 0, 0],  # noisy block 1: itself + clean block 0
+        [0, 1, 0, 0, 0, 0, 0],  # clean block 0
+        [0, 1, 1, 1, 0, 0, 0],  # clean block 1: clean blocks <= 1
+        [0, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0],  # document 1, noisy block 0: its own block only
+        [0, 0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 0, 1],
+    ]  # filler: itself
 
 
 def _toy(attention, ce="naive"):

@@ -11,10 +11,9 @@ import torch
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
 from dare_core.ops.attention import available_kernels
-from dare_nn.attention import document_attention
 from dare_core.ops.fused_ce import fused_token_logprobs, naive_token_logprobs
+from dare_nn.attention import document_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -29,14 +28,15 @@ def _docs(rows: int, width: int, seed: int) -> torch.Tensor:
         limit = width - int(torch.randint(0, width // 4, (1,), generator=g)) if r % 2 else width
         while used < limit:
             n = min(limit - used, int(torch.randint(1, width // 2, (1,), generator=g)))
-            out[r, used:used + n] = doc
+            out[r, used : used + n] = doc
             doc, used = doc + 1, used + n
     return out
 
 
 def _reference(q, k, v, doc_ids, scale):
-    return document_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), doc_ids.cpu(),
-                              scale=scale, kernel="sdpa_mask")
+    return document_attention(
+        q.double().cpu(), k.double().cpu(), v.double().cpu(), doc_ids.cpu(), scale=scale, kernel="sdpa_mask"
+    )
 
 
 def _rel(x, ref):
@@ -49,7 +49,7 @@ def test_every_kernel_matches_float64_forward_and_backward(dtype, width):
     doc_ids = _docs(3, width, seed=width)
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(3, 4, width, 64, generator=g) for _ in range(4))
-    scale = 64 ** -0.5
+    scale = 64**-0.5
     leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
     ref = _reference(*leaves, doc_ids, scale)
     ref.backward(dout.double())
@@ -79,7 +79,7 @@ def test_fused_cross_entropy_on_cuda_equals_naive():
     g = torch.Generator().manual_seed(1)
     n, d, vocab = 1024, 128, 50_000
     hidden = torch.randn(n, d, generator=g).cuda()
-    weight = (torch.randn(vocab, d, generator=g) / d ** 0.5).cuda()
+    weight = (torch.randn(vocab, d, generator=g) / d**0.5).cuda()
     targets = torch.randint(0, vocab, (n,), generator=g).cuda()
     results = []
     for fn in (naive_token_logprobs, lambda h, w, t: fused_token_logprobs(h, w, t, chunk=128)):
@@ -110,6 +110,8 @@ def test_sampling_rollouts_on_cuda_with_the_runs_cpu_generator(backend):
     cfg, problems = structure(spec.config_cls, fields)
     assert not problems, problems
     ids, mask = left_pad([w.encode("12+3="), w.encode("7")], w.pad_token_id)
-    runs = [spec.build(cfg).generate(w, ids.cuda(), mask.cuda(), generator=torch.Generator().manual_seed(0))
-            for _ in range(2)]
+    runs = [
+        spec.build(cfg).generate(w, ids.cuda(), mask.cuda(), generator=torch.Generator().manual_seed(0))
+        for _ in range(2)
+    ]
     assert runs[0].response_ids.is_cuda and torch.equal(runs[0].response_ids, runs[1].response_ids)

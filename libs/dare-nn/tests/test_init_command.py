@@ -1,11 +1,10 @@
 """``dare init`` (registered by dare-nn): a family's ``create`` receives the task texts and the
 size overrides; bad input is one line before anything is written."""
 
+import dare_nn.plugin
 import dare_plugin_tasks
 from dare_core.api import ModelFamily, hookimpl
 from dare_core.testing.registries import build_for
-
-import dare_nn.plugin
 
 CREATED: list = []
 
@@ -26,7 +25,7 @@ def test_init_trains_on_task_texts_with_size_overrides(dare_cli, tmp_path):
     out = tmp_path / "new"
     result = run("init", "--model", "maker", "--out", str(out), "--task", "countdown", "d_model=64")
     assert result.exit_code == 0, result.output
-    (path, texts, sizes), = CREATED
+    ((path, texts, sizes),) = CREATED
     assert path == str(out) and sizes == {"d_model": 64}
     from dare_plugin_tasks.countdown import COUNTDOWN_PROMPT
 
@@ -39,9 +38,11 @@ def test_init_refuses_bad_input_in_one_line(dare_cli, tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("x")
-    for args, words in ((["--model", "fixed", "--out", str(tmp_path / "a")], "cannot create"),
-                        (["--model", "maker", "--out", str(full)], "not empty"),
-                        (["--model", "maker", "--out", str(tmp_path / "b"), "novalue"], "key=value")):
+    for args, words in (
+        (["--model", "fixed", "--out", str(tmp_path / "a")], "cannot create"),
+        (["--model", "maker", "--out", str(full)], "not empty"),
+        (["--model", "maker", "--out", str(tmp_path / "b"), "novalue"], "key=value"),
+    ):
         result = run("init", *args)
         assert result.exit_code == 2 and words in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output

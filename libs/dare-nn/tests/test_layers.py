@@ -45,9 +45,9 @@ def test_rmsnorm_weight_before_or_after_the_cast_in_bf16():
     w = (1.0 + torch.randn(32)).to(torch.bfloat16)
     xf = x.float()
     normed = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
-    after_cast = w * normed.to(torch.bfloat16)            # HF-Llama order
-    in_fp32 = (normed * w.float()).to(torch.bfloat16)     # fused-kernel order
-    assert not torch.equal(after_cast, in_fp32)           # the option is observable
+    after_cast = w * normed.to(torch.bfloat16)  # HF-Llama order
+    in_fp32 = (normed * w.float()).to(torch.bfloat16)  # fused-kernel order
+    assert not torch.equal(after_cast, in_fp32)  # the option is observable
     for fp32, want in ((False, after_cast), (True, in_fp32)):
         norm = RMSNorm(32, 1e-6, weight_in_fp32=fp32).to(torch.bfloat16)
         with torch.no_grad():
@@ -63,7 +63,7 @@ def test_rotary_cos_sin_values():
     pos = torch.tensor([[0, 1, 3]])
     cos, sin = layers.rotary_cos_sin(pos, 4, 100.0)
     assert cos.shape == sin.shape == (1, 1, 3, 4) and cos.dtype == torch.float32
-    inv = [1.0, 100.0 ** -0.5]  # theta ** (-2j / dim) for j = 0, 1
+    inv = [1.0, 100.0**-0.5]  # theta ** (-2j / dim) for j = 0, 1
     for i, p in enumerate([0, 1, 3]):
         for j in range(4):
             a = p * inv[j % 2]
@@ -145,7 +145,7 @@ def test_attention_with_bool_and_additive_masks_and_dead_rows(kernel):
     B, H, Q, K, hd = 2, 2, 3, 4, 4
     q, k, v = torch.randn(B, H, Q, hd), torch.randn(B, H, K, hd), torch.randn(B, H, K, hd)
     allowed = torch.rand(B, Q, K) > 0.4
-    allowed[0, 1] = False                 # a query that may attend to nothing
+    allowed[0, 1] = False  # a query that may attend to nothing
     allowed[1, 2] = True
     scale = 0.5
     want = _hand_attention(q, k, v, allowed, scale).float()
@@ -157,18 +157,19 @@ def test_attention_with_bool_and_additive_masks_and_dead_rows(kernel):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert bool((got[0, :, 1] == 0).all())
     everything = fn(q, k, v, None, scale)
-    torch.testing.assert_close(everything, _hand_attention(q, k, v, torch.ones(B, Q, K, dtype=torch.bool), scale).float(),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        everything, _hand_attention(q, k, v, torch.ones(B, Q, K, dtype=torch.bool), scale).float(), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_eager_fp32_scores_in_bf16():
     torch.manual_seed(5)
     q, k, v = (torch.randn(1, 2, 4, 8).to(torch.bfloat16) for _ in range(3))
-    scale = 8 ** -0.5
+    scale = 8**-0.5
     scores32 = (q @ k.transpose(-1, -2)).float() * scale
-    want32 = (torch.softmax(scores32, -1).to(torch.bfloat16) @ v)
+    want32 = torch.softmax(scores32, -1).to(torch.bfloat16) @ v
     scores16 = (q @ k.transpose(-1, -2)) * scale
-    want16 = (torch.softmax(scores16.float(), -1).to(torch.bfloat16) @ v)
+    want16 = torch.softmax(scores16.float(), -1).to(torch.bfloat16) @ v
     assert torch.equal(layers.eager_attention(q, k, v, None, scale, fp32_scores=True), want32)
     assert torch.equal(layers.eager_attention(q, k, v, None, scale), want16)
 
@@ -188,7 +189,7 @@ def test_attend_concatenates_the_cache_first_and_repeats_kv_heads():
     for h in range(H):
         kh, vh = k[:, h // 2], v[:, h // 2]
         probs = torch.softmax(0.5 * q[:, h] @ kh.transpose(-1, -2), -1)
-        torch.testing.assert_close(out[:, :, h * hd:(h + 1) * hd], probs @ vh, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out[:, :, h * hd : (h + 1) * hd], probs @ vh, atol=1e-6, rtol=1e-5)
     out2, kv2 = layers.attend(q, k_new, v_new, None, scale=0.5, implementation=None, past=None)
     assert kv2[0] is k_new and out2.shape == (B, Q, H * hd)
     with pytest.raises(ModelInputError, match="flash"):
@@ -205,8 +206,9 @@ def test_split_and_merge_heads():
 
 def test_pre_norm_residual_and_swiglu():
     x = torch.tensor([[[1.0, -2.0]]])
-    out, present = layers.pre_norm_residual(x, lambda t: 2 * t, lambda t, c: (t + c, "kv"), lambda t: t - 1,
-                                            lambda t: 10 * t, 3.0)
+    out, present = layers.pre_norm_residual(
+        x, lambda t: 2 * t, lambda t, c: (t + c, "kv"), lambda t: t - 1, lambda t: 10 * t, 3.0
+    )
     h = x + (2 * x + 3.0)
     assert present == "kv" and torch.equal(out, h + 10 * (h - 1))
     torch.manual_seed(7)
@@ -231,8 +233,15 @@ def test_prepare_attention_mask_forms():
     assert m[1, 0, 0].tolist() == [False, True, True, True, True] and bool(m[0].all())
     four = torch.zeros(1, 1, 3, 5)
     assert layers.prepare_attention_mask(four, 2, 3, 5, 4) is four
-    bad = [torch.ones(2, 4), torch.full((2, 5), 2.0), torch.ones(2, 1, 3, 4, dtype=torch.bool),
-           torch.ones(2, 1, 3, 5, dtype=torch.long), torch.ones(3, 1, 3, 5), torch.ones(2, 3, 5), "causal"]
+    bad = [
+        torch.ones(2, 4),
+        torch.full((2, 5), 2.0),
+        torch.ones(2, 1, 3, 4, dtype=torch.bool),
+        torch.ones(2, 1, 3, 5, dtype=torch.long),
+        torch.ones(3, 1, 3, 5),
+        torch.ones(2, 3, 5),
+        "causal",
+    ]
     for b in bad:
         with pytest.raises(AttentionMaskError) as err:
             layers.prepare_attention_mask(b, 2, 3, 5, 4)
@@ -251,7 +260,7 @@ def test_key_padding_and_4d_checks():
     with pytest.raises(Mine):
         layers.key_padding_mask(torch.tensor([[0.5, 1.0, 1.0]]), 1, 3, error=Mine)
     m = torch.ones(2, 1, 1, 6, dtype=torch.bool)
-    assert layers.check_4d_mask(m, 2, 4, 3, 6) is m           # one query row broadcasts
+    assert layers.check_4d_mask(m, 2, 4, 3, 6) is m  # one query row broadcasts
     with pytest.raises(AttentionMaskError, match="does not match"):
         layers.check_4d_mask(m, 2, 4, 3, 6, exact_queries=True)
     with pytest.raises(AttentionMaskError):
@@ -265,9 +274,14 @@ def test_check_kv_cache():
     assert layers.check_kv_cache([], n_layers=2, batch=2, kv_heads=3, head_dim=5) == (None, 0)
     past, P = layers.check_kv_cache([(k, k), (k, k)], n_layers=2, batch=2, kv_heads=3, head_dim=5)
     assert P == 4 and len(past) == 2
-    cases = [(object(), "one \\(key, value\\) pair per layer"), ([(k, k)], "one per layer"),
-             ([(k, k), (k,)], "pair"), ([(k, k), (k[:, :2], k[:, :2])], "n_kv_heads"),
-             ([(k, k), (k[:, :, :3], k[:, :, :3])], "one P"), ([(k, k), (k, k[..., :4])], "head_dim")]
+    cases = [
+        (object(), "one \\(key, value\\) pair per layer"),
+        ([(k, k)], "one per layer"),
+        ([(k, k), (k,)], "pair"),
+        ([(k, k), (k[:, :2], k[:, :2])], "n_kv_heads"),
+        ([(k, k), (k[:, :, :3], k[:, :, :3])], "one P"),
+        ([(k, k), (k, k[..., :4])], "head_dim"),
+    ]
     for value, pattern in cases:
         with pytest.raises(KVCacheError, match=pattern):
             layers.check_kv_cache(value, n_layers=2, batch=2, kv_heads=3, head_dim=5)
@@ -288,8 +302,9 @@ def test_positions_and_inputs():
     k = torch.zeros(1, 1, 2, 4)
     x, past, P, pos = layers.decoder_inputs(emb, ids, None, None, [(k, k)], n_layers=1, kv_heads=1, head_dim=4)
     assert P == 2 and pos.tolist() == [[2, 3, 4]] and x.shape == (1, 3, 4)
-    _, _, _, pos0 = layers.decoder_inputs(emb, ids, None, None, [(k, k)], n_layers=1, kv_heads=1, head_dim=4,
-                                          positions_after_cache=False)
+    _, _, _, pos0 = layers.decoder_inputs(
+        emb, ids, None, None, [(k, k)], n_layers=1, kv_heads=1, head_dim=4, positions_after_cache=False
+    )
     assert pos0.tolist() == [[0, 1, 2]]
 
 
@@ -303,8 +318,15 @@ def test_run_layers_order_of_hidden_states_and_cache():
             return x * scale + self.c, (self.c, past)
 
     x = torch.ones(1, 1, 1)
-    out, hidden, presents = layers.run_layers([Add(1.0), Add(2.0)], x, 3.0, past=["p0", "p1"],
-                                              final_norm=lambda t: -t, output_hidden_states=True, use_cache=True)
+    out, hidden, presents = layers.run_layers(
+        [Add(1.0), Add(2.0)],
+        x,
+        3.0,
+        past=["p0", "p1"],
+        final_norm=lambda t: -t,
+        output_hidden_states=True,
+        use_cache=True,
+    )
     # every layer's input, then the final-norm output (n_layers + 1 entries)
     assert [float(h) for h in hidden] == [1.0, 4.0, -14.0] and float(out) == -14.0
     assert presents == [(1.0, "p0"), (2.0, "p1")]
@@ -379,4 +401,5 @@ def test_config_checks():
         layers.check_attn_implementation(Cfg, ("eager", "sdpa"), bad)
     assert layers.attn_implementation_kwargs({"_attn_implementation": "eager"}) == {"attn_implementation": "eager"}
     assert layers.attn_implementation_kwargs({"attn_implementation": "fa2"}, {"fa2": "sdpa"}) == {
-        "attn_implementation": "sdpa"}
+        "attn_implementation": "sdpa"
+    }

@@ -22,8 +22,12 @@ def _cpu_grouped_mm() -> bool:
         return False
 
 
-KERNELS = ["segments", pytest.param("grouped_mm", marks=pytest.mark.skipif(
-    not _cpu_grouped_mm(), reason="this torch has no CPU torch._grouped_mm"))]
+KERNELS = [
+    "segments",
+    pytest.param(
+        "grouped_mm", marks=pytest.mark.skipif(not _cpu_grouped_mm(), reason="this torch has no CPU torch._grouped_mm")
+    ),
+]
 
 
 def rel(a, b):
@@ -63,8 +67,7 @@ def random_assignment(n, k, e, g):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("n_experts,k,n_tokens", [(1, 1, 7), (4, 1, 1), (8, 2, 13), (16, 8, 9), (64, 8, 3),
-                                                  (6, 2, 40)])
+@pytest.mark.parametrize("n_experts,k,n_tokens", [(1, 1, 7), (4, 1, 1), (8, 2, 13), (16, 8, 9), (64, 8, 3), (6, 2, 40)])
 def test_grouped_equals_loop(kernel, n_experts, k, n_tokens):
     d, f = 32, 24  # 16-byte rows in fp32, as torch._grouped_mm wants
     experts = experts_of(n_experts, d, f)
@@ -142,8 +145,7 @@ def test_pack_keeps_parameters_and_makes_views():
     assert _layouts(experts) == [2 * 8 * 16, 16 * 8]
     for n, p in experts.named_parameters():  # same objects, names and values
         assert p is before[n][0] and torch.equal(p, before[n][1])
-    stacked = moe._stacked([[m.gate_proj.weight for m in experts], [m.up_proj.weight for m in experts]],
-                           torch.float32)
+    stacked = moe._stacked([[m.gate_proj.weight for m in experts], [m.up_proj.weight for m in experts]], torch.float32)
     assert stacked.data_ptr() == experts[0].gate_proj.weight.data_ptr()  # a view, no copy
     assert torch.equal(stacked[2, 8:], experts[2].up_proj.weight)
 
@@ -167,7 +169,7 @@ def test_grouped_experts_repacks_after_to_and_leaves_foreign_buffers_alone():
     flat = torch.randn(sum(p.numel() for p in block.parameters()), dtype=torch.float64)
     at = 0
     for p in block.parameters():
-        p.data = flat[at:at + p.numel()].view_as(p)
+        p.data = flat[at : at + p.numel()].view_as(p)
         at += p.numel()
     ptrs = [p.data_ptr() for p in block.parameters()]
     block.to(torch.float64)

@@ -62,16 +62,20 @@ def test_cache_equals_full_forward(w):
     assert len(cache) == 2 and cache[0][0].shape == (2, 2, 8, 16)
     torch.testing.assert_close(lg, full[:, :8], rtol=1e-5, atol=1e-5)
     step_mask = torch.ones(2, 1, 4, 12, dtype=torch.bool)
-    lg2, cache2 = w.forward_cached(ids[:, 8:], position_ids=pos[:, 8:], past_key_values=cache,
-                                   attention_mask=step_mask)
+    lg2, cache2 = w.forward_cached(ids[:, 8:], position_ids=pos[:, 8:], past_key_values=cache, attention_mask=step_mask)
     torch.testing.assert_close(lg2, full[:, 8:], rtol=1e-5, atol=1e-5)
     assert cache2[1][0].shape[2] == 12
     # the cached keys are those of a fresh full pass (keys after RoPE, cache first then new)
     _, full_cache = w.forward_cached(ids, position_ids=pos, attention_mask=block_causal_mask(blocks))
     torch.testing.assert_close(cache2[1][0], full_cache[1][0], rtol=1e-5, atol=1e-5)
     # a 2-D key-padding mask is accepted with a cache
-    lg3, _ = w.forward_cached(ids[:, 8:], position_ids=pos[:, 8:], past_key_values=cache,
-                              attention_mask=torch.ones(2, 12, dtype=torch.long), use_cache=False)
+    lg3, _ = w.forward_cached(
+        ids[:, 8:],
+        position_ids=pos[:, 8:],
+        past_key_values=cache,
+        attention_mask=torch.ones(2, 12, dtype=torch.long),
+        use_cache=False,
+    )
     torch.testing.assert_close(lg3, lg2, rtol=0, atol=0)
 
 

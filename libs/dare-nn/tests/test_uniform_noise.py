@@ -35,8 +35,16 @@ import dare_plugin_samplers
 import dare_plugin_spg
 import dare_plugin_vrpo
 from dare_core.api import (
-    CapabilityError, ModelFamily, RolloutBatch, RolloutSpec, SequenceBatch, hookimpl, non_negative, option,
-    positive, resolve,
+    CapabilityError,
+    ModelFamily,
+    RolloutBatch,
+    RolloutSpec,
+    SequenceBatch,
+    hookimpl,
+    non_negative,
+    option,
+    positive,
+    resolve,
 )
 from dare_core.config.loader import check_support
 from dare_core.testing.algorithm_checks import one_rl_step
@@ -47,21 +55,42 @@ from dare_objectives.likelihood import elbo_loglikelihood
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 ALGORITHM_PLUGINS = (
-    dare_plugin_bgpo, dare_plugin_cj_grpo, dare_plugin_coupled_grpo, dare_plugin_d1, dare_plugin_dtreerpo,
-    dare_plugin_ebpo, dare_plugin_espo, dare_plugin_justgrpo, dare_plugin_mdpo, dare_plugin_myalgo,
-    dare_plugin_reinforce_rloo, dare_plugin_spg, dare_plugin_vrpo,
+    dare_plugin_bgpo,
+    dare_plugin_cj_grpo,
+    dare_plugin_coupled_grpo,
+    dare_plugin_d1,
+    dare_plugin_dtreerpo,
+    dare_plugin_ebpo,
+    dare_plugin_espo,
+    dare_plugin_justgrpo,
+    dare_plugin_mdpo,
+    dare_plugin_myalgo,
+    dare_plugin_reinforce_rloo,
+    dare_plugin_spg,
+    dare_plugin_vrpo,
 )
 CAPABILITIES = frozenset({"uniform_noise"})
 
 #: algorithm -> the families (by kind) it runs on; both uniform toys unless the algorithm is
 #: restricted to masked models
-RUNS = {"coupled_grpo": ("uniform_block_toy", "uniform_toy"),
-        "reinforce_rloo": ("uniform_block_toy", "uniform_toy"),
-        "d1": ("uniform_toy",), "myalgo": ("uniform_toy",)}
+RUNS = {
+    "coupled_grpo": ("uniform_block_toy", "uniform_toy"),
+    "reinforce_rloo": ("uniform_block_toy", "uniform_toy"),
+    "d1": ("uniform_toy",),
+    "myalgo": ("uniform_toy",),
+}
 #: algorithm -> the capability it is refused for (on the uniform toy of the kind it supports)
-REFUSED = {"bgpo": "absorbing_elbo", "cj_grpo": "mask_token", "dtreerpo": "mask_token",
-           "ebpo": "absorbing_elbo", "espo": "absorbing_elbo", "justgrpo": "mask_token",
-           "mdpo": "mask_token", "spg": "absorbing_elbo", "vrpo": "absorbing_elbo"}
+REFUSED = {
+    "bgpo": "absorbing_elbo",
+    "cj_grpo": "mask_token",
+    "dtreerpo": "mask_token",
+    "ebpo": "absorbing_elbo",
+    "espo": "absorbing_elbo",
+    "justgrpo": "mask_token",
+    "mdpo": "mask_token",
+    "spg": "absorbing_elbo",
+    "vrpo": "absorbing_elbo",
+}
 
 
 def uniform_noise(wrapper, ids: torch.Tensor, where: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -84,11 +113,23 @@ def _loader(kind: str):
     def load(path=None, dtype=torch.float32, device="cpu", attn_implementation=None):
         tok = make_char_tokenizer()
         torch.manual_seed(0)
-        cls, module, extra = ((UniformBlockToy, ToyBlockLM(len(tok)), {"block_size": 4}) if kind == "block"
-                              else (UniformMaskedToy, ToyDiffusionLM(len(tok), dim=32), {}))
-        return cls(family=f"uniform{'_block' if kind == 'block' else ''}_toy", module=module.to(device, dtype),
-                   tokenizer=tok, kind=kind, mask_token_id=-1, eos_token_id=tok.eos_token_id,
-                   pad_token_id=tok.pad_token_id, capabilities=CAPABILITIES, **extra)
+        cls, module, extra = (
+            (UniformBlockToy, ToyBlockLM(len(tok)), {"block_size": 4})
+            if kind == "block"
+            else (UniformMaskedToy, ToyDiffusionLM(len(tok), dim=32), {})
+        )
+        return cls(
+            family=f"uniform{'_block' if kind == 'block' else ''}_toy",
+            module=module.to(device, dtype),
+            tokenizer=tok,
+            kind=kind,
+            mask_token_id=-1,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            capabilities=CAPABILITIES,
+            **extra,
+        )
+
     return load
 
 
@@ -100,8 +141,11 @@ class DenoiseConfig:
     block_length: int = option(4, "Unused (the sampler denoises the whole response).", positive)
     steps: int = option(4, "Denoising steps.", positive)
     temperature: float = option(1.0, "Sampling temperature (0 = argmax).", non_negative)
-    truncate_at_eos: bool = option(False, "Response mask rule: true = positions up to and including the "
-                                   "first EOS count; false = every generated position.")
+    truncate_at_eos: bool = option(
+        False,
+        "Response mask rule: true = positions up to and including the "
+        "first EOS count; false = every generated position.",
+    )
 
 
 class UniformDenoiser:
@@ -119,7 +163,7 @@ class UniformDenoiser:
         att = torch.cat([prompt_mask, torch.ones(B, R, dtype=prompt_mask.dtype)], 1)
         with torch.no_grad():
             for k in range(steps):
-                logits = wrapper.logits(torch.cat([prompt_ids, x], 1), att)[:, prompt_ids.shape[1]:].float()
+                logits = wrapper.logits(torch.cat([prompt_ids, x], 1), att)[:, prompt_ids.shape[1] :].float()
                 if self.config.temperature > 0:
                     probs = torch.softmax(logits / self.config.temperature, -1).reshape(B * R, -1)
                     pred = torch.multinomial(probs, 1, generator=generator).reshape(B, R)
@@ -137,15 +181,31 @@ class UniformToys:
     @hookimpl
     def dare_register_model_wrappers(self, register):
         for kind, name in (("block", "uniform_block_toy"), ("masked", "uniform_toy")):
-            register(ModelFamily(name=name, kind=kind, load=_loader(kind), capabilities=CAPABILITIES,
-                                 block_size=4 if kind == "block" else None, default_rollout="uniform_denoise",
-                                 rollouts=("uniform_denoise",), description=f"uniform-noise {kind} toy (tests)"))
+            register(
+                ModelFamily(
+                    name=name,
+                    kind=kind,
+                    load=_loader(kind),
+                    capabilities=CAPABILITIES,
+                    block_size=4 if kind == "block" else None,
+                    default_rollout="uniform_denoise",
+                    rollouts=("uniform_denoise",),
+                    description=f"uniform-noise {kind} toy (tests)",
+                )
+            )
 
     @hookimpl
     def dare_register_rollout_backends(self, register):
-        register(RolloutSpec(name="uniform_denoise", config_cls=DenoiseConfig, build=UniformDenoiser,
-                             kinds=frozenset({"masked", "block"}), requires=frozenset({"uniform_noise"}),
-                             description="uniform-noise test sampler"))
+        register(
+            RolloutSpec(
+                name="uniform_denoise",
+                config_cls=DenoiseConfig,
+                build=UniformDenoiser,
+                kinds=frozenset({"masked", "block"}),
+                requires=frozenset({"uniform_noise"}),
+                description="uniform-noise test sampler",
+            )
+        )
 
 
 def _dare(*plugins):
@@ -179,8 +239,9 @@ def test_kernel_free_algorithms_run_one_step(algo, family, tmp_path):
     assert numbers and all(v == v and abs(v) != float("inf") for v in numbers), record
 
 
-@pytest.mark.parametrize("algo,family", [("d1", "uniform_toy"), ("coupled_grpo", "uniform_block_toy"),
-                                         ("myalgo", "uniform_toy")])
+@pytest.mark.parametrize(
+    "algo,family", [("d1", "uniform_toy"), ("coupled_grpo", "uniform_block_toy"), ("myalgo", "uniform_toy")]
+)
 def test_corruptions_use_the_family_noise(algo, family):
     """The noised positions hold random tokens, never the (absent) MASK id."""
     from dare_core.components import ComponentLookup
@@ -213,17 +274,28 @@ def test_the_components_carry_the_requirement_too():
     """A refused algorithm's components declare what they need, so another algorithm composing
     them is refused as well."""
     regs = _dare(*ALGORITHM_PLUGINS).registries
-    roles = {"corruption": regs.corruptions, "trajectory": regs.trajectories, "estimator": regs.estimators,
-             "loss": regs.losses, "advantage": regs.advantages}
+    roles = {
+        "corruption": regs.corruptions,
+        "trajectory": regs.trajectories,
+        "estimator": regs.estimators,
+        "loss": regs.losses,
+        "advantage": regs.advantages,
+    }
     for algo, capability in REFUSED.items():
         components = regs.algorithms.get(algo).components.items()
-        needs = set().union(*(roles[role].get(name).requires for role, names in components
-                              for name in ((names,) if isinstance(names, str) else names)))
+        needs = set().union(
+            *(
+                roles[role].get(name).requires
+                for role, names in components
+                for name in ((names,) if isinstance(names, str) else names)
+            )
+        )
         assert capability in needs, algo
 
 
-@pytest.mark.parametrize("backend,family", [("low_confidence", "uniform_toy"), ("fast", "uniform_toy"),
-                                            ("block", "uniform_block_toy")])
+@pytest.mark.parametrize(
+    "backend,family", [("low_confidence", "uniform_toy"), ("fast", "uniform_toy"), ("block", "uniform_block_toy")]
+)
 def test_mask_samplers_are_refused(backend, family, tmp_path):
     dare = _dare(dare_plugin_samplers)
     with pytest.raises(CapabilityError, match=f"rollout backend '{backend}' needs model capability.*mask_token"):

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from dare_core.interfaces import SequenceBatch
+from dare_core.testing import make_toy_wrapper
 from dare_objectives.elbo import (
     RowMeanObjective,
     SequenceELBO,
@@ -16,14 +18,11 @@ from dare_objectives.elbo import (
     cyclic_stratified_counts,
     mc_diagnostics,
     per_row_backward,
-    proxy_backward,
     random_subset,
     ratio_diagnostics,
     sequence_elbo,
     sequence_kl,
 )
-from dare_core.interfaces import SequenceBatch
-from dare_core.testing import make_toy_wrapper
 
 
 class UniformWrapper:
@@ -42,12 +41,15 @@ class UniformWrapper:
         return torch.where(where, torch.full_like(ids, self.mask_token_id), ids)
 
 
-@pytest.mark.parametrize("k,L,n,expected", [
-    (3, 10, 4, [3, 6, 8, 10]),
-    (9, 10, 4, [9, 2, 4, 6]),
-    (1, 7, 16, [1, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 1]),
-    (200, 256, 16, [200, 216, 232, 248] + list(range(8, 185, 16))),
-])
+@pytest.mark.parametrize(
+    "k,L,n,expected",
+    [
+        (3, 10, 4, [3, 6, 8, 10]),
+        (9, 10, 4, [9, 2, 4, 6]),
+        (1, 7, 16, [1, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 1]),
+        (200, 256, 16, [200, 216, 232, 248] + list(range(8, 185, 16))),
+    ],
+)
 def test_per_group_counts_oracle(k, L, n, expected):
     assert cyclic_stratified_counts(k, L, n, offset=1).tolist() == expected
 
@@ -77,7 +79,7 @@ def _batch(B=3, P=4, R=6, pad_last=2):
     ids = torch.randint(10, 40, (B, P + R), generator=torch.Generator().manual_seed(1))
     att = torch.ones(B, P + R, dtype=torch.long)
     att[0, :1] = 0  # left padding
-    att[1, P + R - pad_last:] = 0  # right padding
+    att[1, P + R - pad_last :] = 0  # right padding
     return SequenceBatch(ids, att, P)
 
 
@@ -91,7 +93,7 @@ def test_stratified_count_masking_rows():
     assert (c.masked.sum(-1) == counts).all()
     assert ((counts >= 1) & (counts <= L[None])).all()
     for g in range(2):  # each group is a cyclic stratification of 1..L
-        grp = counts[4 * g: 4 * g + 4, 1]
+        grp = counts[4 * g : 4 * g + 4, 1]
         assert len(set(grp.tolist())) >= 3
     p = c.p_mask[:, :, 4:]
     torch.testing.assert_close(p[:, 1, :4], (counts[:, 1].float() / L[1])[:, None].expand(8, 4))
@@ -147,7 +149,9 @@ def test_sequence_kl_forms():
     e, r = torch.tensor([-100.0, -50.0]), torch.tensor([-98.0, -51.0])
     torch.testing.assert_close(sequence_kl(e, r, "k2") / 256, torch.tensor([0.0078125, 0.0019531]), atol=1e-7, rtol=0)
     torch.testing.assert_close(sequence_kl(e, r, "k1"), torch.tensor([-2.0, 1.0]))
-    torch.testing.assert_close(sequence_kl(e, r, "k3"), torch.exp(torch.tensor([2.0, -1.0])) + torch.tensor([-3.0, 0.0]))
+    torch.testing.assert_close(
+        sequence_kl(e, r, "k3"), torch.exp(torch.tensor([2.0, -1.0])) + torch.tensor([-3.0, 0.0])
+    )
 
 
 def test_diagnostics():

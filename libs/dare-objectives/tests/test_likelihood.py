@@ -45,7 +45,7 @@ def test_two_tokens_match_the_bound_enumerated_by_hand(wrapper):
     ctx, y = _context(wrapper), wrapper.encode(SOLUTION)[:2]
     m, n = wrapper.mask_token_id, len(ctx)
     seq = ctx + y
-    a = _logp(wrapper, seq, ctx + [m, y[1]])[n].item()     # first masked alone (weight L/l = 2)
+    a = _logp(wrapper, seq, ctx + [m, y[1]])[n].item()  # first masked alone (weight L/l = 2)
     b = _logp(wrapper, seq, ctx + [y[0], m])[n + 1].item()  # second masked alone
     both = _logp(wrapper, seq, ctx + [m, m])[n:].sum().item()  # both masked (weight 1)
     # samples=2: the stratified counts are {1, 2}, so each estimate is (2·a or 2·b)/2 + both/2
@@ -64,9 +64,12 @@ def test_two_tokens_match_the_bound_enumerated_by_hand(wrapper):
 
 def test_deterministic_for_a_seed_whatever_the_batching(wrapper):
     ctx = _context(wrapper)
-    pairs = [(ctx, wrapper.encode(ANSWER.format(SOLUTION))), (ctx, wrapper.encode("1234")),
-             (_context(wrapper, "Solve: 0140432014020000\n"), wrapper.encode(ANSWER.format("2143432114323214"))),
-             (ctx, [])]
+    pairs = [
+        (ctx, wrapper.encode(ANSWER.format(SOLUTION))),
+        (ctx, wrapper.encode("1234")),
+        (_context(wrapper, "Solve: 0140432014020000\n"), wrapper.encode(ANSWER.format("2143432114323214"))),
+        (ctx, []),
+    ]
     one = elbo_loglikelihood(wrapper, pairs, samples=8, seed=3, return_samples=True)
     again = elbo_loglikelihood(wrapper, pairs, samples=8, seed=3, return_samples=True)
     assert torch.equal(one, again)
@@ -80,10 +83,15 @@ def test_deterministic_for_a_seed_whatever_the_batching(wrapper):
 
 def test_choose_prefers_the_right_answer(wrapper):
     wrong = ["1111222233334444", "4321432143214321", "3142243132141324"]
-    examples = [Example(prompt=[{"role": "user", "content": PUZZLE}], ground_truth=SOLUTION,
-                        data_source="multiple_choice",
-                        extra_info={"choices": [ANSWER.format(s) for s in order]})
-                for order in ([SOLUTION, *wrong[:2]], [wrong[0], SOLUTION, wrong[1]])]
+    examples = [
+        Example(
+            prompt=[{"role": "user", "content": PUZZLE}],
+            ground_truth=SOLUTION,
+            data_source="multiple_choice",
+            extra_info={"choices": [ANSWER.format(s) for s in order]},
+        )
+        for order in ([SOLUTION, *wrong[:2]], [wrong[0], SOLUTION, wrong[1]])
+    ]
     assert choose(wrapper, examples, samples=8, seed=0) == [0, 1]
     with pytest.raises(DareError, match="choices"):
         choose(wrapper, [Example(prompt=[{"role": "user", "content": "x"}], ground_truth="", data_source="")])

@@ -4,6 +4,8 @@ step-state record and resumed partial denoising (family- and algorithm-free)."""
 import pytest
 import torch
 
+from dare_core.interfaces import SequenceBatch
+from dare_core.testing import make_toy_wrapper
 from dare_objectives.trajectory_replay import (
     block_local_steps,
     replay_states,
@@ -11,8 +13,6 @@ from dare_objectives.trajectory_replay import (
     transition_weights,
 )
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
-from dare_core.interfaces import SequenceBatch
-from dare_core.testing import make_toy_wrapper
 
 # three blocks of four response tokens with these block-local steps
 LOCAL = torch.tensor([[0, 0, 1, 1, 0, 1, 2, 2, 0, 0, 0, 0]])
@@ -28,16 +28,12 @@ def test_transition_weights_oracle():
     assert ((w > 0) == (LOCAL[None] == torch.arange(3)[:, None, None])).all()
 
 
-
-
 def test_block_local_steps_dense_rank_and_noncontiguous_global_steps():
     # global reveal steps with gaps (e.g. steps 4..7 for the second block) → local 0.. per block
     order = torch.tensor([[0, 0, 1, 1, 4, 6, 7, 7, 8, 8, 8, 8]])
     assert torch.equal(block_local_steps(order, BLOCKS), LOCAL)
     order[0, 3] = -1  # never committed stays -1
     assert block_local_steps(order, BLOCKS)[0, 3] == -1
-
-
 
 
 def test_response_block_ids_use_the_global_grid_from_the_first_real_token():
@@ -48,16 +44,15 @@ def test_response_block_ids_use_the_global_grid_from_the_first_real_token():
     assert blk.tolist() == [[0, 1, 1, 1, 1]]
 
 
-
-
 def test_resumed_partial_denoising_equals_one_run():
     w = make_toy_wrapper()
     sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=6, temperature=1.0))
     prompts = torch.randint(4, 60, (2, 4), generator=torch.Generator().manual_seed(0))
     pmask = torch.ones_like(prompts)
     pmask[0, 0] = 0
-    full = sampler.generate(w, prompts, pmask, record=frozenset({"reveal_step"}),
-                            generator=torch.Generator().manual_seed(5))
+    full = sampler.generate(
+        w, prompts, pmask, record=frozenset({"reveal_step"}), generator=torch.Generator().manual_seed(5)
+    )
     g = torch.Generator().manual_seed(5)
     start = torch.full((2, 8), w.mask_token_id)
     half = sampler.continue_from(w, prompts, pmask, start, start_step=0, stop_step=4, generator=g)
@@ -68,8 +63,6 @@ def test_resumed_partial_denoising_equals_one_run():
     assert torch.equal(reveal, full.reveal_step)
 
 
-
-
 def test_replay_states_oracle():
     ids = torch.tensor([[5, 6, 10, 11, 12]])
     batch = SequenceBatch(ids, torch.ones_like(ids), 2)
@@ -77,8 +70,7 @@ def test_replay_states_oracle():
     cor, steps = replay_states(batch, order, mask_token_id=2)
     assert steps.tolist() == [0, 1]
     assert cor.noisy_ids[:, 0].tolist() == [[5, 6, 2, 2, 2], [5, 6, 2, 2, 12]]
-    assert cor.masked[:, 0].tolist() == [[False, False, False, False, True],
-                                         [False, False, True, False, False]]
+    assert cor.masked[:, 0].tolist() == [[False, False, False, False, True], [False, False, True, False, False]]
     cor, steps = replay_states(batch, order, 2, targets=torch.tensor([[True, True, False]]))
     assert steps.tolist() == [1]  # step 0 commits no target: skipped
     assert cor.noisy_ids[0, 0].tolist() == [5, 6, 2, 2, 12]  # ... but its token is clean later
@@ -88,8 +80,13 @@ def test_step_states_record():
     w = make_toy_wrapper()
     sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0))
     prompts = torch.randint(4, 60, (3, 5), generator=torch.Generator().manual_seed(0))
-    roll = sampler.generate(w, prompts, torch.ones_like(prompts), record=frozenset({"step_states", "reveal_step"}),
-                            generator=torch.Generator().manual_seed(1))
+    roll = sampler.generate(
+        w,
+        prompts,
+        torch.ones_like(prompts),
+        record=frozenset({"step_states", "reveal_step"}),
+        generator=torch.Generator().manual_seed(1),
+    )
     inputs, preds, conf = (roll.extras[k] for k in ("step_inputs", "step_predictions", "step_confidence"))
     assert inputs.shape == preds.shape == conf.shape == (3, 4, 8)
     assert (inputs[:, 0] == w.mask_token_id).all() and not (preds == w.mask_token_id).any()

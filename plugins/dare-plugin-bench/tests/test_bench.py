@@ -8,15 +8,13 @@ import json
 import pytest
 import torch
 
-from dare_core.testing.registries import build_for
-
 import dare_plugin_bench
-from dare_plugin_bench.common import PeakMemory, interleave, random_prompts
 from dare_core.testing import toy
+from dare_core.testing.registries import build_for
 from dare_core.testing.toy import make_toy_wrapper
+from dare_plugin_bench.common import PeakMemory, interleave, random_prompts
 
-SMALL = ["--prompt-length", "6", "--gen-length", "8", "--block-length", "4", "--batch", "4",
-         "--repeats", "2"]
+SMALL = ["--prompt-length", "6", "--gen-length", "8", "--block-length", "4", "--batch", "4", "--repeats", "2"]
 
 
 @pytest.fixture
@@ -44,8 +42,21 @@ def _one_line_error(result) -> str:
 
 
 def test_bench_rollout_smoke(run):
-    res = run("bench", "rollout", "--model", "toy", *SMALL, "--ragged", "2",
-              "-a", "cache=prefix", "-a", "decoding=threshold", "-a", "threshold=0.5")
+    res = run(
+        "bench",
+        "rollout",
+        "--model",
+        "toy",
+        *SMALL,
+        "--ragged",
+        "2",
+        "-a",
+        "cache=prefix",
+        "-a",
+        "decoding=threshold",
+        "-a",
+        "threshold=0.5",
+    )
     assert res.exit_code == 0, res.output
     data = _json_tail(res.output)
     assert data["bench"] == "rollout"
@@ -59,19 +70,35 @@ def test_bench_rollout_smoke(run):
         assert len(s["seconds_per_run_each"]) == 2
     assert data["baseline"]["nfe_per_run"] == 8 and data["baseline"]["tokens_per_forward"] == 1.0
     assert data["ratios"]["tokens_per_s"] == pytest.approx(
-        data["accelerated"]["tokens_per_s"] / data["baseline"]["tokens_per_s"], rel=1e-2)
+        data["accelerated"]["tokens_per_s"] / data["baseline"]["tokens_per_s"], rel=1e-2
+    )
     assert 0.0 <= data["token_agreement"] <= 1.0
     assert data["machine"]["cpu_count"] >= 1 and data["machine"]["torch"] == torch.__version__
     assert data["setup"]["prompt_length"] == 6 and data["model"]["family"] == "toy"
     # the interleaved order is visible in the progress lines
-    order = [ln.split("]")[1].split(":")[0].strip() for ln in res.output.splitlines()
-             if ln.startswith("[")]
+    order = [ln.split("]")[1].split(":")[0].strip() for ln in res.output.splitlines() if ln.startswith("[")]
     assert order == ["baseline", "accelerated", "baseline", "accelerated"]
 
 
 def test_bench_rollout_with_a_task_reports_accuracy(run):
-    res = run("bench", "rollout", "--model", "toy", "--task", "math500", "--num-prompts", "3",
-              "--gen-length", "8", "--block-length", "4", "--batch", "2", "--repeats", "1")
+    res = run(
+        "bench",
+        "rollout",
+        "--model",
+        "toy",
+        "--task",
+        "math500",
+        "--num-prompts",
+        "3",
+        "--gen-length",
+        "8",
+        "--block-length",
+        "4",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+    )
     assert res.exit_code == 0, res.output
     data = _json_tail(res.output)
     assert data["setup"]["num_prompts"] == 3
@@ -111,18 +138,23 @@ def test_bench_rl_restores_the_weights(run, monkeypatch):
         assert all(torch.equal(state[k], seen[0][k]) for k in state)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gen-length", "10", "--block-length", "4"], "multiple of --block-length"),
-    (["--batch", "0"], "--batch must be positive"),
-    (["--repeats", "-1"], "--repeats must be positive"),
-    (["--size", "dim=8"], "--size only applies to --random"),
-    (["--accelerated-backend", "warp"], "warp"),
-    (["-a", "cache=full"], "cache"),
-    (["-a", "bogus=1"], "unknown key"),
-    (["-b", "novalue"], "expected key=value"),
-    (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--batch", "-3"], "cuda"
-     if not torch.cuda.is_available() else "--batch"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gen-length", "10", "--block-length", "4"], "multiple of --block-length"),
+        (["--batch", "0"], "--batch must be positive"),
+        (["--repeats", "-1"], "--repeats must be positive"),
+        (["--size", "dim=8"], "--size only applies to --random"),
+        (["--accelerated-backend", "warp"], "warp"),
+        (["-a", "cache=full"], "cache"),
+        (["-a", "bogus=1"], "unknown key"),
+        (["-b", "novalue"], "expected key=value"),
+        (
+            ["--device", "cuda:7"] if not torch.cuda.is_available() else ["--batch", "-3"],
+            "cuda" if not torch.cuda.is_available() else "--batch",
+        ),
+    ],
+)
 def test_bench_rollout_bad_arguments_are_one_line(run, args, needle):
     line = _one_line_error(run("bench", "rollout", "--model", "toy", *args))
     assert needle in line
@@ -152,8 +184,9 @@ def test_bench_rollout_refuses_a_backend_the_model_cannot_serve(run, monkeypatch
     assert "kv_cache" in line
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dare_plugin_bench.train") is not None,
-                    reason="the training bench is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("dare_plugin_bench.train") is not None, reason="the training bench is installed"
+)
 def test_bench_train_without_its_module_is_one_line(run):
     line = _one_line_error(run("bench", "train", "--model", "toy", checkpoint=False))
     assert "dare_plugin_bench.train" in line
@@ -161,8 +194,12 @@ def test_bench_train_without_its_module_is_one_line(run):
 
 def test_interleave_order_memory_and_prepare():
     calls = []
-    out = interleave({"a": lambda: calls.append("a") or {"x": 1}, "b": lambda: calls.append("b") or {}},
-                     repeats=3, device="cpu", prepare=lambda name: calls.append("prep-" + name))
+    out = interleave(
+        {"a": lambda: calls.append("a") or {"x": 1}, "b": lambda: calls.append("b") or {}},
+        repeats=3,
+        device="cpu",
+        prepare=lambda name: calls.append("prep-" + name),
+    )
     assert calls == ["prep-a", "a", "prep-b", "b"] * 3
     assert len(out["a"]) == 3 and out["a"][0]["x"] == 1 and out["a"][0]["seconds"] >= 0
 

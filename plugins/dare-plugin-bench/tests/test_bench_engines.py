@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from dare_core.api import get_dare
-
 from dare_plugin_bench.cli import bench
 from dare_plugin_bench.engines import _memory_engines, _scaling_summary
 
@@ -42,7 +41,8 @@ def test_runs_end_to_end_and_ends_with_one_json_line(tiny_run):
         assert r["tokens_per_s"] > 0 and len(r["step_s_each"]) == 1 and len(r["step_s_each"][0]) == 2
     assert data["ratios"]["weak_scaling_ideal"] == 2.0
     assert data["ratios"]["weak_scaling"] == pytest.approx(
-        runs["2"]["tokens_per_s"] / runs["1"]["tokens_per_s"], rel=1e-2)
+        runs["2"]["tokens_per_s"] / runs["1"]["tokens_per_s"], rel=1e-2
+    )
     assert "--nproc_per_node=2 -m dare_core train --algo d1 --model llada" in data["scaling"]["command"]
     single = data["memory"]["single"]
     assert single["ranks"] == 1 and single["parameters"] > 0
@@ -63,8 +63,7 @@ def test_fsdp_holds_about_half_the_parameters_per_rank_on_two_ranks(tiny_run):
 
 def test_summary_drops_each_runs_first_step():
     def rec(step, seconds):
-        return {"step": step, "time_rollout": seconds, "time_logprob": 0.0, "time_update": 0.0,
-                "response_length": 8.0}
+        return {"step": step, "time_rollout": seconds, "time_logprob": 0.0, "time_update": 0.0, "response_length": 8.0}
 
     runs = [[rec(1, 9.0), rec(2, 1.0), rec(3, 2.0)], [rec(1, 9.0), rec(2, 3.0)]]
     s = _scaling_summary(2, runs, rows_per_proc=4, gen_length=8)
@@ -79,15 +78,18 @@ def test_memory_engines_always_start_with_single():
     assert auto[0] == "single" and set(auto[1:]) <= {"fsdp", "deepspeed"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--steps", "1"], "--steps must be >= 2"),
-    (["--procs", "1"], "--procs must be >= 2"),
-    (["--engines", "nope"], "--engines: unknown engine 'nope'"),
-    (["--engine", "single"], "--engine single runs one process"),
-    (["--gen-length", "10", "--block-length", "4"], "multiple of --block-length"),
-    (["-o", "trainer.lr=-1"], "trainer.lr"),
-    (["--algo", "nope"], "nope"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "1"], "--steps must be >= 2"),
+        (["--procs", "1"], "--procs must be >= 2"),
+        (["--engines", "nope"], "--engines: unknown engine 'nope'"),
+        (["--engine", "single"], "--engine single runs one process"),
+        (["--gen-length", "10", "--block-length", "4"], "multiple of --block-length"),
+        (["-o", "trainer.lr=-1"], "trainer.lr"),
+        (["--algo", "nope"], "nope"),
+    ],
+)
 def test_bad_options_are_one_line_errors(dare_cli, args, message):
     res = dare_cli(get_dare())("bench", "engines", *args)
     assert res.exit_code == 2, res.output

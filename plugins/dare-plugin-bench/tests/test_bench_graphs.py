@@ -49,8 +49,25 @@ def test_rl_preset_runs_every_length_with_ratios_side_by_side(run, monkeypatch):
 
 
 def test_rl_preset_keeps_explicit_options(run):
-    res = run("bench", "rl", "--model", "toy", "--preset", "paper-masked", *SMALL, "--gen-length", "8",
-              "--batch", "4", "--group-size", "2", "--steps", "8", "-a", "cache=prefix")
+    res = run(
+        "bench",
+        "rl",
+        "--model",
+        "toy",
+        "--preset",
+        "paper-masked",
+        *SMALL,
+        "--gen-length",
+        "8",
+        "--batch",
+        "4",
+        "--group-size",
+        "2",
+        "--steps",
+        "8",
+        "-a",
+        "cache=prefix",
+    )
     assert res.exit_code == 0, res.output
     data = _json_tail(res.output)
     assert data["setup"]["gen_length"] == 8 and data["setup"]["group_size"] == 2
@@ -61,7 +78,9 @@ def test_rl_preset_keeps_explicit_options(run):
 def test_rl_block_preset_refuses_a_masked_model(run):
     res = run("bench", "rl", "--model", "toy", "--preset", "paper-block", *SMALL)
     assert res.exit_code == 2
-    assert res.output.startswith("error: ") and "'block' does not support masked-diffusion models" in res.output, res.output
+    assert res.output.startswith("error: ") and "'block' does not support masked-diffusion models" in res.output, (
+        res.output
+    )
 
 
 @pytest.mark.parametrize("command", ["rollout", "rl"])
@@ -69,8 +88,22 @@ def test_static_steps_add_a_cached_side(run, command):
     """-a graphs=static: baseline, cached (graphs=eager), accelerated, interleaved; the static side
     decodes what the cached side decodes."""
     extra = ["--group-size", "2"] if command == "rl" else []
-    res = run("bench", command, "--model", "toy", *SMALL, "--gen-length", "8", "--batch", "4",
-              "-a", "graphs=static", "--warmup", "1", *extra)
+    res = run(
+        "bench",
+        command,
+        "--model",
+        "toy",
+        *SMALL,
+        "--gen-length",
+        "8",
+        "--batch",
+        "4",
+        "-a",
+        "graphs=static",
+        "--warmup",
+        "1",
+        *extra,
+    )
     assert res.exit_code == 0, res.output
     data = _json_tail(res.output)
     cached = data["configs"]["cached"]["config"]

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from dare_plugin_bench.common import BenchError
-from dare_plugin_bench.train import main
 from dare_core.interfaces import ModelFamily
 from dare_core.plugins import hookimpl
-from dare_core.testing.registries import build_for
 from dare_core.testing import toy
+from dare_core.testing.registries import build_for
+from dare_plugin_bench.common import BenchError
+from dare_plugin_bench.train import main
 
 
 class _PackableToy:
@@ -24,9 +24,16 @@ class _PackableToy:
             w.capabilities = w.capabilities | {"packed_varlen"}
             return w
 
-        register(ModelFamily(name="toy_packable", kind="masked", load=load,
-                             capabilities=frozenset({"bidirectional", "packed_varlen", "mask_token", "absorbing_elbo"}),
-                             default_rollout="low_confidence", rollouts=("low_confidence",)))
+        register(
+            ModelFamily(
+                name="toy_packable",
+                kind="masked",
+                load=load,
+                capabilities=frozenset({"bidirectional", "packed_varlen", "mask_token", "absorbing_elbo"}),
+                default_rollout="low_confidence",
+                rollouts=("low_confidence",),
+            )
+        )
 
 
 def _last_json(out: str) -> dict:
@@ -37,10 +44,39 @@ def test_both_parts_report_ratios_and_equal_losses(tmp_path, capsys):
     # 64 x 150,000 float32 logits (37 MiB) exceed glibc's largest mmap threshold (32 MiB), so the
     # naive head's peak shows in the RSS however the process allocated before
     dare = build_for(_PackableToy())
-    rc = main(["--model", "toy_packable", "--checkpoint", str(tmp_path), "--batch", "4",
-               "--prompt-length", "8", "--ragged", "3", "--min-response", "4", "--max-response", "40",
-               "--tokens", "64", "--vocab", "150000", "--hidden", "16", "--chunk", "16",
-               "--repeats", "1", "--warmup", "0", "--threads", "1"], dare=dare)
+    rc = main(
+        [
+            "--model",
+            "toy_packable",
+            "--checkpoint",
+            str(tmp_path),
+            "--batch",
+            "4",
+            "--prompt-length",
+            "8",
+            "--ragged",
+            "3",
+            "--min-response",
+            "4",
+            "--max-response",
+            "40",
+            "--tokens",
+            "64",
+            "--vocab",
+            "150000",
+            "--hidden",
+            "16",
+            "--chunk",
+            "16",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+        ],
+        dare=dare,
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "padded" in out and "packed" in out and "naive" in out and "fused" in out
@@ -66,8 +102,28 @@ def test_argument_errors_are_one_line():
 
 
 def test_bf16_cross_entropy_reports_distance_to_float64(capsys):
-    rc = main(["--part", "ce", "--ce-dtype", "bfloat16", "--tokens", "96", "--vocab", "2000",
-               "--hidden", "32", "--chunk", "20", "--repeats", "1", "--warmup", "0", "--threads", "1"])
+    rc = main(
+        [
+            "--part",
+            "ce",
+            "--ce-dtype",
+            "bfloat16",
+            "--tokens",
+            "96",
+            "--vocab",
+            "2000",
+            "--hidden",
+            "32",
+            "--chunk",
+            "20",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     ce = _last_json(capsys.readouterr().out)["cross_entropy"]
     ref = ce["rel_diff_to_float64"]

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import dare_plugin_bgpo
-from dare_objectives.elbo import StratifiedCountMasking
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
 from dare_core.testing import make_toy_wrapper, toy
-from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.algorithm_checks import algorithm_components, check_accumulate_matches_backward, one_rl_step
+from dare_core.testing.contracts import AlgorithmContract
 from dare_core.workflows.rl import _row_estimate
+from dare_objectives.elbo import StratifiedCountMasking
 from dare_plugin_bgpo.algorithm import BGPOConfig, BGPOLoss, bgpo_surrogate
 
 A = torch.tensor([[0.5] * 3, [-1.0] * 3])
@@ -177,8 +177,9 @@ def test_peak_memory_does_not_grow_with_mc_num():
 
 
 def test_config_validators():
-    _, problems = structure(BGPOConfig, {"mc_num": 16, "n_l": 5, "clip_ratio_c": 1.0,
-                                         "length_norm": "half"}, "algorithm")
+    _, problems = structure(
+        BGPOConfig, {"mc_num": 16, "n_l": 5, "clip_ratio_c": 1.0, "length_norm": "half"}, "algorithm"
+    )
     assert len(problems) == 3 and any("n_l" in p for p in problems)
     cfg, problems = structure(BGPOConfig, {}, "algorithm")
     assert not problems and cfg.mc_num == 16 and cfg.n_l == 16

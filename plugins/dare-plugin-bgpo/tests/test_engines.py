@@ -6,5 +6,10 @@ from dare_core.testing.engines import assert_same_as_single
 
 
 def test_two_ranks_equal_one_process(tmp_path):
-    assert_same_as_single(tmp_path, "bgpo", ["engine.name=ddp"], plugins=("dare_plugin_bgpo",),
-                          extra=["algorithm.mc_num=2", "algorithm.n_l=2"])
+    assert_same_as_single(
+        tmp_path,
+        "bgpo",
+        ["engine.name=ddp"],
+        plugins=("dare_plugin_bgpo",),
+        extra=["algorithm.mc_num=2", "algorithm.n_l=2"],
+    )

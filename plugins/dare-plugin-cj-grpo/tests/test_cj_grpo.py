@@ -6,15 +6,9 @@ import pytest
 import torch
 
 import dare_plugin_cj_grpo
-from dare_objectives.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
-from dare_objectives.trajectory_replay import (
-    StepReplay,
-    transition_weights,
-)
-from dare_core.interfaces.rows import TrajectoryContext
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import DareError
 from dare_core.interfaces import RolloutBatch
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import (
@@ -26,6 +20,12 @@ from dare_core.testing.rl_probe import (
 )
 from dare_nn.testing import toy_block
 from dare_nn.testing.toy_block import make_toy_block_wrapper
+from dare_objectives.replay_loss import ReplayClippedLoss, make_replay_clipped_loss
+from dare_objectives.trajectory_replay import (
+    StepReplay,
+    transition_weights,
+)
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 # the "231" fixture: three blocks of four response tokens with these block-local steps
 LOCAL = torch.tensor([[0, 0, 1, 1, 0, 1, 2, 2, 0, 0, 0, 0]])
@@ -89,10 +89,13 @@ def test_masked_replay_reproduces_the_sampler_states_and_confidences():
     tgt = rows.corrupted.masked[:, :, P:]
     # the sampler never proposes the mask token, so its confidence is renormalised without it
     with torch.no_grad():
-        p_mask = torch.stack([torch.softmax(w.logits(s, rows.batch.attention_mask).float(), -1)
-                              [:, P:, w.mask_token_id] for s in rows.corrupted.noisy_ids])
-    torch.testing.assert_close(lp[tgt], conf[tgt].float().log() + torch.log1p(-p_mask[tgt]),
-                               rtol=1e-4, atol=1e-5)
+        p_mask = torch.stack(
+            [
+                torch.softmax(w.logits(s, rows.batch.attention_mask).float(), -1)[:, P:, w.mask_token_id]
+                for s in rows.corrupted.noisy_ids
+            ]
+        )
+    torch.testing.assert_close(lp[tgt], conf[tgt].float().log() + torch.log1p(-p_mask[tgt]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(rows.weights, tgt.float())
 
 
@@ -103,8 +106,7 @@ def _block_fixture():
     prompt = torch.randint(4, 60, (1, 4), generator=g)
     resp = torch.randint(4, 60, (1, 12), generator=g)
     reveal = LOCAL + 3 * BLOCKS  # global steps of a 3-step-per-block sampler (block 1 used all 3)
-    roll = RolloutBatch(prompt, torch.ones_like(prompt), resp, torch.ones_like(resp), reveal_step=reveal,
-                        num_steps=9)
+    roll = RolloutBatch(prompt, torch.ones_like(prompt), resp, torch.ones_like(resp), reveal_step=reveal, num_steps=9)
     return w, roll
 
 
@@ -146,8 +148,9 @@ def test_left_to_right_check_and_missing_record_errors():
     w = make_toy_wrapper()
     resp = torch.randint(4, 60, (1, 4))
     p = torch.randint(4, 60, (1, 3))
-    roll = RolloutBatch(p, torch.ones_like(p), resp, torch.ones_like(resp),
-                        reveal_step=torch.tensor([[1, 0, 2, 3]]), num_steps=4)
+    roll = RolloutBatch(
+        p, torch.ones_like(p), resp, torch.ones_like(resp), reveal_step=torch.tensor([[1, 0, 2, 3]]), num_steps=4
+    )
     with pytest.raises(DareError, match="left-to-right"):
         StepReplay(left_to_right=True).rows(w, roll, _context(1))
     roll.reveal_step = None
@@ -178,10 +181,14 @@ def test_step_mean_loss_hand_computed():
 
 def test_accumulate_equals_one_pass_and_per_sample_is_partition_invariant():
     w, roll = _block_fixture()
-    roll = RolloutBatch(roll.prompt_ids.repeat(4, 1), roll.prompt_mask.repeat(4, 1),
-                        torch.randint(4, 60, (4, 12), generator=torch.Generator().manual_seed(5)),
-                        torch.ones(4, 12, dtype=torch.long), reveal_step=roll.reveal_step.repeat(4, 1),
-                        num_steps=9)
+    roll = RolloutBatch(
+        roll.prompt_ids.repeat(4, 1),
+        roll.prompt_mask.repeat(4, 1),
+        torch.randint(4, 60, (4, 12), generator=torch.Generator().manual_seed(5)),
+        torch.ones(4, 12, dtype=torch.long),
+        reveal_step=roll.reveal_step.repeat(4, 1),
+        num_steps=9,
+    )
     roll.response_mask[1, 9:] = 0
     roll.response_mask[2, 6:] = 0
     adv = torch.tensor([0.5, -1.0, 0.25, 1.5])
@@ -199,8 +206,13 @@ def test_accumulate_equals_one_pass_and_per_sample_is_partition_invariant():
             scale = len(part) / 4
             args = (old[:, idx], None, adv[idx], rows.select_weights(idx))
             if accumulate:
-                val, _ = comps.loss.accumulate(lambda r: comps.estimator(w, b, _rows(c, r)),
-                                               c.num_samples, *args, scale, extras=rows.select_extras(idx))
+                val, _ = comps.loss.accumulate(
+                    lambda r: comps.estimator(w, b, _rows(c, r)),
+                    c.num_samples,
+                    *args,
+                    scale,
+                    extras=rows.select_extras(idx),
+                )
             else:
                 val, _ = comps.loss(comps.estimator(w, b, c), *args, extras=rows.select_extras(idx))
                 (val * scale).backward()
@@ -222,14 +234,23 @@ def _rows(c, r):
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    log = spy_run(tmp_path, dare_plugin_cj_grpo, "cj_grpo", toy, [
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_cj_grpo,
+        "cj_grpo",
+        toy,
+        ["rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1"],
+    )
     assert_one_draw_per_batch(log, steps=2)
 
 
 def test_block_model_trains_through_the_workflow(tmp_path):
-    summary = tiny_rl_run(tmp_path, [toy_block, dare_plugin_cj_grpo, ProbePlugin()], "cj_grpo",
-                          "block_toy", ["rollout.gen_length=8", "rollout.steps=2",
-                                        "rollout.truncate_at_eos=true"])
+    summary = tiny_rl_run(
+        tmp_path,
+        [toy_block, dare_plugin_cj_grpo, ProbePlugin()],
+        "cj_grpo",
+        "block_toy",
+        ["rollout.gen_length=8", "rollout.steps=2", "rollout.truncate_at_eos=true"],
+    )
     metrics = (tmp_path / "r" / "metrics.jsonl").read_text()
     assert '"replay_rows"' in metrics and summary["train"]["steps"] == 2

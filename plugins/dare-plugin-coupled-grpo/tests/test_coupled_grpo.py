@@ -92,8 +92,10 @@ def test_default_draws_fresh_masks_every_step():
     assert not torch.equal(steps[0].masked, steps[1].masked)
     assert not torch.equal(steps[0].extras["t"], steps[1].extras["t"])
     fixed = _components(seed_mode="fixed").corruption
-    assert torch.equal(fixed(w, batch, torch.Generator().manual_seed(0)).masked,
-                       fixed(w, batch, torch.Generator().manual_seed(1)).masked)
+    assert torch.equal(
+        fixed(w, batch, torch.Generator().manual_seed(0)).masked,
+        fixed(w, batch, torch.Generator().manual_seed(1)).masked,
+    )
 
 
 def test_stream_mode_uses_the_run_generator():
@@ -164,10 +166,17 @@ def test_loss_oracles_ratio_one_and_clipped_case():
     assert m["pg_clipfrac_lower"] == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("kind,expect", [
-    ("k1", [0.5, -0.5]), ("k2", [0.125, 0.125]), ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
-    ("dare_log1p_k1", [0.405465, -0.5]), ("dare_log1p_k2", [0.082201, 0.125]),
-    ("dare_log1p_k3", [0.072132, 0.148721])])
+@pytest.mark.parametrize(
+    "kind,expect",
+    [
+        ("k1", [0.5, -0.5]),
+        ("k2", [0.125, 0.125]),
+        ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5]),
+        ("dare_log1p_k1", [0.405465, -0.5]),
+        ("dare_log1p_k2", [0.082201, 0.125]),
+        ("dare_log1p_k3", [0.072132, 0.148721]),
+    ],
+)
 def test_kl_branch_oracles(kind, expect):
     """KL estimators on d = ℓ - ℓ_ref, and the DARE reference's rule (log(1+d) for A > 0, d
     otherwise), one token per sequence, token-mean."""
@@ -190,9 +199,20 @@ def test_config_invariants_are_validators():
 
 @pytest.mark.parametrize("reuse,passes", [(False, 2), (True, 1)])
 def test_masks_drawn_once_per_rollout_batch_shared_by_old_ref_new(tmp_path, reuse, passes):
-    log = spy_run(tmp_path, dare_plugin_coupled_grpo, "coupled_grpo", toy, [
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4",
-        "algorithm.seed_mode=stream", "algorithm.kl_coef=0.1", f"trainer.reuse_logprob={reuse}"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_coupled_grpo,
+        "coupled_grpo",
+        toy,
+        [
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "algorithm.seed_mode=stream",
+            "algorithm.kl_coef=0.1",
+            f"trainer.reuse_logprob={reuse}",
+        ],
+    )
     assert_one_draw_per_batch(log, steps=2)
     # with a reference model: old (unless taken from the update's forward), ref (no grad) and
     # new (grad) calls per micro-batch

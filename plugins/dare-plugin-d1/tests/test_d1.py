@@ -8,10 +8,11 @@ import torch
 import dare_plugin_d1
 from dare_core.components import ComponentLookup
 from dare_core.interfaces import SequenceBatch
-from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper
 from dare_core.testing.contracts import AlgorithmContract
-from dare_plugin_d1.algorithm import D1Config, D1Masking, build as build_d1
+from dare_core.testing.registries import build_for
+from dare_plugin_d1.algorithm import D1Config, D1Masking
+from dare_plugin_d1.algorithm import build as build_d1
 
 
 class TestD1Contract(AlgorithmContract):
@@ -113,8 +114,11 @@ def test_defaults_are_the_papers():
     from dare_plugin_samplers.config import LowConfidenceConfig
 
     assert comps.training_rollout_config(LowConfidenceConfig()).truncate_at_eos
-    assert not _components(truncate_at_eos=False).training_rollout_config(
-        LowConfidenceConfig(truncate_at_eos=True)).truncate_at_eos
+    assert (
+        not _components(truncate_at_eos=False)
+        .training_rollout_config(LowConfidenceConfig(truncate_at_eos=True))
+        .truncate_at_eos
+    )
     assert not _components(remask_each_update=False).remask_each_epoch
 
 
@@ -147,9 +151,19 @@ def test_prompt_masking_redrawn_for_each_inner_update(tmp_path, remask):
     from dare_core.testing import toy
     from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
 
-    log = spy_run(tmp_path, dare_plugin_d1, "d1", toy, [
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "trainer.ppo_epochs=2",
-        f"algorithm.remask_each_update={str(remask).lower()}"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_d1,
+        "d1",
+        toy,
+        [
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "trainer.ppo_epochs=2",
+            f"algorithm.remask_each_update={str(remask).lower()}",
+        ],
+    )
     if not remask:
         assert_one_draw_per_batch(log, steps=2)
         return

@@ -30,7 +30,9 @@ PLUGIN = "dare_plugin_deepspeed.plugin"
 BGPO = ("algorithm.mc_num=2", "algorithm.n_l=2", "trainer.steps=2")
 
 
-def train_in_turn(plugins: Sequence[str], algo: str, runs: Sequence[tuple[int, list[str], bool]]) -> list[dict[str, Any]]:
+def train_in_turn(
+    plugins: Sequence[str], algo: str, runs: Sequence[tuple[int, list[str], bool]]
+) -> list[dict[str, Any]]:
     """:func:`train_run` for each ``(port, overrides, unfinish)`` in turn in this process (rank 0's
     results; empty dicts on the others). ``unfinish``: rank 0 then removes the run's
     ``summary.json``, so the run counts as stopped after its last checkpoint (the next run's
@@ -65,13 +67,32 @@ def root(tmp_path_factory):
     path = tmp_path_factory.mktemp("deepspeed")
     # every parameter partitioned under ZeRO-3; the run's values filled in where it says "auto";
     # DeepSpeed builds the optimizer from the file (torch's AdamW: the single-process update)
-    (path / "zero3.json").write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                  "weight_decay": "auto", "torch_adam": True}},
-        "zero_optimization": {"stage": "auto", "stage3_param_persistence_threshold": 0,
-                              "stage3_model_persistence_threshold": 0, "reduce_bucket_size": "auto"}}))
+    (path / "zero3.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto",
+                "bf16": {"enabled": "auto"},
+                "optimizer": {
+                    "type": "AdamW",
+                    "params": {
+                        "lr": "auto",
+                        "betas": "auto",
+                        "eps": "auto",
+                        "weight_decay": "auto",
+                        "torch_adam": True,
+                    },
+                },
+                "zero_optimization": {
+                    "stage": "auto",
+                    "stage3_param_persistence_threshold": 0,
+                    "stage3_model_persistence_threshold": 0,
+                    "reduce_bucket_size": "auto",
+                },
+            }
+        )
+    )
     return path
 
 
@@ -165,11 +186,11 @@ def engine_steps(root: str) -> list[dict[str, Any]]:
     whose loss is NaN on rank 1 only and a finite step."""
     import pathlib
 
+    import dare_plugin_deepspeed.plugin as plugin
     from dare_core.config import resolve
     from dare_core.testing import toy
     from dare_core.testing.digits import DigitsPlugin
     from dare_core.testing.registries import build_for
-    import dare_plugin_deepspeed.plugin as plugin
     from dare_plugin_deepspeed.engine import DeepSpeedEngine
 
     root = pathlib.Path(root)
@@ -179,8 +200,15 @@ def engine_steps(root: str) -> list[dict[str, Any]]:
     ids = torch.arange(4, 16).view(2, 6)
     for stage in (1, 2, 3):
         for precision in ("fp32", "bf16-mixed"):
-            cfg = resolve(dare, algo="sup_test", model="toy", overrides=[
-                *_common(root, *_zero(root, stage, f"engine.precision={precision}")), "trainer.micro_batch_size=1"])
+            cfg = resolve(
+                dare,
+                algo="sup_test",
+                model="toy",
+                overrides=[
+                    *_common(root, *_zero(root, stage, f"engine.precision={precision}")),
+                    "trainer.micro_batch_size=1",
+                ],
+            )
             engine = DeepSpeedEngine(cfg)  # joins the process group the first one started
             wrapper = toy.make_toy_wrapper()
             engine.prepare(wrapper, trainable=True)
@@ -191,13 +219,17 @@ def engine_steps(root: str) -> list[dict[str, Any]]:
 
             def weights():
                 full = engine.full_state_dict(wrapper)
-                return full if full is not None else {k: v.detach().clone() for k, v in wrapper.module.state_dict().items()}
+                return (
+                    full
+                    if full is not None
+                    else {k: v.detach().clone() for k, v in wrapper.module.state_dict().items()}
+                )
 
             steps = []
             for poison in (float("nan") if rank == 1 else 1.0, 1.0):
                 before = weights()
                 with engine.autocast():
-                    logp = wrapper.token_logprobs(ids[rank:rank + 1], ids[rank:rank + 1])
+                    logp = wrapper.token_logprobs(ids[rank : rank + 1], ids[rank : rank + 1])
                 engine.backward(-logp.float().mean() * poison)
                 norm, stepped = engine.step(1.0, 1e-3)
                 after = weights()

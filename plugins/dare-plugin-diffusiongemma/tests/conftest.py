@@ -43,5 +43,6 @@ def prompts(wrapper):
     from dare_core.api import left_pad
 
     texts = ("a", "a longer prompt, longer than the sliding window")
-    return left_pad([wrapper.encode(wrapper.render_prompt([{"role": "user", "content": t}])) for t in texts],
-                    wrapper.pad_token_id)
+    return left_pad(
+        [wrapper.encode(wrapper.render_prompt([{"role": "user", "content": t}])) for t in texts], wrapper.pad_token_id
+    )

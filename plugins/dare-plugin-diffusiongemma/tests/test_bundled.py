@@ -13,8 +13,16 @@ from dare_plugin_diffusiongemma.config import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
 
-COMMON = ["task.num_eval=2", "eval.batch_size=2", "trainer.steps=1", "progress=false", "trainer.batch_size=2",
-          "trainer.micro_batch_size=2", "eval.before=false", "rollout.max_denoising_steps=2"]
+COMMON = [
+    "task.num_eval=2",
+    "eval.batch_size=2",
+    "trainer.steps=1",
+    "progress=false",
+    "trainer.batch_size=2",
+    "trainer.micro_batch_size=2",
+    "eval.before=false",
+    "rollout.max_denoising_steps=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +34,20 @@ def dare(registries):
 
 
 def test_layout_and_published_names():
-    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
-                                              "generation_config.json", "dare_defaults.yaml"],
-                                    "diffusion_gemma", "DiffusionGemmaForBlockDiffusion")
+    cfg = bundled.checkpoint_config(
+        BUNDLED,
+        ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "dare_defaults.yaml"],
+        "diffusion_gemma",
+        "DiffusionGemmaForBlockDiffusion",
+    )
     assert cfg["text_config"]["model_type"] == "diffusion_gemma_text" and cfg["canvas_length"] == 8
     names = bundled.safetensors_names(BUNDLED)
-    assert {"model.decoder.embed_tokens.weight", "model.decoder.self_conditioning.gate_proj.weight",
-            "model.decoder.layers.0.experts.gate_up_proj", "model.decoder.layers.0.router.proj.weight"} <= names
+    assert {
+        "model.decoder.embed_tokens.weight",
+        "model.decoder.self_conditioning.gate_proj.weight",
+        "model.decoder.layers.0.experts.gate_up_proj",
+        "model.decoder.layers.0.router.proj.weight",
+    } <= names
     bundled.assert_token_names(BUNDLED, {0: "<pad>", 1: "<eos>", 2: "<bos>", 5: "<|turn>", 6: "<turn|>"})
     assert os.path.getsize(os.path.join(BUNDLED, "model.safetensors")) < 2_000_000
 
@@ -43,7 +58,12 @@ def test_preset_applies_below_overrides(dare):
     assert cfg.rollout.gen_length == 40 and cfg.eval.temperature == 1.0
     assert resolve(dare, algo="sft", model="diffusiongemma", overrides=["trainer.lr=1e-6"]).trainer.lr == 1e-6
     rl = resolve(dare, algo="reinforce_rloo", model="diffusiongemma")
-    assert (rl.trainer.batch_size, rl.trainer.group_size, rl.algorithm.mc_num, rl.rollout.temperature) == (16, 8, 4, 1.0)
+    assert (rl.trainer.batch_size, rl.trainer.group_size, rl.algorithm.mc_num, rl.rollout.temperature) == (
+        16,
+        8,
+        4,
+        1.0,
+    )
 
 
 def test_generate_answers_in_the_trained_format(dare, monkeypatch):
@@ -54,8 +74,15 @@ def test_generate_answers_in_the_trained_format(dare, monkeypatch):
 @pytest.mark.parametrize("algo", ["sft", "reinforce_rloo", "coupled_grpo"])
 def test_one_step_runs(dare, tmp_path, algo):
     extra = ["trainer.group_size=2"] if algo != "sft" else []
-    summary = train(dare, resolve(dare, algo=algo, model="diffusiongemma",
-                                  overrides=COMMON + extra + [f"output_dir={tmp_path}", f"run_name={algo}"]))
+    summary = train(
+        dare,
+        resolve(
+            dare,
+            algo=algo,
+            model="diffusiongemma",
+            overrides=COMMON + extra + [f"output_dir={tmp_path}", f"run_name={algo}"],
+        ),
+    )
     assert "after" in summary["eval"]
     assert os.path.isfile(tmp_path / algo / "final" / "model.safetensors")
     assert os.path.isfile(tmp_path / algo / "final" / "generation_config.json")

@@ -33,6 +33,8 @@ class TestDiffusionGemmaContract(ModelFamilyContract):
         logits = wrapper.logits(ids)
         assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
         lp = wrapper.token_logprobs(ids, ids, prompt_len=P)
-        ref = torch.log_softmax(wrapper.denoise_logits(ids, prompt_len=P).float(), -1).gather(-1, ids[..., None])[..., 0]
+        ref = torch.log_softmax(wrapper.denoise_logits(ids, prompt_len=P).float(), -1).gather(-1, ids[..., None])[
+            ..., 0
+        ]
         torch.testing.assert_close(lp[:, P:], ref[:, P:], rtol=1e-5, atol=1e-5)
         assert (lp[:, :P] == 0).all() and (lp <= 1e-6).all()

@@ -16,18 +16,26 @@ def test_rollout_is_transformers_generate_seeded_from_the_generator(wrapper, pro
     P, R = pid.shape[1], 10
     backend = EntropyBoundSampler(EntropyBoundConfig(gen_length=R, t_max=0.9))
     state = torch.random.get_rng_state()
-    out = backend.generate(wrapper, pid, pm, record=frozenset({"reveal_step"}), generator=torch.Generator().manual_seed(3))
+    out = backend.generate(
+        wrapper, pid, pm, record=frozenset({"reveal_step"}), generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's global RNG is untouched
     again = backend.generate(wrapper, pid, pm, generator=torch.Generator().manual_seed(3))
     assert torch.equal(out.response_ids, again.response_ids) and again.reveal_step is None
     seed = int(torch.randint(0, 2**63 - 1, (1,), generator=torch.Generator().manual_seed(3)))
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        ref = wrapper.module.generate(input_ids=pid, attention_mask=pm, max_new_tokens=R, t_max=0.9,
-                                      eos_token_id=list(wrapper.stop_token_ids), pad_token_id=wrapper.pad_token_id)
-    expected = ref.sequences[:, P:P + R]
-    assert torch.equal(out.response_ids[:, :expected.shape[1]], expected)
-    assert (out.response_ids[:, expected.shape[1]:] == wrapper.pad_token_id).all()
+        ref = wrapper.module.generate(
+            input_ids=pid,
+            attention_mask=pm,
+            max_new_tokens=R,
+            t_max=0.9,
+            eos_token_id=list(wrapper.stop_token_ids),
+            pad_token_id=wrapper.pad_token_id,
+        )
+    expected = ref.sequences[:, P : P + R]
+    assert torch.equal(out.response_ids[:, : expected.shape[1]], expected)
+    assert (out.response_ids[:, expected.shape[1] :] == wrapper.pad_token_id).all()
     # records: settle steps within the steps run, one encoder pass per canvas on top of them
     canvases = -(-R // wrapper.block_size)
     assert out.reveal_step.shape == (2, R) and int(out.reveal_step.min()) >= 0
@@ -39,10 +47,17 @@ def test_null_settings_take_the_checkpoint_generation_config(wrapper):
     gen = EntropyBoundSampler(EntropyBoundConfig(gen_length=8)).generation_config(wrapper)
     assert (gen.max_denoising_steps, gen.t_min, gen.t_max, gen.sampler_config.entropy_bound) == (6, 0.4, 0.8, 0.1)
     assert gen.max_new_tokens == 8 and gen.eos_token_id == list(wrapper.stop_token_ids)
-    gen = EntropyBoundSampler(EntropyBoundConfig(gen_length=8, max_denoising_steps=3, entropy_bound=2,
-                                                 stability_threshold=0, confidence_threshold=1)).generation_config(wrapper)
-    assert (gen.max_denoising_steps, gen.sampler_config.entropy_bound, gen.stability_threshold,
-            gen.confidence_threshold) == (3, 2.0, 0, 1.0)
+    gen = EntropyBoundSampler(
+        EntropyBoundConfig(
+            gen_length=8, max_denoising_steps=3, entropy_bound=2, stability_threshold=0, confidence_threshold=1
+        )
+    ).generation_config(wrapper)
+    assert (
+        gen.max_denoising_steps,
+        gen.sampler_config.entropy_bound,
+        gen.stability_threshold,
+        gen.confidence_threshold,
+    ) == (3, 2.0, 0, 1.0)
     assert wrapper.module.generation_config.max_denoising_steps == 6  # the model's own is not changed
 
 
@@ -56,7 +71,8 @@ def test_temperature_scales_the_schedule(wrapper, prompts):
     assert torch.equal(probs.argmax(-1), scores.argmax(-1)) and (probs.max(-1).values == 1).all()
     # argmax proposals (zero entropy): each step accepts its whole canvas, iterated to a fixed point
     out = EntropyBoundSampler(EntropyBoundConfig(gen_length=8, temperature=0.0)).generate(
-        wrapper, *prompts, generator=torch.Generator().manual_seed(0))
+        wrapper, *prompts, generator=torch.Generator().manual_seed(0)
+    )
     assert out.response_ids.shape == (2, 8) and (out.response_ids >= 0).all() and out.num_steps <= 2 * 6
 
 
@@ -76,8 +92,11 @@ class _Scripted(torch.nn.Module):
 
     generation_config = SimpleNamespace(max_denoising_steps=4)
     drafts = [
-        [torch.tensor([[5, 5, 5, 5], [7, 7, 7, 7]]), torch.tensor([[5, 6, 5, 5], [7, 7, 7, 7]]),
-         torch.tensor([[5, 6, 5, 9], [7, 7, 7, 7]])],
+        [
+            torch.tensor([[5, 5, 5, 5], [7, 7, 7, 7]]),
+            torch.tensor([[5, 6, 5, 5], [7, 7, 7, 7]]),
+            torch.tensor([[5, 6, 5, 9], [7, 7, 7, 7]]),
+        ],
         [torch.tensor([[8, 1, 3, 3], [2, 2, 2, 2]]), torch.tensor([[8, 1, 0, 0], [2, 4, 2, 2]])],
     ]
 
@@ -94,11 +113,17 @@ class _Scripted(torch.nn.Module):
 
 @pytest.mark.parametrize("gen_length", [6, 10])
 def test_response_window_stop_mask_and_reveal_steps(gen_length):
-    stub = SimpleNamespace(module=_Scripted(), capabilities=frozenset({"uniform_noise"}), family="stub",
-                           stop_token_ids=(1, 11), pad_token_id=0)
+    stub = SimpleNamespace(
+        module=_Scripted(),
+        capabilities=frozenset({"uniform_noise"}),
+        family="stub",
+        stop_token_ids=(1, 11),
+        pad_token_id=0,
+    )
     pid = torch.tensor([[3, 4], [0, 4]])
     out = EntropyBoundSampler(EntropyBoundConfig(gen_length=gen_length)).generate(
-        stub, pid, (pid > 0).long(), record=frozenset({"reveal_step"}))
+        stub, pid, (pid > 0).long(), record=frozenset({"reveal_step"})
+    )
     full = torch.tensor([[5, 6, 5, 9, 8, 1, 0, 0, 0, 0], [7, 7, 7, 7, 2, 4, 2, 2, 0, 0]])
     settle = torch.tensor([[0, 1, 0, 2, 3, 3, 4, 4, -1, -1], [0, 0, 0, 0, 3, 4, 3, 3, -1, -1]])
     assert torch.equal(out.response_ids, full[:, :gen_length])

@@ -23,8 +23,9 @@ def _rows(wrapper, prompts, canvases=3, seed=0):
 def _library(module, prefix, prefix_mask, canvas):
     """transformers' forward: the encoder over ``prefix``, the decoder over one ``canvas``."""
     dec_mask = torch.cat([prefix_mask, torch.ones_like(canvas)], 1)
-    return module(input_ids=prefix, attention_mask=prefix_mask, decoder_input_ids=canvas,
-                  decoder_attention_mask=dec_mask).logits
+    return module(
+        input_ids=prefix, attention_mask=prefix_mask, decoder_input_ids=canvas, decoder_attention_mask=dec_mask
+    ).logits
 
 
 def test_registration(registries):
@@ -44,8 +45,10 @@ def test_token_ids_and_canvas_come_from_the_checkpoint(wrapper):
     assert wrapper.pad_token_id == tok.convert_tokens_to_ids("<pad>")
     assert wrapper.stop_token_ids == (wrapper.eos_token_id, tok.convert_tokens_to_ids("<turn|>"))
     assert wrapper.mask_token_id == NO_MASK_TOKEN == -1
-    assert wrapper.render_prompt([{"role": "user", "content": "hi"}]) == \
-        "<bos><|turn>user\nhi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    assert (
+        wrapper.render_prompt([{"role": "user", "content": "hi"}])
+        == "<bos><|turn>user\nhi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    )
 
 
 def test_bfloat16_loading_and_float32_logprobs(tiny_dir, prompts):
@@ -91,14 +94,16 @@ def test_training_forward_is_the_library_forward_canvas_by_canvas(tiny_dir, prom
     assert int(mask[1].sum()) > 2 * w.sliding_window and not mask[0].all()
     C = w.block_size
     noisy = clean.clone()
-    noisy[:, P:] = w.noise(clean[:, P:], torch.ones_like(clean[:, P:], dtype=torch.bool), torch.Generator().manual_seed(0))
+    noisy[:, P:] = w.noise(
+        clean[:, P:], torch.ones_like(clean[:, P:], dtype=torch.bool), torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         logits = w.denoise_logits(noisy, mask, clean_ids=clean, prompt_len=P)
         assert logits.shape == (*clean.shape, w.vocab_size) and (logits[:, :P] == 0).all()
         for k in range(3):
             s = P + k * C
-            ref = _library(w.module, clean[:, :s], mask[:, :s], noisy[:, s:s + C])
-            torch.testing.assert_close(logits[:, s:s + C], ref, rtol=0, atol=1e-5)
+            ref = _library(w.module, clean[:, :s], mask[:, :s], noisy[:, s : s + C])
+            torch.testing.assert_close(logits[:, s : s + C], ref, rtol=0, atol=1e-5)
         lp = w.token_logprobs(noisy, clean, mask, clean_ids=clean, prompt_len=P)
     ref_lp = torch.log_softmax(logits[:, P:], -1).gather(-1, clean[:, P:, None])[..., 0]
     torch.testing.assert_close(lp[:, P:], ref_lp, rtol=1e-5, atol=1e-5)
@@ -109,13 +114,13 @@ def test_response_padding_is_invisible(wrapper, prompts):
     """A right-padded last canvas: its valid tokens get the library's logits of the shorter canvas."""
     clean, mask, P = _rows(wrapper, prompts, canvases=2)
     C = wrapper.block_size
-    mask[0, P + C + 2:] = 0
-    clean[0, P + C + 2:] = wrapper.pad_token_id
+    mask[0, P + C + 2 :] = 0
+    clean[0, P + C + 2 :] = wrapper.pad_token_id
     with torch.no_grad():
         logits = wrapper.denoise_logits(clean, mask, clean_ids=clean, prompt_len=P)
         s = P + C
-        ref = _library(wrapper.module, clean[:1, :s], mask[:1, :s], clean[:1, s:s + 2])
-    torch.testing.assert_close(logits[:1, s:s + 2], ref, rtol=0, atol=1e-5)
+        ref = _library(wrapper.module, clean[:1, :s], mask[:1, :s], clean[:1, s : s + 2])
+    torch.testing.assert_close(logits[:1, s : s + 2], ref, rtol=0, atol=1e-5)
 
 
 def test_gradients_flow_through_the_encoder_and_the_decoder(tiny_dir, prompts):
@@ -129,6 +134,7 @@ def test_gradients_flow_through_the_encoder_and_the_decoder(tiny_dir, prompts):
         def hook(_module, _inputs, output):
             output.retain_grad()
             seen[name] = output
+
         return hook
 
     w.module.model.encoder.language_model.embed_tokens.register_forward_hook(keep("encoder"))
@@ -144,14 +150,17 @@ def test_gradients_flow_through_the_encoder_and_the_decoder(tiny_dir, prompts):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     # no self-conditioning signal in these likelihoods: its MLP reads zeros and gets no gradient
     sc = w.module.model.decoder.self_conditioning
-    assert all(p.grad is None or not p.grad.any() for p in (sc.gate_proj.weight, sc.up_proj.weight, sc.down_proj.weight))
+    assert all(
+        p.grad is None or not p.grad.any() for p in (sc.gate_proj.weight, sc.up_proj.weight, sc.down_proj.weight)
+    )
 
 
 def test_logits_read_the_row_as_canvases_from_column_zero(wrapper, prompts):
     clean, mask, _ = _rows(wrapper, prompts, canvases=1)
     with torch.no_grad():
-        torch.testing.assert_close(wrapper.logits(clean, mask),
-                                   wrapper.denoise_logits(clean, mask, clean_ids=clean, prompt_len=0))
+        torch.testing.assert_close(
+            wrapper.logits(clean, mask), wrapper.denoise_logits(clean, mask, clean_ids=clean, prompt_len=0)
+        )
     assert wrapper.decoder_layers() == list(wrapper.module.model.decoder.layers)
 
 
@@ -160,9 +169,12 @@ def test_save_load_round_trip_keeps_the_generation_config(wrapper, prompts, tmp_
     again = load(str(tmp_path / "copy"))
     clean, mask, P = _rows(wrapper, prompts, canvases=1)
     with torch.no_grad():
-        torch.testing.assert_close(again.token_logprobs(clean, clean, mask, clean_ids=clean, prompt_len=P),
-                                   wrapper.token_logprobs(clean, clean, mask, clean_ids=clean, prompt_len=P),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            again.token_logprobs(clean, clean, mask, clean_ids=clean, prompt_len=P),
+            wrapper.token_logprobs(clean, clean, mask, clean_ids=clean, prompt_len=P),
+            rtol=0,
+            atol=0,
+        )
     gen = json.loads((tmp_path / "copy" / "generation_config.json").read_text())
     assert gen["eos_token_id"] == list(wrapper.stop_token_ids) and gen["max_denoising_steps"] == 6
     assert again.stop_token_ids == wrapper.stop_token_ids
@@ -172,8 +184,9 @@ def test_dare_init_creates_a_tiny_checkpoint(registries, dare_cli, tmp_path):
     import dare_nn.plugin
 
     out = tmp_path / "init"
-    res = dare_cli(registries(dare_nn.plugin))("init", "--model", "diffusiongemma", "--out", str(out),
-                                                 "num_hidden_layers=3", "canvas_length=8", "t_min=0.3")
+    res = dare_cli(registries(dare_nn.plugin))(
+        "init", "--model", "diffusiongemma", "--out", str(out), "num_hidden_layers=3", "canvas_length=8", "t_min=0.3"
+    )
     assert res.exit_code == 0, res.output
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "diffusion_gemma" and cfg["architectures"] == ["DiffusionGemmaForBlockDiffusion"]
@@ -187,6 +200,7 @@ def test_dare_init_creates_a_tiny_checkpoint(registries, dare_cli, tmp_path):
     tok = w.tokenizer
     assert [tok.convert_ids_to_tokens(i) for i in range(4)] == ["<pad>", "<eos>", "<bos>", "<unk>"]
     assert os.path.getsize(out / "model.safetensors") < 2_000_000
-    bad = dare_cli(registries(dare_nn.plugin))("init", "--model", "diffusiongemma", "--out", str(tmp_path / "x"),
-                                                 "hidden_sise=3")
+    bad = dare_cli(registries(dare_nn.plugin))(
+        "init", "--model", "diffusiongemma", "--out", str(tmp_path / "x"), "hidden_sise=3"
+    )
     assert bad.exit_code == 2 and "hidden_sise" in bad.output

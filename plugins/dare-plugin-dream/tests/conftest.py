@@ -16,8 +16,18 @@ TEXTS = ["Solve the sudoku 1 0 3 0 / 0 4 0 2.", "<answer>\n3142\n</answer>", "he
 def tiny_ckpt(tmp_path_factory):
     from dare_plugin_dream.wrapper import create
 
-    return make_tiny_checkpoint(tmp_path_factory, create, "dream", TEXTS, hidden_size=32, intermediate_size=48,
-                                num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, vocab_size=300)
+    return make_tiny_checkpoint(
+        tmp_path_factory,
+        create,
+        "dream",
+        TEXTS,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=300,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -36,12 +36,21 @@ def test_layout_and_published_names():
 
     register_auto_classes()
 
-    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
-                                              "dare_defaults.yaml"], "Dream", "DreamModel")
+    cfg = bundled.checkpoint_config(
+        BUNDLED, ["config.json", "model.safetensors", "tokenizer.json", "dare_defaults.yaml"], "Dream", "DreamModel"
+    )
     assert cfg["tie_word_embeddings"] is False
-    bundled.assert_weight_names(BUNDLED, 12 * cfg["num_hidden_layers"] + 3, [
-        "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.gate_proj.weight"])
+    bundled.assert_weight_names(
+        BUNDLED,
+        12 * cfg["num_hidden_layers"] + 3,
+        [
+            "model.embed_tokens.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+            "model.layers.0.self_attn.q_proj.bias",
+            "model.layers.0.mlp.gate_proj.weight",
+        ],
+    )
     bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|mask|>", cfg["eos_token_id"]: "<|endoftext|>"})
     assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "DreamModel"
 
@@ -56,10 +65,10 @@ def test_preset_applies(dare):
 
 
 def test_greedy_generation_answers_in_the_trained_format(dare):
-    from dare_plugin_tasks.sudoku import SudokuTask
     from dare_core.config import TaskConfig
     from dare_core.workflows.batching import left_pad
     from dare_plugin_dream.sampler import DreamSampler, DreamSamplerConfig
+    from dare_plugin_tasks.sudoku import SudokuTask
 
     wrapper = dare.registries.models.get("dream").load(BUNDLED)
     examples = SudokuTask(TaskConfig()).examples("eval", limit=4)
@@ -72,8 +81,15 @@ def test_greedy_generation_answers_in_the_trained_format(dare):
 def test_short_sft_and_d1_runs(dare, tmp_path):
     from dare_core.train import train
 
-    common = ["task.num_eval=4", "eval.batch_size=4", "trainer.steps=1", "progress=false",
-              f"output_dir={tmp_path}", "trainer.batch_size=2", "eval.before=false"]
+    common = [
+        "task.num_eval=4",
+        "eval.batch_size=4",
+        "trainer.steps=1",
+        "progress=false",
+        f"output_dir={tmp_path}",
+        "trainer.batch_size=2",
+        "eval.before=false",
+    ]
     ran = 0
     if "sft" in dare.registries.algorithms:
         train(dare, resolve(dare, algo="sft", model="dream", overrides=common + ["run_name=sft"]))
@@ -81,8 +97,9 @@ def test_short_sft_and_d1_runs(dare, tmp_path):
         assert os.path.isfile(tmp_path / "sft" / "final" / "dare_defaults.yaml")
         ran += 1
     if "d1" in dare.registries.algorithms:
-        s = train(dare, resolve(dare, algo="d1", model="dream",
-                                overrides=common + ["run_name=d1", "trainer.group_size=2"]))
+        s = train(
+            dare, resolve(dare, algo="d1", model="dream", overrides=common + ["run_name=d1", "trainer.group_size=2"])
+        )
         assert "after" in s["eval"]
         ran += 1
     if not ran:

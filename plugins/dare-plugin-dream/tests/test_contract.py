@@ -7,5 +7,11 @@ from dare_core.testing.contracts import ModelFamilyContract
 class TestDreamContract(ModelFamilyContract):
     family = "dream"
     plugins = (dare_plugin_dream,)
-    create_kwargs = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                         num_hidden_layers=2, vocab_size=300)
+    create_kwargs = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=300,
+    )

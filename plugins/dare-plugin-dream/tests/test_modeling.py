@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import save_file
 
 from dare_nn.testing import module_checks as mc
-
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.modeling_dream import DreamModel
@@ -21,10 +20,21 @@ V = 32
 
 
 def tiny_config(**overrides) -> DreamConfig:
-    kw = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=V, max_position_embeddings=64, rope_theta=10000.0,
-              rms_norm_eps=1e-6, mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2,
-              bos_token_id=V - 2)
+    kw = dict(
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        bos_token_id=V - 2,
+    )
     kw.update(overrides)
     return DreamConfig(**kw)
 
@@ -57,7 +67,7 @@ def reference_logits(model: DreamModel, ids: torch.Tensor, key_mask=None, positi
     sin = torch.cat([angle.sin(), angle.sin()], dim=-1)
 
     def rope(t):  # [B, L, heads, hd]
-        lo, hi = t[..., : hd // 2], t[..., hd // 2:]
+        lo, hi = t[..., : hd // 2], t[..., hd // 2 :]
         return t * cos[None, :, None, :] + torch.cat([-hi, lo], dim=-1) * sin[None, :, None, :]
 
     x = sd["model.embed_tokens.weight"][ids]
@@ -131,27 +141,47 @@ def test_eager_equals_sdpa_for_all_mask_kinds():
     mc.assert_eager_equals_sdpa(model, ids, [None, "full", key, key.long(), bool4, additive])
     with torch.no_grad():
         torch.testing.assert_close(model(ids, attention_mask="full").logits, model(ids).logits, atol=0, rtol=0)
-        torch.testing.assert_close(model(ids, attention_mask=bool4).logits,
-                                   model(ids, attention_mask=additive).logits, atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            model(ids, attention_mask=bool4).logits, model(ids, attention_mask=additive).logits, atol=1e-6, rtol=0
+        )
 
 
 def test_invalid_inputs_raise():
     model = tiny_model()
     ids = _ids()
-    for m in [torch.ones(2, 7, 7), torch.ones(2, 6), torch.full((2, 7), 2.0), torch.ones(2, 1, 7, 6, dtype=torch.bool),
-              torch.ones(2, 1, 7, 7, dtype=torch.long), "causal"]:
+    for m in [
+        torch.ones(2, 7, 7),
+        torch.ones(2, 6),
+        torch.full((2, 7), 2.0),
+        torch.ones(2, 1, 7, 6, dtype=torch.bool),
+        torch.ones(2, 1, 7, 7, dtype=torch.long),
+        "causal",
+    ]:
         with pytest.raises(ValueError):
             model(ids, attention_mask=m)
-    for kw in ({"labels": ids}, {"cu_seqlens": torch.tensor([0, 7])}, {"output_attentions": True},
-               {"position_ids": torch.arange(6)}):
+    for kw in (
+        {"labels": ids},
+        {"cu_seqlens": torch.tensor([0, 7])},
+        {"output_attentions": True},
+        {"position_ids": torch.arange(6)},
+    ):
         with pytest.raises(ValueError):
             model(ids, **kw)
 
 
-@pytest.mark.parametrize("bad", [dict(hidden_act="gelu"), dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-                                 dict(use_sliding_window=True), dict(num_key_value_heads=3),
-                                 dict(hidden_size=18), dict(attention_dropout=0.1),
-                                 dict(attn_implementation="flex_attention"), dict(pad_token_id=V)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(hidden_act="gelu"),
+        dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        dict(use_sliding_window=True),
+        dict(num_key_value_heads=3),
+        dict(hidden_size=18),
+        dict(attention_dropout=0.1),
+        dict(attn_implementation="flex_attention"),
+        dict(pad_token_id=V),
+    ],
+)
 def test_unsupported_config_raises(bad):
     with pytest.raises(ValueError):
         tiny_config(**bad)
@@ -202,8 +232,12 @@ def test_cache_with_masks_matches_masked_full_forward():
     with torch.no_grad():
         full = model(ids, attention_mask=allow[None, None].expand(2, 1, L, L)).logits
         prefix = model(ids[:, :P], use_cache=True)
-        out = model(ids[:, P:], position_ids=torch.arange(P, L), past_key_values=prefix.past_key_values,
-                    attention_mask=allow[None, None, P:].expand(2, 1, L - P, L)).logits
+        out = model(
+            ids[:, P:],
+            position_ids=torch.arange(P, L),
+            past_key_values=prefix.past_key_values,
+            attention_mask=allow[None, None, P:].expand(2, 1, L - P, L),
+        ).logits
     torch.testing.assert_close(out, full[:, P:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(prefix.logits, full[:, :P], atol=1e-5, rtol=1e-5)
     # 2-D key padding over cache + new tokens (row 1: cached position 0 is padding)
@@ -213,8 +247,9 @@ def test_cache_with_masks_matches_masked_full_forward():
     with torch.no_grad():
         full2 = model(ids, attention_mask=allow2).logits
         pre2 = model(ids[:, :P], attention_mask=key[:, :P], use_cache=True)
-        out2 = model(ids[:, P:], position_ids=torch.arange(P, L), past_key_values=pre2.past_key_values,
-                     attention_mask=key).logits
+        out2 = model(
+            ids[:, P:], position_ids=torch.arange(P, L), past_key_values=pre2.past_key_values, attention_mask=key
+        ).logits
     torch.testing.assert_close(out2, full2[:, P:], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         model(ids[:, P:], past_key_values=prefix.past_key_values, attention_mask=key[:, P:])
@@ -270,8 +305,13 @@ def test_gradient_checkpointing_same_gradients():
 # ---------------------------------------------------------------------------
 def test_default_config_is_dream_v0_instruct_7b():
     c = DreamConfig()
-    assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-            c.num_key_value_heads) == (3584, 18944, 28, 28, 4)
+    assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (
+        3584,
+        18944,
+        28,
+        28,
+        4,
+    )
     assert (c.vocab_size, c.max_position_embeddings, c.rope_theta, c.rms_norm_eps) == (152064, 131072, 1e6, 1e-6)
     assert (c.mask_token_id, c.pad_token_id, c.bos_token_id, c.eos_token_id) == (151666, 151643, 151643, 151643)
     assert c.tie_word_embeddings is False and c.rope_scaling is None and c.head_dim == 128
@@ -284,14 +324,22 @@ def test_state_dict_names_match_published_pattern():
     expected = {"model.embed_tokens.weight": (V, 16), "model.norm.weight": (16,), "lm_head.weight": (V, 16)}
     for i in range(n):
         p = f"model.layers.{i}."
-        expected.update({
-            p + "input_layernorm.weight": (16,), p + "post_attention_layernorm.weight": (16,),
-            p + "self_attn.q_proj.weight": (16, 16), p + "self_attn.q_proj.bias": (16,),
-            p + "self_attn.k_proj.weight": (8, 16), p + "self_attn.k_proj.bias": (8,),
-            p + "self_attn.v_proj.weight": (8, 16), p + "self_attn.v_proj.bias": (8,),
-            p + "self_attn.o_proj.weight": (16, 16),
-            p + "mlp.gate_proj.weight": (24, 16), p + "mlp.up_proj.weight": (24, 16), p + "mlp.down_proj.weight": (16, 24),
-        })
+        expected.update(
+            {
+                p + "input_layernorm.weight": (16,),
+                p + "post_attention_layernorm.weight": (16,),
+                p + "self_attn.q_proj.weight": (16, 16),
+                p + "self_attn.q_proj.bias": (16,),
+                p + "self_attn.k_proj.weight": (8, 16),
+                p + "self_attn.k_proj.bias": (8,),
+                p + "self_attn.v_proj.weight": (8, 16),
+                p + "self_attn.v_proj.bias": (8,),
+                p + "self_attn.o_proj.weight": (16, 16),
+                p + "mlp.gate_proj.weight": (24, 16),
+                p + "mlp.up_proj.weight": (24, 16),
+                p + "mlp.down_proj.weight": (16, 24),
+            }
+        )
     assert len(sd) == 12 * n + 3
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected
 
@@ -321,21 +369,42 @@ def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
     register_auto_classes()
     model = tiny_model(seed=23, num_hidden_layers=2)
     cfg = {
-        "architectures": ["DreamModel"], "attention_dropout": 0.0,
+        "architectures": ["DreamModel"],
+        "attention_dropout": 0.0,
         "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        "bos_token_id": V - 2, "eos_token_id": V - 2, "hidden_act": "silu", "hidden_size": 16,
-        "initializer_range": 0.02, "intermediate_size": 24, "mask_token_id": V - 1, "max_position_embeddings": 64,
-        "max_window_layers": 2, "model_type": "Dream", "num_attention_heads": 4, "num_hidden_layers": 2,
-        "num_key_value_heads": 2, "pad_token_id": V - 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
-        "rope_theta": 10000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "float32",
-        "transformers_version": "4.46.2", "use_cache": False, "use_sliding_window": False, "vocab_size": V,
+        "bos_token_id": V - 2,
+        "eos_token_id": V - 2,
+        "hidden_act": "silu",
+        "hidden_size": 16,
+        "initializer_range": 0.02,
+        "intermediate_size": 24,
+        "mask_token_id": V - 1,
+        "max_position_embeddings": 64,
+        "max_window_layers": 2,
+        "model_type": "Dream",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "pad_token_id": V - 2,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 10000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "transformers_version": "4.46.2",
+        "use_cache": False,
+        "use_sliding_window": False,
+        "vocab_size": V,
         "attn_implementation": "flash_attention_2",
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     names = sorted(sd)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for fname, keys in shards.items():
         save_file({k: sd[k] for k in keys}, os.fspath(tmp_path / fname), metadata={"format": "pt"})

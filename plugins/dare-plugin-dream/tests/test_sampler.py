@@ -9,11 +9,17 @@ import torch
 
 import dare_plugin_dream
 from dare_core.config.structure import structure
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.testing.registries import build_for
 from dare_core.workflows.batching import left_pad
-from dare_plugin_dream.sampler import (DreamSampler, DreamSamplerConfig, sample_tokens, top_k_filter,
-                                       top_p_filter, transfer_counts)
+from dare_plugin_dream.sampler import (
+    DreamSampler,
+    DreamSamplerConfig,
+    sample_tokens,
+    top_k_filter,
+    top_p_filter,
+    transfer_counts,
+)
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 R, STEPS = 8, 4
 
@@ -69,8 +75,16 @@ def test_confidences_by_hand():
 
 
 def test_config_validation():
-    for bad in (dict(alg="random"), dict(top_p=0.0), dict(top_p=1.5), dict(steps=0), dict(eps=1.0),
-                dict(temperature=-1.0), dict(top_k=-1), dict(alg_temp=-0.1)):
+    for bad in (
+        dict(alg="random"),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(steps=0),
+        dict(eps=1.0),
+        dict(temperature=-1.0),
+        dict(top_k=-1),
+        dict(alg_temp=-0.1),
+    ):
         with pytest.raises(ValueError):
             DreamSamplerConfig(**bad)
     _, problems = structure(DreamSamplerConfig, {"block_length": 8}, "rollout")
@@ -143,8 +157,15 @@ def test_left_padded_batch_equals_one_prompt_at_a_time(wrapper, alg):
 
 @pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "topk_margin", "entropy"])
 def test_sampled_generation_is_seeded_and_consistent(wrapper, alg):
-    cfg = DreamSamplerConfig(gen_length=R, steps=STEPS, alg=alg, temperature=1.0, top_p=0.9, top_k=50,
-                             alg_temp=0.5 if alg == "entropy" else 0.0)
+    cfg = DreamSamplerConfig(
+        gen_length=R,
+        steps=STEPS,
+        alg=alg,
+        temperature=1.0,
+        top_p=0.9,
+        top_k=50,
+        alg_temp=0.5 if alg == "entropy" else 0.0,
+    )
     prompts = _prompts(wrapper)
     _, _, a = _gen(wrapper, cfg, prompts, seed=3)
     _, _, b = _gen(wrapper, cfg, prompts, seed=3)
@@ -227,8 +248,9 @@ def test_core_cached_backend_drives_dream_through_forward_cached(wrapper):
 
     ids, mask = left_pad(_prompts(wrapper), wrapper.pad_token_id)
     rec = frozenset({"reveal_step"})
-    ref = LowConfidenceSampler(LowConfidenceConfig(gen_length=R, block_length=4, steps=R, temperature=0.0)
-                               ).generate(wrapper, ids, mask, record=rec)
+    ref = LowConfidenceSampler(LowConfidenceConfig(gen_length=R, block_length=4, steps=R, temperature=0.0)).generate(
+        wrapper, ids, mask, record=rec
+    )
     for cache in ("none", "prefix", "dual"):
         cfg = FastConfig(gen_length=R, block_length=4, steps=R, cache=cache, decoding="quota", temperature=0.0)
         out = FastSampler(cfg).generate(wrapper, ids, mask, record=rec)

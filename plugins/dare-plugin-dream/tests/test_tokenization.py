@@ -18,12 +18,24 @@ from dare_plugin_dream.tokenization_dream import DreamTokenizer
 from dare_plugin_dream.tokenizer import DREAM_CHAT_TEMPLATE, build_tokenizer
 from dare_plugin_dream.wrapper import BUNDLED, load
 
-TEXTS = ["Solve the sudoku 1 0 3 0 / 0 4 0 2.", "<answer>\n3142\n</answer>", "hello world, 12 + 30 = 42",
-         "The answer is 7 and the grid is full."] * 20
+TEXTS = [
+    "Solve the sudoku 1 0 3 0 / 0 4 0 2.",
+    "<answer>\n3142\n</answer>",
+    "hello world, 12 + 30 = 42",
+    "The answer is 7 and the grid is full.",
+] * 20
 # the published order: <|endoftext|>, <|im_start|>, <|im_end|>, more special tokens, non-special
 # tool-call / FIM tokens, then <|beginoftext|> and <|mask|>
-ADDED = (("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-         ("<tool_call>", False), ("</tool_call>", False), ("<|beginoftext|>", True), ("<|mask|>", True))
+ADDED = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|beginoftext|>", True),
+    ("<|mask|>", True),
+)
 
 
 def write_published_tokenizer(out: str, extras: bool = True, gap: int = 0) -> dict:
@@ -35,24 +47,48 @@ def write_published_tokenizer(out: str, extras: bool = True, gap: int = 0) -> di
     with open(os.path.join(out, "vocab.json")) as fh:
         n = len(json.load(fh))
     ids = [n + i + (gap if content in ("<|beginoftext|>", "<|mask|>") else 0) for i, (content, _) in enumerate(ADDED)]
-    decoder = {str(tid): {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
-                          "single_word": False, "special": special}
-               for tid, (content, special) in zip(ids, ADDED)}
+    decoder = {
+        str(tid): {
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
+        }
+        for tid, (content, special) in zip(ids, ADDED)
+    }
     config = {
-        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": decoder,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": decoder,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|object_ref_start|>"],
         "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
-        "bos_token": "<|beginoftext|>", "chat_template": DREAM_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>", "errors": "replace", "mask_token": "<|mask|>", "model_max_length": 131072,
-        "pad_token": "<|endoftext|>", "split_special_tokens": False, "tokenizer_class": "DreamTokenizer",
+        "bos_token": "<|beginoftext|>",
+        "chat_template": DREAM_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>",
+        "errors": "replace",
+        "mask_token": "<|mask|>",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "DreamTokenizer",
         "unk_token": None,
     }
     _dump(os.path.join(out, "tokenizer_config.json"), config)
     if extras:
         _dump(os.path.join(out, "added_tokens.json"), {content: tid for tid, (content, _) in zip(ids, ADDED)})
-        _dump(os.path.join(out, "special_tokens_map.json"), {
-            "additional_special_tokens": config["additional_special_tokens"], "bos_token": "<|beginoftext|>",
-            "eos_token": "<|endoftext|>", "mask_token": "<|mask|>", "pad_token": "<|endoftext|>"})
+        _dump(
+            os.path.join(out, "special_tokens_map.json"),
+            {
+                "additional_special_tokens": config["additional_special_tokens"],
+                "bos_token": "<|beginoftext|>",
+                "eos_token": "<|endoftext|>",
+                "mask_token": "<|mask|>",
+                "pad_token": "<|endoftext|>",
+            },
+        )
     return config
 
 
@@ -75,9 +111,13 @@ def published(tmp_path_factory):
     with open(os.path.join(BUNDLED, "config.json")) as fh:
         model_cfg = json.load(fh)
     eos = _id(config, "<|endoftext|>")
-    model_cfg.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, mask_token_id=_id(config, "<|mask|>"),
-                     auto_map={"AutoConfig": "configuration_dream.DreamConfig",
-                               "AutoModel": "modeling_dream.DreamModel"})
+    model_cfg.update(
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        mask_token_id=_id(config, "<|mask|>"),
+        auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    )
     _dump(os.path.join(out, "config.json"), model_cfg)
     assert not {"tokenizer.json", "tokenization_dream.py"} & set(os.listdir(out))
     return out, config
@@ -132,10 +172,13 @@ def test_added_and_named_token_ids_are_the_files(published, tokenizer):
 
 def test_chat_template_renders(published, tokenizer):
     config = published[1]
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tokenizer.encode(text, add_special_tokens=False)
     start, end = _id(config, "<|im_start|>"), _id(config, "<|im_end|>")
     assert ids.count(start) == 3 and ids.count(end) == 2 and ids[0] == start
@@ -192,8 +235,25 @@ def test_dare_generate_on_a_published_layout_checkpoint(published):
     """``dare generate`` in a fresh process, as a user runs it: nothing of the family is registered
     with transformers before the command's own checks."""
     env = dict(os.environ, DARE_DEBUG="0")
-    run = subprocess.run([sys.executable, "-m", "dare_core.cli", "generate", "--model", "dream",
-                          f"model.path={published[0]}", "--prompt", "hi", "rollout.gen_length=4", "rollout.steps=4"],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dare_core.cli",
+            "generate",
+            "--model",
+            "dream",
+            f"model.path={published[0]}",
+            "--prompt",
+            "hi",
+            "rollout.gen_length=4",
+            "rollout.steps=4",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().endswith("---")

@@ -16,12 +16,12 @@ def _prompt(wrapper, text="Solve 1 0 3 0"):
 def test_shift_by_hand():
     raw = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
     out = shift_logits(raw)
-    assert torch.equal(out[:, 0], raw[:, 0])          # position 0 duplicates output 0
+    assert torch.equal(out[:, 0], raw[:, 0])  # position 0 duplicates output 0
     for i in range(1, 4):
         assert torch.equal(out[:, i], raw[:, i - 1])  # aligned i = raw i - 1
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     padded = shift_logits(raw, mask)
-    assert torch.equal(padded[0, 2], raw[0, 2])       # first real token after padding keeps its own
+    assert torch.equal(padded[0, 2], raw[0, 2])  # first real token after padding keeps its own
     assert torch.equal(padded[0, 3], raw[0, 2])
     assert torch.equal(padded[1], out[1])
     assert shift_logits(raw[:, :0]).shape == (2, 0, 3)
@@ -70,8 +70,11 @@ def test_forward_cached_matches_full_forward(wrapper, start):
         aligned = wrapper.logits(ids)
         full = wrapper.module(ids, use_cache=True).past_key_values
         cache = [(k[:, :, : start - 1], v[:, :, : start - 1]) for k, v in full]
-        logits, present = wrapper.forward_cached(ids[:, start - 1:], position_ids=torch.arange(start - 1, L)[None].expand(2, -1),
-                                                 past_key_values=cache if start > 1 else None)
+        logits, present = wrapper.forward_cached(
+            ids[:, start - 1 :],
+            position_ids=torch.arange(start - 1, L)[None].expand(2, -1),
+            past_key_values=cache if start > 1 else None,
+        )
     assert logits.shape == (2, L - start, aligned.shape[-1])
     torch.testing.assert_close(logits, aligned[:, start:], rtol=1e-5, atol=1e-5)
     assert len(present) == len(full) and present[0][0].shape[2] == L
@@ -86,7 +89,7 @@ def test_fused_and_packed_training_paths_equal_the_plain_one(wrapper):
     L = ids.shape[1]
     batch = torch.full((2, L), wrapper.pad_token_id)
     batch[0] = ids[0]
-    batch[1, L - short.shape[1]:] = short[0]
+    batch[1, L - short.shape[1] :] = short[0]
     mask = (torch.arange(L)[None] >= torch.tensor([[0], [L - short.shape[1]]])).long()
     targets = torch.randint(0, 200, (2, L), generator=torch.Generator().manual_seed(0))
     assert wrapper.supports_fused_ce() and wrapper.supports_packing()
@@ -124,11 +127,14 @@ def test_chat_template_is_qwen25(wrapper):
     user = [{"role": "user", "content": "hi 12"}]
     assert wrapper.render_prompt(user) == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nhi 12<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nhi 12<|im_end|>\n<|im_start|>assistant\n"
+    )
     with_system = [{"role": "system", "content": "Be brief."}] + user + [{"role": "assistant", "content": "ok"}]
     text = wrapper.tokenizer.apply_chat_template(with_system, tokenize=False)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi 12<|im_end|>\n"
-                    "<|im_start|>assistant\nok<|im_end|>\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi 12<|im_end|>\n"
+        "<|im_start|>assistant\nok<|im_end|>\n"
+    )
     ids = wrapper.encode(wrapper.render_prompt(user))
     start = wrapper.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert ids[0] == start and ids.count(start) == 3

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import dare_plugin_dtreerpo
-from dare_core.interfaces.rows import TrajectoryContext
-from dare_core.config.structure import structure
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.api import sum_totals
+from dare_core.config.structure import structure
 from dare_core.errors import DareError
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
@@ -26,7 +25,7 @@ from dare_plugin_dtreerpo.algorithm import (
     sibling_distillation,
     tree_values_and_advantages,
 )
-
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 TREE_2X2 = {"num_tree_samples": 2, "branch_factor": 2}
 
@@ -54,8 +53,7 @@ def test_branch_points_and_schedule_oracles():
     assert branch_points(128, 2) == [128, 64, 0]
     assert branch_points(20, 3) == [20, 14, 7, 0]
     kw = dict(max_steps=30000, lambda_max=3e-3, gamma=2.0, tau_max=2.0, beta=0.7)
-    for step, lam, tau in [(0, 0.0, 2.0), (100, 3.1408e-6, 1.99533), (1000, 3.2371e-5, 1.95310),
-                           (30000, 3e-3, 1e-6)]:
+    for step, lam, tau in [(0, 0.0, 2.0), (100, 3.1408e-6, 1.99533), (1000, 3.2371e-5, 1.95310), (30000, 3e-3, 1e-6)]:
         got = sd_schedule(step, **kw)
         assert got[0] == pytest.approx(lam, rel=1e-4, abs=1e-12)
         assert got[1] == pytest.approx(tau, rel=1e-5)
@@ -115,8 +113,10 @@ def test_transition_rows():
     torch.testing.assert_close(rows.advantages, torch.tensor([-0.5, 0.5, -0.5, 0.5, 1, -1, 0, 0, 0, 0, -1, 1.0]))
     assert rows.extras["parent_id"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     moved = rows.corrupted.masked[0, :, P:]
-    assert torch.equal(moved, (rows.corrupted.noisy_ids[0, :, P:] == w.mask_token_id)
-                       & (rows.batch.input_ids[:, P:] != w.mask_token_id))
+    assert torch.equal(
+        moved,
+        (rows.corrupted.noisy_ids[0, :, P:] == w.mask_token_id) & (rows.batch.input_ids[:, P:] != w.mask_token_id),
+    )
     assert not (rows.weights.bool() & ~moved).any()
     assert rows.extras["sd_lambda"][0].item() == pytest.approx(3.1408e-6, rel=1e-4)
 
@@ -143,9 +143,12 @@ def test_policy_and_kl_hand_computed():
 
 def _sd(logp, active, adv, parent, tokens, tau=1.0):
     """The self-distillation term of ``TreeLoss`` on these rows (statistics of the whole set)."""
-    extras = {"parent_id": parent, "sd_lambda": torch.ones(len(adv), dtype=torch.float64),
-              "sd_tau": torch.full((len(adv),), tau, dtype=torch.float64),
-              **sibling_distillation(active, adv, parent, tokens, tau)}
+    extras = {
+        "parent_id": parent,
+        "sd_lambda": torch.ones(len(adv), dtype=torch.float64),
+        "sd_tau": torch.full((len(adv),), tau, dtype=torch.float64),
+        **sibling_distillation(active, adv, parent, tokens, tau),
+    }
     _, m = TreeLoss(kl_coef=0.0)(logp, logp.detach(), None, adv, active, extras=extras)
     return m.get("sd_loss", 0.0)
 
@@ -176,9 +179,12 @@ def _tree_batch(seed: int = 0, groups: int = 4, width: int = 3, R: int = 6):
     tokens = torch.randint(5, 8, (N, R), generator=g)
     adv = torch.randn(N, generator=g, dtype=torch.float64)
     parent = torch.arange(N) // width
-    extras = {"parent_id": parent, "sd_lambda": torch.full((N,), 0.7, dtype=torch.float64),
-              "sd_tau": torch.full((N,), 0.5, dtype=torch.float64),
-              **sibling_distillation(active, adv, parent, tokens, 0.5)}
+    extras = {
+        "parent_id": parent,
+        "sd_lambda": torch.full((N,), 0.7, dtype=torch.float64),
+        "sd_tau": torch.full((N,), 0.5, dtype=torch.float64),
+        **sibling_distillation(active, adv, parent, tokens, 0.5),
+    }
     logp = -torch.rand(N, R, generator=g, dtype=torch.float64) * 3
     old = logp + 0.3 * torch.randn(N, R, generator=g, dtype=torch.float64)
     ref = logp + 0.3 * torch.randn(N, R, generator=g, dtype=torch.float64)
@@ -190,8 +196,9 @@ def _split_loss_and_grad(loss_fn, logp, old, ref, adv, active, extras, parts):
     x = logp.clone().requires_grad_(True)
     pick = lambda idx: {k: v[idx] for k, v in extras.items()}  # noqa: E731
     T = sum_totals([loss_fn.totals(active[idx], pick(idx)) for idx in parts])
-    total = sum(loss_fn(x[idx], old[idx], ref[idx], adv[idx], active[idx], extras=pick(idx), totals=T)[0]
-                for idx in parts)
+    total = sum(
+        loss_fn(x[idx], old[idx], ref[idx], adv[idx], active[idx], extras=pick(idx), totals=T)[0] for idx in parts
+    )
     total.backward()
     return total.detach(), x.grad
 
@@ -226,10 +233,21 @@ def test_config_and_group_size_errors():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    log = spy_run(tmp_path, dare_plugin_dtreerpo, "dtreerpo", toy, [
-        "trainer.ppo_epochs=2", "trainer.micro_batch_size=5", "rollout.gen_length=4",
-        "rollout.block_length=4", "rollout.steps=4", "algorithm.branch_factor=2",
-        "algorithm.sd_max_steps=4"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_dtreerpo,
+        "dtreerpo",
+        toy,
+        [
+            "trainer.ppo_epochs=2",
+            "trainer.micro_batch_size=5",
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "algorithm.branch_factor=2",
+            "algorithm.sd_max_steps=4",
+        ],
+    )
     assert_one_draw_per_batch(log, steps=2)
 
 
@@ -237,14 +255,16 @@ def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path)
 def _block_tree():
     """Two prompts of one full block, 12 response tokens = 3 blocks of 4, 2 iterations per block
     (6 global steps): the tree branches at step 3, in the middle of the second block."""
-    from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
     from dare_nn.testing.toy_block import make_toy_block_wrapper
+    from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 
     w = make_toy_block_wrapper(seed=1)
     assert w.block_size == 4
-    sampler = BlockSampler(BlockRolloutConfig(gen_length=12, steps=2, temperature=1.0,
-                                              remasking="low_confidence_static",
-                                              stop_at_stop_token=False))
+    sampler = BlockSampler(
+        BlockRolloutConfig(
+            gen_length=12, steps=2, temperature=1.0, remasking="low_confidence_static", stop_at_stop_token=False
+        )
+    )
     tree = TreeRollout(sampler, 2, 2, 2)
     prompts = torch.randint(4, 60, (2, 4), generator=torch.Generator().manual_seed(0)).repeat_interleave(4, 0)
     roll = tree.generate(w, prompts, torch.ones_like(prompts), generator=torch.Generator().manual_seed(1))
@@ -288,9 +308,8 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
                 moved = rows.weights[r, lo:hi] > 0
                 if not moved.any():
                     continue
-                x = torch.cat([rows.batch.input_ids[r:r + 1, :P], child[r:r + 1, :lo],
-                               parent[r:r + 1, lo:hi]], 1)
-                want = torch.log_softmax(w.logits(x)[0, P + lo:P + hi].float(), -1)
+                x = torch.cat([rows.batch.input_ids[r : r + 1, :P], child[r : r + 1, :lo], parent[r : r + 1, lo:hi]], 1)
+                want = torch.log_softmax(w.logits(x)[0, P + lo : P + hi].float(), -1)
                 want = want.gather(-1, child[r, lo:hi, None]).squeeze(-1)
                 torch.testing.assert_close(est[r, lo:hi][moved], want[moved], rtol=1e-4, atol=1e-5)
                 checked += int(moved.sum())
@@ -298,9 +317,15 @@ def test_block_transition_logprobs_condition_on_the_parent_block_and_the_child_p
 
 
 def test_one_rl_step_on_the_block_toy(tmp_path):
-    from dare_nn.testing import toy_block
     from dare_core.testing.algorithm_checks import one_rl_step
+    from dare_nn.testing import toy_block
 
-    rec = one_rl_step((toy_block, dare_plugin_dtreerpo), "dtreerpo", "block_toy", tmp_path,
-                      ["algorithm.branch_factor=2"], gen_length=8)
+    rec = one_rl_step(
+        (toy_block, dare_plugin_dtreerpo),
+        "dtreerpo",
+        "block_toy",
+        tmp_path,
+        ["algorithm.branch_factor=2"],
+        gen_length=8,
+    )
     assert rec["tree_rows"] == 2 * (2 + 4) and rec["grad_norm"] > 0

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import dare_plugin_ebpo
+from dare_core.api import sum_totals
 from dare_core.config.structure import structure
 from dare_core.errors import DareError
 from dare_core.interfaces import SequenceBatch
-from dare_core.testing import contracts
-from dare_core.testing import toy
+from dare_core.testing import contracts, toy
 from dare_core.testing.algorithm_checks import (
     algorithm_components,
     check_accumulate_matches_backward,
@@ -22,7 +22,6 @@ from dare_core.testing.algorithm_checks import (
 from dare_core.testing.contracts import AlgorithmContract
 from dare_nn.testing import toy_block
 from dare_nn.testing.toy_block import make_toy_block_wrapper
-from dare_core.api import sum_totals
 from dare_plugin_ebpo.algorithm import (
     BlockELBOMasking,
     EBPOConfig,
@@ -137,7 +136,7 @@ def test_global_totals_make_micro_batch_shares_sum_to_the_mini_batch_loss():
         return total.detach(), e.grad
 
     whole = grad([torch.arange(5)])
-    for parts in ([torch.arange(5)[i:i + 1] for i in range(5)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
+    for parts in ([torch.arange(5)[i : i + 1] for i in range(5)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
         torch.testing.assert_close(grad(parts), whole, atol=1e-12, rtol=1e-12)
 
 
@@ -222,7 +221,7 @@ def test_estimator_uses_the_bd3lm_layout_on_the_block_toy():
         logits = w.denoise_logits(c.noisy_ids[m], batch.attention_mask, batch.input_ids).float()
         lp = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[..., None])[..., 0]
         sel = c.masked[m] & batch.attention_mask.bool()
-        expect = (torch.where(sel, lp / c.p_mask[m].clamp_min(1e-12), torch.zeros(())) ).sum(-1)
+        expect = (torch.where(sel, lp / c.p_mask[m].clamp_min(1e-12), torch.zeros(()))).sum(-1)
         torch.testing.assert_close(rows[m], expect, rtol=1e-5, atol=1e-5)
     # the clean half matters: without it (inference mask) the values differ
     other = w.token_logprobs(c.noisy_ids[0], batch.input_ids, batch.attention_mask)
@@ -255,7 +254,13 @@ def test_config_validators():
 
 
 def test_one_rl_step_on_the_block_toy(tmp_path):
-    rec = one_rl_step((toy_block, dare_plugin_ebpo), "ebpo", "block_toy", tmp_path,
-                      ["algorithm.mc_num=4", "algorithm.n_l=2"], gen_length=8)
+    rec = one_rl_step(
+        (toy_block, dare_plugin_ebpo),
+        "ebpo",
+        "block_toy",
+        tmp_path,
+        ["algorithm.mc_num=4", "algorithm.n_l=2"],
+        gen_length=8,
+    )
     assert rec["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert rec["pg_clipfrac"] == 0.0 and rec["elbo_nonfinite"] == 0.0 and rec["grad_norm"] > 0

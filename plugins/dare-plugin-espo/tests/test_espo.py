@@ -36,7 +36,7 @@ def test_loss_oracle_sequence_ratio_no_dual_clip():
     assert m["pg_clipfrac"] == 0.0
     # a large ratio with A < 0 is not capped (no dual clip)
     loss, m = ESPOLoss(0.2)(torch.tensor([[3.0]]), torch.tensor([[0.0]]), None, torch.tensor([-1.0]), torch.ones(1, 1))
-    assert loss.item() == pytest.approx(math.e ** 3)
+    assert loss.item() == pytest.approx(math.e**3)
 
 
 def test_kl_oracle_and_k1_gradient():
@@ -85,14 +85,14 @@ def test_global_totals_make_micro_batch_shares_sum_to_the_mini_batch_loss():
         return total.detach(), e.grad
 
     whole = grad([torch.arange(B)])
-    for parts in ([torch.arange(B)[i:i + 1] for i in range(B)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
+    for parts in ([torch.arange(B)[i : i + 1] for i in range(B)], [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]):
         torch.testing.assert_close(grad(parts), whole, atol=1e-12, rtol=1e-12)
 
 
 def _batch(B=4, P=3, L=10, R=10):
     ids = torch.randint(10, 40, (B, P + R), generator=torch.Generator().manual_seed(0))
     att = torch.ones(B, P + R, dtype=torch.long)
-    att[:, P + L:] = 0
+    att[:, P + L :] = 0
     return SequenceBatch(ids, att, P)
 
 
@@ -113,13 +113,13 @@ def test_complement_corruption_equal_lengths_is_stratified_across_the_batch():
         # round(linspace(k, k + 3·11/4, 4)) mod 11: consecutive counts differ by 2 or 3 (mod 11)
         steps = torch.remainder(torch.diff(x), 11)
         assert set(steps.tolist()) <= {2, 3}, x
-    assert (c.p_mask[:, :, 3 + 10:] == 0).all()
+    assert (c.p_mask[:, :, 3 + 10 :] == 0).all()
 
 
 def test_unequal_lengths_draw_independent_counts():
     w = make_toy_wrapper()
     batch = _batch()
-    batch.attention_mask[1, 3 + 4:] = 0
+    batch.attention_mask[1, 3 + 4 :] = 0
     c = ComplementMasking(mc_num=50)(w, batch, torch.Generator().manual_seed(0))
     x = c.extras["counts"][0::2]
     assert (x[:, 1] <= 4).all() and (x[:, 0] <= 10).all()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dare_plugin_eval.testing import PLUGINS, TINY, plugin
 from dare_core.testing.registries import build_for
+from dare_plugin_eval.testing import PLUGINS, TINY, plugin
 
 
 @pytest.fixture

@@ -31,12 +31,14 @@ def test_several_tasks_equal_each_task_alone(dare, tmp_path):
     for task in tasks:
         (alone,) = run_suite(dare, "llada", [task], overrides=overrides)["tasks"].values()
         assert {k: v for k, v in alone.items() if k != "seconds"} == {
-            k: v for k, v in both[task].items() if k != "seconds"}
+            k: v for k, v in both[task].items() if k != "seconds"
+        }
 
 
 def test_dare_eval_json(dare, dare_cli, tmp_path):
-    result = dare_cli(dare)("eval", "--model", "llada", "--json", "task.num_eval=6", "eval.batch_size=4",
-                            f"output_dir={tmp_path}")
+    result = dare_cli(dare)(
+        "eval", "--model", "llada", "--json", "task.num_eval=6", "eval.batch_size=4", f"output_dir={tmp_path}"
+    )
     assert result.exit_code == 0, result.output
     rec = json.loads(result.stdout.strip().splitlines()[-1])
     m = rec["tasks"]["sudoku"]
@@ -48,12 +50,13 @@ def test_multiple_choice_is_scored_by_likelihood(dare, tmp_path):
     """A task whose items carry choices is answered by the Monte-Carlo ELBO of each choice:
     the suite's picks are choose()'s, and the tiny Sudoku model prefers the right grids."""
     import dare_plugin_tasks
-    from dare_core.workflows.runtime import eval_context
     from dare_core.config import resolve
+    from dare_core.workflows.runtime import eval_context
     from dare_objectives.likelihood import choose
 
-    data = os.path.join(os.path.dirname(dare_plugin_tasks.__file__), "..", "..", "tests", "data",
-                        "multiple_choice_tiny.jsonl")
+    data = os.path.join(
+        os.path.dirname(dare_plugin_tasks.__file__), "..", "..", "tests", "data", "multiple_choice_tiny.jsonl"
+    )
     dare = build_for(dare_plugin_llada, dare_plugin_eval, dare_plugin_tasks)
     overrides = [f"task.eval_path={data}", "task.num_eval=10", "progress=false", f"output_dir={tmp_path}"]
     res = run_suite(dare, "llada", ["multiple_choice"], overrides=overrides, mc_samples=8)
@@ -61,7 +64,8 @@ def test_multiple_choice_is_scored_by_likelihood(dare, tmp_path):
     assert m["n"] == 10 and m["accuracy"] >= 0.7
     with open(os.path.join(res["eval_dir"], "samples.jsonl")) as fh:
         picks = [int(json.loads(line)["pred"]) for line in fh]
-    ctx = eval_context(dare, resolve(dare, model="llada", need_algo=False,
-                                     overrides=[*overrides, "task.name=multiple_choice"]))
+    ctx = eval_context(
+        dare, resolve(dare, model="llada", need_algo=False, overrides=[*overrides, "task.name=multiple_choice"])
+    )
     examples = ctx.task.examples("eval", limit=10, seed=0)
     assert picks == choose(ctx.wrapper, examples, samples=8, seed=0)

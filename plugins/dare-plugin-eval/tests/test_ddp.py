@@ -19,6 +19,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     (one,) = run_ranks(1, suite_on, PLUGINS, "toy", tasks, [*common, "run_name=one"])
     many = run_ranks(2, suite_on, PLUGINS, "toy", tasks, [*common, "run_name=many", "engine.name=ddp"])
     assert many[1]["eval_dir"] is None and sorted(os.listdir(tmp_path / "out")) == ["many", "one"]
+
     def strip(metrics):
         return {k: v for k, v in metrics.items() if k != "seconds"}
 

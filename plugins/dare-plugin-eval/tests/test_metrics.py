@@ -46,8 +46,14 @@ def _rec(acc, pred="", kind="", score=None):
 
 
 def test_summary_of_two_items_with_three_samples():
-    records = [_rec(1.0, "a", "passed", 1.0), _rec(0.0, "b", "wrong", 0.5), _rec(0.0, "b", "wrong"),
-               _rec(0.0, "c", "timeout", 0.25), _rec(0.0, "", "error"), _rec(1.0, "d", "passed")]
+    records = [
+        _rec(1.0, "a", "passed", 1.0),
+        _rec(0.0, "b", "wrong", 0.5),
+        _rec(0.0, "b", "wrong"),
+        _rec(0.0, "c", "timeout", 0.25),
+        _rec(0.0, "", "error"),
+        _rec(1.0, "d", "passed"),
+    ]
     m = summarise(records, 3, [1, 2, 3])
     assert m["n"] == 2 and m["samples"] == 3
     assert m["accuracy"] == 0.5 and m["reward"] == pytest.approx((1.0 + 0.25) / 2)  # first samples

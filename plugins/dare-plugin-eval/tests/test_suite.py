@@ -29,7 +29,7 @@ def _one_line_error(result) -> str:
     assert "Traceback" not in result.output and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ")
-    return line[len("error: "):]
+    return line[len("error: ") :]
 
 
 def _timeless(metrics: dict) -> dict:
@@ -58,8 +58,9 @@ def test_the_eval_directory(dare_eval, overrides, tmp_path):
     assert yaml.safe_load((root / "config.yaml").read_text()) == results["config"]
     lines = [json.loads(line) for line in (root / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 10
-    assert all(set(r) == {"task", "item", "sample", "prompt", "response", "pred", "score", "acc", "kind"}
-               for r in lines)
+    assert all(
+        set(r) == {"task", "item", "sample", "prompt", "response", "pred", "score", "acc", "kind"} for r in lines
+    )
     assert [(r["task"], r["item"], r["sample"]) for r in lines] == [(t, i, 0) for t in TASKS for i in range(5)]
     assert lines[6]["prompt"] == "n1"  # item 1 of the held-out prompts n0, n1, ...
     for task in TASKS:
@@ -75,8 +76,20 @@ def test_the_eval_directory(dare_eval, overrides, tmp_path):
 
 
 def test_sampled_evaluation_reports_pass_and_maj_at_k(dare_eval, overrides, tmp_path):
-    res = _json(dare_eval("--tasks", "first_digit", "--samples", "4", "--k", "1,2,4", "--json", *overrides,
-                          "eval.temperature=1.0", "run_name=s"))
+    res = _json(
+        dare_eval(
+            "--tasks",
+            "first_digit",
+            "--samples",
+            "4",
+            "--k",
+            "1,2,4",
+            "--json",
+            *overrides,
+            "eval.temperature=1.0",
+            "run_name=s",
+        )
+    )
     m = res["tasks"]["first_digit"]
     assert res["samples"] == 4 and res["k"] == [1, 2, 4] and m["n"] == 5
     assert {"pass@1", "pass@2", "pass@4", "maj@2", "maj@4"} <= set(m)

@@ -36,8 +36,7 @@ def train_read(plugins: Sequence[str], algo: str, overrides: Sequence[str]) -> d
         records = [json.loads(line) for line in fh]
     final = os.path.join(root, "final")
     adapter = glob.glob(os.path.join(final, "lora_adapter", "*.safetensors"))
-    weights = (load_file(adapter[0]) if adapter
-               else torch.load(os.path.join(final, "toy.pt"), weights_only=True))
+    weights = load_file(adapter[0]) if adapter else torch.load(os.path.join(final, "toy.pt"), weights_only=True)
     return {"weights": weights, "records": records, "run_dir": root, "summary": summary}
 
 
@@ -58,8 +57,16 @@ def train_batch(nprocs: int, jobs: dict[str, tuple], common: Sequence[str]) -> d
     run with :data:`~dare_core.testing.engines.TINY`, ``common``, ``run_name=<name>`` and its own
     overrides (later ones win), after removing ``files`` (absolute paths; e.g. the summary of a
     finished run, so that it resumes as after a crash); rank 0's results by name."""
-    payload = [(free_port(), tuple(job[0]), job[1], [*TINY, *common, f"run_name={name}", *job[2]],
-                tuple(job[3]) if len(job) > 3 else ()) for name, job in jobs.items()]
+    payload = [
+        (
+            free_port(),
+            tuple(job[0]),
+            job[1],
+            [*TINY, *common, f"run_name={name}", *job[2]],
+            tuple(job[3]) if len(job) > 3 else (),
+        )
+        for name, job in jobs.items()
+    ]
     results = run_ranks(nprocs, _train_jobs, payload)[0]
     return dict(zip(jobs, results))
 
@@ -82,8 +89,12 @@ def llada_steps(tmp: str, overrides: Sequence[str]) -> dict[str, Any]:
     from dare_plugin_llada.wrapper import BUNDLED, load
 
     dare = build_for(toy, DigitsPlugin(), fsdp_plugin)
-    config = resolve(dare, algo="sup_test", model="toy", overrides=[
-        "model.device=cpu", f"model.path={tmp}", "engine.name=fsdp", "trainer.lr=1e-3", *overrides])
+    config = resolve(
+        dare,
+        algo="sup_test",
+        model="toy",
+        overrides=["model.device=cpu", f"model.path={tmp}", "engine.name=fsdp", "trainer.lr=1e-3", *overrides],
+    )
     engine, single = FSDPEngine(config), SingleProcessEngine(config)
     wrappers = []
     for eng in (single, engine):
@@ -110,8 +121,9 @@ def llada_steps(tmp: str, overrides: Sequence[str]) -> dict[str, Any]:
 
     with torch.no_grad():
         ref = engine.reference(wf)
-        facts["reference_diff"] = float((ref.logits(noisy[mine], mask[mine])
-                                         - wf.logits(noisy[mine], mask[mine])).abs().max())
+        facts["reference_diff"] = float(
+            (ref.logits(noisy[mine], mask[mine]) - wf.logits(noisy[mine], mask[mine])).abs().max()
+        )
         facts["reference_sharded"] = all(isinstance(m, FSDPModule) for m in ref.decoder_layers())
 
     def step(eng, w, rows):
@@ -132,13 +144,17 @@ def llada_steps(tmp: str, overrides: Sequence[str]) -> dict[str, Any]:
     frozen, plain = load(BUNDLED), load(BUNDLED)
     engine.prepare(frozen, trainable=False)  # evaluation: a model that is never trained
     with torch.no_grad():
-        facts["inference_diff"] = float((frozen.logits(noisy[mine], mask[mine])
-                                         - plain.logits(noisy[mine], mask[mine])).abs().max())
+        facts["inference_diff"] = float(
+            (frozen.logits(noisy[mine], mask[mine]) - plain.logits(noisy[mine], mask[mine])).abs().max()
+        )
     layers = wf.decoder_layers()
-    facts.update(layers=len(layers), sharded=all(isinstance(m, FSDPModule) for m in layers),
-                 checkpointing=all(getattr(m, "gradient_checkpointing", False) for m in layers),
-                 local_fraction=sum(p.to_local().numel() for p in wf.module.parameters())
-                 / sum(p.numel() for p in wf.module.parameters()))
+    facts.update(
+        layers=len(layers),
+        sharded=all(isinstance(m, FSDPModule) for m in layers),
+        checkpointing=all(getattr(m, "gradient_checkpointing", False) for m in layers),
+        local_fraction=sum(p.to_local().numel() for p in wf.module.parameters())
+        / sum(p.numel() for p in wf.module.parameters()),
+    )
     engine.close()
     if not engine.is_main:
         return {}
@@ -148,7 +164,8 @@ def llada_steps(tmp: str, overrides: Sequence[str]) -> dict[str, Any]:
         keys_match=set(after_two) == set(full),
         weight_diff=max(float((after_two[k].float() - full[k].float()).abs().max()) for k in full),
         resumed_diff=max(float((again[k] - after_two[k]).abs().max()) for k in after_two),
-        moved=max(float((full[k] - v).abs().max()) for k, v in load(BUNDLED).module.state_dict().items()))
+        moved=max(float((full[k] - v).abs().max()) for k, v in load(BUNDLED).module.state_dict().items()),
+    )
     return facts
 
 

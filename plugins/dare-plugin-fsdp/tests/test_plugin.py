@@ -30,9 +30,12 @@ def no_launcher(monkeypatch):
 
 
 def _config(dare, tmp_path, *overrides):
-    return resolve(dare, algo="sup_test", model="toy",
-                   overrides=[f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}",
-                              "model.device=cpu", *overrides])
+    return resolve(
+        dare,
+        algo="sup_test",
+        model="toy",
+        overrides=[f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}", "model.device=cpu", *overrides],
+    )
 
 
 def test_the_distribution_registers_the_plugin_module_as_entry_point_fsdp():
@@ -57,7 +60,8 @@ def test_every_field_has_help_and_the_section_is_frozen():
 
 def test_the_section_defaults_and_overrides(dare, tmp_path):
     assert _config(dare, tmp_path).plugin_section("fsdp") == FSDPConfig(
-        reshard_after_forward=True, cpu_offload=False, reduce_dtype="fp32")
+        reshard_after_forward=True, cpu_offload=False, reduce_dtype="fp32"
+    )
     cfg = _config(dare, tmp_path, "fsdp.reshard_after_forward=false", "fsdp.reduce_dtype=bf16")
     assert cfg.plugin_section("fsdp", FSDPConfig) == FSDPConfig(reshard_after_forward=False, reduce_dtype="bf16")
     with pytest.raises(ConfigError) as info:
@@ -66,8 +70,17 @@ def test_the_section_defaults_and_overrides(dare, tmp_path):
 
 
 def test_training_without_a_launcher_is_a_one_line_error(dare, dare_cli, tmp_path, no_launcher):
-    result = dare_cli(dare)("train", "--algo", "sup_test", "--model", "toy", f"model.path={tmp_path}",
-                            f"output_dir={tmp_path / 'runs'}", "model.device=cpu", "engine.name=fsdp")
+    result = dare_cli(dare)(
+        "train",
+        "--algo",
+        "sup_test",
+        "--model",
+        "toy",
+        f"model.path={tmp_path}",
+        f"output_dir={tmp_path / 'runs'}",
+        "model.device=cpu",
+        "engine.name=fsdp",
+    )
     assert result.exit_code == 2, result.output
     (line,) = result.output.strip().splitlines()
     assert line.startswith("error: engine.name=fsdp") and "torchrun --nproc_per_node" in line

@@ -37,15 +37,17 @@ FSDP_JOBS = {
     "lora": ((FSDP,), "pg_test", ["engine.name=fsdp", *LORA]),
     "bf16": ((FSDP,), "sup_test", ["engine.name=fsdp", *PURE_BF16]),
     # on the CPU the offloaded shards stay where they are: the policy's code path, same numbers
-    "offload": ((FSDP,), "sup_test", ["engine.name=fsdp", "fsdp.cpu_offload=true",
-                                      "fsdp.reshard_after_forward=false"]),
+    "offload": ((FSDP,), "sup_test", ["engine.name=fsdp", "fsdp.cpu_offload=true", "fsdp.reshard_after_forward=false"]),
     "fp32_small": ((FSDP,), "sup_test", ["engine.name=fsdp", *SMALL_LR]),
     "bf16_small": ((FSDP,), "sup_test", ["engine.name=fsdp", "engine.precision=bf16-mixed", *SMALL_LR]),
     # 2 of pg's 3 steps with a checkpoint after each (the fixture adds the files to remove
     # before the resume: what a run killed after step 2 would not have written), then resumed
     "cut": ((FSDP,), "pg_test", ["engine.name=fsdp", "trainer.save_every=1", "trainer.steps=2"]),
-    "resumed": ((FSDP,), "pg_test", ["engine.name=fsdp", "trainer.save_every=1", "run_name=cut",
-                                     "trainer.resume=auto"]),
+    "resumed": (
+        (FSDP,),
+        "pg_test",
+        ["engine.name=fsdp", "trainer.save_every=1", "run_name=cut", "trainer.resume=auto"],
+    ),
 }
 #: what a finished run writes at its end, relative to its run directory
 FINISHED = ("summary.json",)

@@ -8,16 +8,16 @@ import pytest
 import torch
 
 import dare_plugin_justgrpo
-from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
-from dare_core.testing.registries import build_for
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.registries import build_for
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
 from dare_nn.testing import toy_block
 from dare_plugin_justgrpo.algorithm import JustConfig
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 
 class TestJustContract(AlgorithmContract):
@@ -30,15 +30,14 @@ def _components(**cfg):
 
 
 def _rollout(comps, w, temperature=1.0, R=6, record=frozenset({"reveal_step", "step_states"})):
-    cfg = comps.rollout_config(LowConfidenceConfig(gen_length=R, block_length=R, steps=2,
-                                                   temperature=temperature))
+    cfg = comps.rollout_config(LowConfidenceConfig(gen_length=R, block_length=R, steps=2, temperature=temperature))
     prompts = torch.randint(4, 60, (3, 4), generator=torch.Generator().manual_seed(0))
     pmask = torch.ones_like(prompts)
     pmask[1, :1] = 0
-    roll = LowConfidenceSampler(cfg).generate(w, prompts, pmask, record=record,
-                                              generator=torch.Generator().manual_seed(1))
-    ctx = TrajectoryContext(torch.zeros(3), torch.tensor([1.0, -1.0, 0.5]), torch.arange(3),
-                            lambda *a: torch.zeros(3))
+    roll = LowConfidenceSampler(cfg).generate(
+        w, prompts, pmask, record=record, generator=torch.Generator().manual_seed(1)
+    )
+    ctx = TrajectoryContext(torch.zeros(3), torch.tensor([1.0, -1.0, 0.5]), torch.arange(3), lambda *a: torch.zeros(3))
     return cfg, roll, comps.trajectory.rows(w, roll, ctx)
 
 
@@ -52,7 +51,8 @@ def test_training_rollout_is_forced_left_to_right_at_the_algorithm_temperature()
     assert follow.estimator.temperature == 0.9
     with pytest.raises(DareError, match="temperature > 0"):
         _components(temperature=None).rollout_config(
-            LowConfidenceConfig(gen_length=8, block_length=8, steps=8, temperature=0.0))
+            LowConfidenceConfig(gen_length=8, block_length=8, steps=8, temperature=0.0)
+        )
 
 
 def test_ar_states_and_exact_sampling_logprobs():
@@ -116,8 +116,13 @@ def test_config_invariants_are_validators():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    log = spy_run(tmp_path, dare_plugin_justgrpo, "justgrpo", toy, [
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2", "algorithm.kl_coef=0.1"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_justgrpo,
+        "justgrpo",
+        toy,
+        ["rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2", "algorithm.kl_coef=0.1"],
+    )
     assert_one_draw_per_batch(log, steps=2)
 
 
@@ -129,10 +134,23 @@ def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperatur
     from dare_plugin_report.compare import judged_by_training_rollout
 
     dare = build_for(toy, DigitsPlugin(), dare_plugin_justgrpo)
-    cfg = resolve(dare, algo="justgrpo", model="toy", overrides=[
-        "task.name=digits", "rollout.backend=low_confidence", "rollout.gen_length=6",
-        "rollout.block_length=6", "rollout.steps=3", "rollout.temperature=1.0",
-        "algorithm.temperature=0.7", "eval.temperature=0.0", "progress=false", f"model.path={tmp_path}"])
+    cfg = resolve(
+        dare,
+        algo="justgrpo",
+        model="toy",
+        overrides=[
+            "task.name=digits",
+            "rollout.backend=low_confidence",
+            "rollout.gen_length=6",
+            "rollout.block_length=6",
+            "rollout.steps=3",
+            "rollout.temperature=1.0",
+            "algorithm.temperature=0.7",
+            "eval.temperature=0.0",
+            "progress=false",
+            f"model.path={tmp_path}",
+        ],
+    )
     ev = eval_rollout_config(judged_by_training_rollout(dare, cfg), dare)
     assert (ev.block_length, ev.steps, ev.temperature) == (1, 6, 0.7)
     assert eval_rollout_config(cfg, dare).block_length == 6  # the run's own evaluation is unchanged

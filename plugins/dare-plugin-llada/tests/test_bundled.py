@@ -12,8 +12,8 @@ import dare_plugin_llada
 import dare_plugin_sft
 from dare_core.config import resolve
 from dare_core.testing.registries import build_for
-from dare_nn.testing import bundled
 from dare_core.train import train
+from dare_nn.testing import bundled
 from dare_plugin_llada.wrapper import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="no bundled checkpoint")
@@ -31,11 +31,20 @@ def test_layout_and_published_names():
 
     register_auto_classes()
 
-    cfg = bundled.checkpoint_config(BUNDLED, ["config.json", "model.safetensors", "tokenizer.json",
-                                              "dare_defaults.yaml"], "llada", "LLaDAModelLM")
-    bundled.assert_weight_names(BUNDLED, 9 * cfg["n_layers"] + 3, [
-        "model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
-        "model.transformer.blocks.0.ff_proj.weight", "model.transformer.blocks.0.attn_out.weight"])
+    cfg = bundled.checkpoint_config(
+        BUNDLED, ["config.json", "model.safetensors", "tokenizer.json", "dare_defaults.yaml"], "llada", "LLaDAModelLM"
+    )
+    bundled.assert_weight_names(
+        BUNDLED,
+        9 * cfg["n_layers"] + 3,
+        [
+            "model.transformer.wte.weight",
+            "model.transformer.ln_f.weight",
+            "model.transformer.ff_out.weight",
+            "model.transformer.blocks.0.ff_proj.weight",
+            "model.transformer.blocks.0.attn_out.weight",
+        ],
+    )
     bundled.assert_token_names(BUNDLED, {cfg["mask_token_id"]: "<|mdm_mask|>"})
     assert type(AutoModel.from_pretrained(BUNDLED)).__name__ == "LLaDAModelLM"
 
@@ -56,8 +65,15 @@ def test_generate_solves_a_training_style_puzzle(dare, monkeypatch):
 
 
 def test_short_d1_and_sft_runs(dare, tmp_path):
-    common = ["task.num_eval=8", "eval.batch_size=8", "trainer.steps=1", "progress=false",
-              f"output_dir={tmp_path}", "trainer.batch_size=2", "trainer.group_size=2"]
+    common = [
+        "task.num_eval=8",
+        "eval.batch_size=8",
+        "trainer.steps=1",
+        "progress=false",
+        f"output_dir={tmp_path}",
+        "trainer.batch_size=2",
+        "trainer.group_size=2",
+    ]
     s = train(dare, resolve(dare, algo="d1", model="llada", overrides=common + ["run_name=d1"]))
     assert {"before", "after"} <= set(s["eval"])
     metrics = [json.loads(l) for l in open(tmp_path / "d1" / "metrics.jsonl")]

@@ -37,9 +37,25 @@ def _records(out: str) -> list[dict]:
 
 
 def test_a_against_itself_under_sampling(compare, tmp_path):
-    out = _stdout(compare("--model", "llada", "--a", "bundled", "--b", "bundled", "--b", BUNDLED,
-                          "--samples", "3", "--pool", "task.num_eval=4", "eval.temperature=1.0",
-                          "eval.batch_size=12", f"output_dir={tmp_path}"))
+    out = _stdout(
+        compare(
+            "--model",
+            "llada",
+            "--a",
+            "bundled",
+            "--b",
+            "bundled",
+            "--b",
+            BUNDLED,
+            "--samples",
+            "3",
+            "--pool",
+            "task.num_eval=4",
+            "eval.temperature=1.0",
+            "eval.batch_size=12",
+            f"output_dir={tmp_path}",
+        )
+    )
     records = _records(out)
     assert len(records) == 3 and records[1]["b_path"] == BUNDLED
     pooled = records.pop()
@@ -66,8 +82,21 @@ def test_missing_checkpoint_fails_before_any_evaluation(compare, tmp_path, monke
 
 def test_cache_reads_back_repeated_evaluations(compare, tmp_path):
     cache = tmp_path / "cache"
-    args = ["--model", "llada", "--a", "bundled", "--b", BUNDLED, "--samples", "2", "--cache", str(cache),
-            "task.num_eval=3", "eval.temperature=1.0", f"output_dir={tmp_path}"]
+    args = [
+        "--model",
+        "llada",
+        "--a",
+        "bundled",
+        "--b",
+        BUNDLED,
+        "--samples",
+        "2",
+        "--cache",
+        str(cache),
+        "task.num_eval=3",
+        "eval.temperature=1.0",
+        f"output_dir={tmp_path}",
+    ]
     first = _stdout(compare(*args))
     assert first.count("(cached:") == 1  # B is the same checkpoint and sampler as A: read back
     assert len(list(cache.glob("*.json"))) == 1

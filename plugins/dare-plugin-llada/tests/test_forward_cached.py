@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from dare_plugin_samplers.fast import FastConfig, FastSampler
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.modeling_llada import LLaDAModelLM, apply_rotary, rotary_cos_sin
 from dare_plugin_llada.wrapper import CAPABILITIES, LLaDAWrapper
+from dare_plugin_samplers.fast import FastConfig, FastSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 V = 40
 MASK, EOS, PAD = V - 1, V - 2, V - 3
@@ -24,9 +24,21 @@ ATOL = 2e-5
 
 
 def model(seed=0, **overrides):
-    kw = dict(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=48, vocab_size=V,
-              embedding_size=V, max_sequence_length=128, rope_theta=10000.0, mask_token_id=MASK,
-              eos_token_id=EOS, pad_token_id=PAD, bos_token_id=V - 4)
+    kw = dict(
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        n_layers=2,
+        mlp_hidden_size=48,
+        vocab_size=V,
+        embedding_size=V,
+        max_sequence_length=128,
+        rope_theta=10000.0,
+        mask_token_id=MASK,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=V - 4,
+    )
     kw.update(overrides)
     torch.manual_seed(seed)
     m = LLaDAModelLM(LLaDAConfig(**kw))
@@ -38,9 +50,16 @@ def model(seed=0, **overrides):
 
 
 def wrapper(m):
-    return LLaDAWrapper(family="llada", module=m, tokenizer=None, kind="masked",
-                        mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD,
-                        capabilities=CAPABILITIES)
+    return LLaDAWrapper(
+        family="llada",
+        module=m,
+        tokenizer=None,
+        kind="masked",
+        mask_token_id=MASK,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        capabilities=CAPABILITIES,
+    )
 
 
 def ids(b=3, length=18, seed=0):
@@ -88,8 +107,9 @@ def test_dual_cache_block_equals_full_forward(shuffle):
     with torch.no_grad():
         full, present = w.forward_cached(x, position_ids=pos, use_cache=True)
         assert torch.equal(full, w.logits(x))
-        blk, new = w.forward_cached(x[:, lo:hi], position_ids=pos[:, lo:hi],
-                                    past_key_values=take(present, cached), use_cache=True)
+        blk, new = w.forward_cached(
+            x[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=take(present, cached), use_cache=True
+        )
     assert torch.allclose(blk, full[:, lo:hi], atol=ATOL)
     assert all(k.shape[2] == 18 for k, _ in new)
 
@@ -106,13 +126,24 @@ def test_prefix_cache_and_padding_masks():
     with torch.no_grad():
         full, present = w.forward_cached(x, position_ids=pos, attention_mask=valid, use_cache=True)
         assert torch.equal(full, w.logits(x, valid))
-        tail, _ = w.forward_cached(x[:, 9:], position_ids=pos[:, 9:], past_key_values=take(
-            present, torch.arange(9)), attention_mask=valid, use_cache=False)
+        tail, _ = w.forward_cached(
+            x[:, 9:],
+            position_ids=pos[:, 9:],
+            past_key_values=take(present, torch.arange(9)),
+            attention_mask=valid,
+            use_cache=False,
+        )
         four_d = valid.bool()[:, None, None, :].expand(3, 1, 9, 18)
-        tail4, _ = w.forward_cached(x[:, 9:], position_ids=pos[:, 9:], past_key_values=take(
-            present, torch.arange(9)), attention_mask=four_d, use_cache=False)
-        leaky, _ = w.forward_cached(x[:, 9:], position_ids=pos[:, 9:], past_key_values=take(
-            present, torch.arange(9)), use_cache=False)
+        tail4, _ = w.forward_cached(
+            x[:, 9:],
+            position_ids=pos[:, 9:],
+            past_key_values=take(present, torch.arange(9)),
+            attention_mask=four_d,
+            use_cache=False,
+        )
+        leaky, _ = w.forward_cached(
+            x[:, 9:], position_ids=pos[:, 9:], past_key_values=take(present, torch.arange(9)), use_cache=False
+        )
     assert torch.allclose(tail, full[:, 9:], atol=ATOL)
     assert torch.allclose(tail4, full[:, 9:], atol=ATOL)
     assert not torch.allclose(leaky[0], full[0, 9:], atol=ATOL)
@@ -153,10 +184,12 @@ def test_fast_rollout_without_cache_equals_reference_sampler():
     w = wrapper(model(seed=5))
     pid, pm = _prompts()
     rec = frozenset({"reveal_step"})
-    ref = LowConfidenceSampler(LowConfidenceConfig(gen_length=16, block_length=4, steps=16,
-                                                   temperature=0.0)).generate(w, pid, pm, record=rec)
-    out = FastSampler(FastConfig(gen_length=16, block_length=4, steps=16, temperature=0.0,
-                                 cache="none", decoding="quota")).generate(w, pid, pm, record=rec)
+    ref = LowConfidenceSampler(LowConfidenceConfig(gen_length=16, block_length=4, steps=16, temperature=0.0)).generate(
+        w, pid, pm, record=rec
+    )
+    out = FastSampler(
+        FastConfig(gen_length=16, block_length=4, steps=16, temperature=0.0, cache="none", decoding="quota")
+    ).generate(w, pid, pm, record=rec)
     assert torch.equal(out.response_ids, ref.response_ids)
     assert torch.equal(out.reveal_step, ref.reveal_step)
 
@@ -192,8 +225,7 @@ def test_delayed_cache_is_exact_on_a_one_layer_llada(decoding):
     w = wrapper(model(seed=5, n_layers=1))
     pid, pm = _prompts()
     rec = frozenset({"reveal_step"})
-    kw = dict(gen_length=16, block_length=8, steps=16, temperature=0.0, decoding=decoding,
-              threshold=0.2)
+    kw = dict(gen_length=16, block_length=8, steps=16, temperature=0.0, decoding=decoding, threshold=0.2)
     ref = FastSampler(FastConfig(cache="none", **kw)).generate(w, pid, pm, record=rec)
     out = FastSampler(FastConfig(cache="delayed", **kw)).generate(w, pid, pm, record=rec)
     assert torch.equal(out.response_ids, ref.response_ids)

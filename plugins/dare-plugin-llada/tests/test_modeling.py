@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from dare_nn.testing import module_checks as mc
-
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.modeling_llada import LLaDAModelLM
@@ -23,9 +22,21 @@ V = 32
 
 
 def tiny_config(**overrides) -> LLaDAConfig:
-    kw = dict(d_model=16, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=24, vocab_size=V,
-              embedding_size=V, max_sequence_length=64, rope_theta=10000.0,
-              mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2, bos_token_id=V - 3)
+    kw = dict(
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=2,
+        n_layers=1,
+        mlp_hidden_size=24,
+        vocab_size=V,
+        embedding_size=V,
+        max_sequence_length=64,
+        rope_theta=10000.0,
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        bos_token_id=V - 3,
+    )
     kw.update(overrides)
     return LLaDAConfig(**kw)
 
@@ -54,12 +65,12 @@ def reference_logits(model: LLaDAModelLM, ids: torch.Tensor, key_mask: torch.Ten
         return w * (t / torch.sqrt((t * t).mean(dim=-1, keepdim=True) + eps))
 
     inv_freq = torch.tensor([1.0 / (cfg.rope_theta ** (2 * j / hd)) for j in range(hd // 2)], dtype=torch.float64)
-    angle = torch.outer(torch.arange(L, dtype=torch.float64), inv_freq)      # [L, hd/2]
-    cos = torch.cat([angle.cos(), angle.cos()], dim=-1)                      # [L, hd]
+    angle = torch.outer(torch.arange(L, dtype=torch.float64), inv_freq)  # [L, hd/2]
+    cos = torch.cat([angle.cos(), angle.cos()], dim=-1)  # [L, hd]
     sin = torch.cat([angle.sin(), angle.sin()], dim=-1)
 
     def rope(t):  # t: [B, L, heads, hd]
-        lo, hi = t[..., : hd // 2], t[..., hd // 2:]
+        lo, hi = t[..., : hd // 2], t[..., hd // 2 :]
         rotated = torch.cat([-hi, lo], dim=-1)
         return t * cos[None, :, None, :] + rotated * sin[None, :, None, :]
 
@@ -127,22 +138,38 @@ def test_forward_matches_hand_computation_gqa_two_layers(impl):
     mask[1, 4:] = 0
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits.double(), reference_logits(model, ids), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model(ids, attention_mask=mask).logits.double(),
-                                   reference_logits(model, ids, key_mask=mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            model(ids, attention_mask=mask).logits.double(),
+            reference_logits(model, ids, key_mask=mask),
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_state_dict_names_match_published_pattern():
     n = 3
     model = LLaDAModelLM(tiny_config(n_layers=n, n_heads=4, n_kv_heads=2))
     sd = model.state_dict()
-    expected = {"model.transformer.wte.weight": (V, 16), "model.transformer.ln_f.weight": (16,),
-                "model.transformer.ff_out.weight": (V, 16)}
+    expected = {
+        "model.transformer.wte.weight": (V, 16),
+        "model.transformer.ln_f.weight": (16,),
+        "model.transformer.ff_out.weight": (V, 16),
+    }
     for i in range(n):
         p = f"model.transformer.blocks.{i}."
-        expected.update({p + "attn_norm.weight": (16,), p + "q_proj.weight": (16, 16), p + "k_proj.weight": (8, 16),
-                         p + "v_proj.weight": (8, 16), p + "attn_out.weight": (16, 16), p + "ff_norm.weight": (16,),
-                         p + "ff_proj.weight": (24, 16), p + "up_proj.weight": (24, 16),
-                         p + "ff_out.weight": (16, 24)})
+        expected.update(
+            {
+                p + "attn_norm.weight": (16,),
+                p + "q_proj.weight": (16, 16),
+                p + "k_proj.weight": (8, 16),
+                p + "v_proj.weight": (8, 16),
+                p + "attn_out.weight": (16, 16),
+                p + "ff_norm.weight": (16,),
+                p + "ff_proj.weight": (24, 16),
+                p + "up_proj.weight": (24, 16),
+                p + "ff_out.weight": (16, 24),
+            }
+        )
     assert len(sd) == n * 9 + 3
     assert {k: tuple(v.shape) for k, v in sd.items()} == expected
     assert model.get_input_embeddings() is model.model.transformer.wte
@@ -169,8 +196,9 @@ def test_eager_equals_sdpa_for_all_mask_kinds():
     mc.assert_eager_equals_sdpa(model, ids, [None, key, key.long(), bool4, additive, torch.randn(1, 4, 7, 7)])
     # 4D bool and its additive twin give the same result.
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, attention_mask=bool4).logits,
-                                   model(ids, attention_mask=additive).logits, atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            model(ids, attention_mask=bool4).logits, model(ids, attention_mask=additive).logits, atol=1e-6, rtol=0
+        )
 
 
 def test_attn_implementation_selection():
@@ -213,13 +241,24 @@ def test_position_ids_and_packing():
 def test_invalid_masks_and_kwargs_raise():
     model = tiny_model()
     ids = _ids()
-    bad_masks = [torch.ones(2, 7, 7), torch.ones(2, 6), torch.full((2, 7), 2.0), torch.zeros(2, 7) - 1e9,
-                 torch.ones(2, 1, 7, 6, dtype=torch.bool), torch.ones(2, 1, 7, 7, dtype=torch.long), [[1] * 7] * 2]
+    bad_masks = [
+        torch.ones(2, 7, 7),
+        torch.ones(2, 6),
+        torch.full((2, 7), 2.0),
+        torch.zeros(2, 7) - 1e9,
+        torch.ones(2, 1, 7, 6, dtype=torch.bool),
+        torch.ones(2, 1, 7, 7, dtype=torch.long),
+        [[1] * 7] * 2,
+    ]
     for m in bad_masks:
         with pytest.raises(ValueError):
             model(ids, attention_mask=m)
-    for kw in ({"past_key_values": object()}, {"labels": ids}, {"cu_seqlens": torch.tensor([0, 7])},
-               {"output_attentions": True}):
+    for kw in (
+        {"past_key_values": object()},
+        {"labels": ids},
+        {"cu_seqlens": torch.tensor([0, 7])},
+        {"output_attentions": True},
+    ):
         with pytest.raises(ValueError):
             model(ids, **kw)
 
@@ -244,20 +283,51 @@ def test_bf16_forward_close_to_fp32():
 # ---------------------------------------------------------------------------
 # Config / serialization
 # ---------------------------------------------------------------------------
-PUBLISHED_KEYS = ["d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "mlp_ratio", "activation_type",
-                  "block_type", "layer_norm_type", "rms_norm_eps", "layer_norm_with_affine", "bias_for_layer_norm",
-                  "include_bias", "include_qkv_bias", "attention_layer_norm", "rope", "rope_theta",
-                  "rope_full_precision", "alibi", "weight_tying", "scale_logits", "input_emb_norm", "embedding_size",
-                  "vocab_size", "max_sequence_length", "flash_attention", "mask_token_id", "pad_token_id",
-                  "eos_token_id", "use_cache"]
+PUBLISHED_KEYS = [
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_layers",
+    "mlp_hidden_size",
+    "mlp_ratio",
+    "activation_type",
+    "block_type",
+    "layer_norm_type",
+    "rms_norm_eps",
+    "layer_norm_with_affine",
+    "bias_for_layer_norm",
+    "include_bias",
+    "include_qkv_bias",
+    "attention_layer_norm",
+    "rope",
+    "rope_theta",
+    "rope_full_precision",
+    "alibi",
+    "weight_tying",
+    "scale_logits",
+    "input_emb_norm",
+    "embedding_size",
+    "vocab_size",
+    "max_sequence_length",
+    "flash_attention",
+    "mask_token_id",
+    "pad_token_id",
+    "eos_token_id",
+    "use_cache",
+]
 
 
 def test_default_config_is_llada_8b_instruct():
     c = LLaDAConfig()
     assert (c.d_model, c.n_heads, c.n_kv_heads, c.n_layers, c.mlp_hidden_size) == (4096, 32, 32, 32, 12288)
     assert (c.vocab_size, c.embedding_size, c.max_sequence_length) == (126464, 126464, 4096)
-    assert (c.rms_norm_eps, c.rope_theta, c.mask_token_id, c.eos_token_id, c.pad_token_id) == \
-        (1e-5, 500000.0, 126336, 126081, 126081)
+    assert (c.rms_norm_eps, c.rope_theta, c.mask_token_id, c.eos_token_id, c.pad_token_id) == (
+        1e-5,
+        500000.0,
+        126336,
+        126081,
+        126081,
+    )
     assert (c.activation_type, c.block_type, c.layer_norm_type) == ("silu", "llama", "rms")
     assert c.weight_tying is False and c.tie_word_embeddings is False and c.use_cache is False
     assert (c.hidden_size, c.num_attention_heads, c.num_hidden_layers, c.num_key_value_heads) == (4096, 32, 32, 32)
@@ -267,13 +337,27 @@ def test_default_config_is_llada_8b_instruct():
             setattr(c, prop, 1)
 
 
-@pytest.mark.parametrize("bad", [
-    dict(alibi=True), dict(include_bias=True), dict(d_model=18, n_heads=4, n_kv_heads=4), dict(n_kv_heads=3),
-    dict(weight_tying=True), dict(block_type="sequential"), dict(activation_type="gelu"),
-    dict(layer_norm_type="default"), dict(attention_layer_norm=True), dict(rope=False), dict(input_emb_norm=True),
-    dict(bias_for_layer_norm=True), dict(residual_dropout=0.1), dict(embedding_size=V - 1),
-    dict(block_group_size=2), dict(layer_norm_with_affine=False),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(alibi=True),
+        dict(include_bias=True),
+        dict(d_model=18, n_heads=4, n_kv_heads=4),
+        dict(n_kv_heads=3),
+        dict(weight_tying=True),
+        dict(block_type="sequential"),
+        dict(activation_type="gelu"),
+        dict(layer_norm_type="default"),
+        dict(attention_layer_norm=True),
+        dict(rope=False),
+        dict(input_emb_norm=True),
+        dict(bias_for_layer_norm=True),
+        dict(residual_dropout=0.1),
+        dict(embedding_size=V - 1),
+        dict(block_group_size=2),
+        dict(layer_norm_with_affine=False),
+    ],
+)
 def test_unsupported_config_raises(bad):
     with pytest.raises(ValueError):
         tiny_config(**bad)
@@ -329,25 +413,64 @@ def test_published_style_checkpoint_loads_without_remote_code(tmp_path):
     register_auto_classes()
     model = tiny_model(seed=23)
     cfg = {
-        "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-        "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                     "AutoModel": "modeling_llada.LLaDAModelLM",
-                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
-        "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 16,
-        "embedding_dropout": 0.0, "embedding_size": V, "eos_token_id": V - 2, "flash_attention": False,
-        "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
-        "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-        "layer_norm_with_affine": True, "mask_token_id": V - 1, "max_sequence_length": 64, "mlp_hidden_size": 24,
-        "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 2, "n_kv_heads": 2,
-        "n_layers": 1, "pad_token_id": V - 2, "precision": "amp_bf16", "residual_dropout": 0.0,
-        "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 10000.0,
-        "scale_logits": False, "torch_dtype": "float32", "transformers_version": "4.46.3", "use_cache": False,
-        "vocab_size": V, "weight_tying": False,
+        "activation_type": "silu",
+        "alibi": False,
+        "alibi_bias_max": 8.0,
+        "architectures": ["LLaDAModelLM"],
+        "attention_dropout": 0.0,
+        "attention_layer_norm": False,
+        "attention_layer_norm_with_affine": True,
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModel": "modeling_llada.LLaDAModelLM",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        },
+        "bias_for_layer_norm": False,
+        "block_group_size": 1,
+        "block_type": "llama",
+        "d_model": 16,
+        "embedding_dropout": 0.0,
+        "embedding_size": V,
+        "eos_token_id": V - 2,
+        "flash_attention": False,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "init_cutoff_factor": None,
+        "init_device": "meta",
+        "init_fn": "mitchell",
+        "init_std": 0.02,
+        "input_emb_norm": False,
+        "layer_norm_type": "rms",
+        "layer_norm_with_affine": True,
+        "mask_token_id": V - 1,
+        "max_sequence_length": 64,
+        "mlp_hidden_size": 24,
+        "mlp_ratio": 4,
+        "model_type": "llada",
+        "multi_query_attention": None,
+        "n_heads": 2,
+        "n_kv_heads": 2,
+        "n_layers": 1,
+        "pad_token_id": V - 2,
+        "precision": "amp_bf16",
+        "residual_dropout": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope": True,
+        "rope_full_precision": True,
+        "rope_theta": 10000.0,
+        "scale_logits": False,
+        "torch_dtype": "float32",
+        "transformers_version": "4.46.3",
+        "use_cache": False,
+        "vocab_size": V,
+        "weight_tying": False,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.fspath(tmp_path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        os.fspath(tmp_path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     loaded = AutoModel.from_pretrained(tmp_path)
     assert type(loaded) is LLaDAModelLM
     mc.assert_same_weights(model, loaded)
@@ -370,7 +493,7 @@ def test_gradient_checkpointing_same_gradients():
     blocks = model.model.transformer.blocks
     originals = [b.attention for b in blocks]
     for b, orig in zip(blocks, originals):
-        b.attention = (lambda o: (lambda *a, **k: (calls.append(1), o(*a, **k))[1]))(orig)
+        b.attention = (lambda o: lambda *a, **k: (calls.append(1), o(*a, **k))[1])(orig)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model.gradient_checkpointing_enable()

@@ -16,13 +16,31 @@ V = 128
 
 def _wrapper(train_attention, cross_entropy, scale_logits=False, positions_seed=0, vocab=V):
     torch.manual_seed(positions_seed)
-    cfg = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                      max_sequence_length=128, vocab_size=vocab, embedding_size=vocab, mask_token_id=V - 1,
-                      eos_token_id=V - 2, pad_token_id=V - 2, scale_logits=scale_logits)
+    cfg = LLaDAConfig(
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        n_layers=2,
+        mlp_hidden_size=64,
+        max_sequence_length=128,
+        vocab_size=vocab,
+        embedding_size=vocab,
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        scale_logits=scale_logits,
+    )
     module = LLaDAModelLM(cfg)
-    w = LLaDAWrapper(family="llada", module=module, tokenizer=None, kind="masked",
-                     mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2,
-                     capabilities=CAPABILITIES)
+    w = LLaDAWrapper(
+        family="llada",
+        module=module,
+        tokenizer=None,
+        kind="masked",
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        capabilities=CAPABILITIES,
+    )
     paths = configure_training_paths(w, train_attention, cross_entropy, "cpu")
     assert paths.attention == train_attention and paths.fused_ce == (cross_entropy == "fused")
     return w
@@ -34,8 +52,8 @@ def _batch(lengths=((4, 12), (9, 3), (2, 20), (6, 7), (3, 1))):
     ids = torch.full((len(lengths), p + r), V - 2)
     mask = torch.zeros_like(ids)
     for i, (a, b) in enumerate(lengths):
-        ids[i, p - a:p + b] = torch.randint(0, V - 3, (a + b,), generator=g)
-        mask[i, p - a:p + b] = 1
+        ids[i, p - a : p + b] = torch.randint(0, V - 3, (a + b,), generator=g)
+        mask[i, p - a : p + b] = 1
     return SequenceBatch(ids, mask, p)
 
 
@@ -80,8 +98,11 @@ def test_restarted_positions_agree_under_rope():
     batch = _batch()
     ref = w.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     plan = plan_packing(batch.attention_mask, positions="restart")
-    out = w.module(input_ids=plan.pack(batch.input_ids, V - 2), attention_mask=plan.attention_mask(),
-                   position_ids=plan.position_ids).logits
+    out = w.module(
+        input_ids=plan.pack(batch.input_ids, V - 2),
+        attention_mask=plan.attention_mask(),
+        position_ids=plan.position_ids,
+    ).logits
     valid = batch.attention_mask.bool()
     assert torch.allclose(plan.unpack(out)[valid], ref[valid], atol=1e-5)
     assert plan.rows < batch.batch_size
@@ -97,7 +118,7 @@ def test_fused_path_never_builds_token_by_vocab_logits():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
                     self.largest = max(self.largest, t.numel())
             return out

@@ -89,8 +89,10 @@ def test_chat_template_exact_string(tok):
     for gen in (False, True):
         assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen) == expected
     single = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
-    assert single == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-                      "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert single == (
+        "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, return_dict=False)
     assert ids == tok.encode(single)
     assert ids[:2] == [0, 3] and ids.count(0) == 1 and ids[-3:-2] == [4]
@@ -106,14 +108,23 @@ def test_save_and_autotokenizer_reload(tok, tmp_path):
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     assert reloaded.get_vocab() == tok.get_vocab()
     assert reloaded.chat_template == tok.chat_template
-    for attr in ("bos_token", "eos_token", "pad_token", "mask_token", "bos_token_id", "eos_token_id",
-                 "pad_token_id", "mask_token_id"):
+    for attr in (
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "mask_token",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "mask_token_id",
+    ):
         assert getattr(reloaded, attr) == getattr(tok, attr), attr
     assert reloaded.all_special_tokens == tok.all_special_tokens
     for text in ROUND_TRIP + ["<|startoftext|>a<|mdm_mask|>"]:
         assert reloaded.encode(text) == tok.encode(text)
-        assert reloaded.decode(reloaded.encode(text), skip_special_tokens=True) == \
-            tok.decode(tok.encode(text), skip_special_tokens=True)
+        assert reloaded.decode(reloaded.encode(text), skip_special_tokens=True) == tok.decode(
+            tok.encode(text), skip_special_tokens=True
+        )
     messages = [{"role": "user", "content": "7*6?"}]
     assert reloaded.apply_chat_template(messages, tokenize=False) == tok.apply_chat_template(messages, tokenize=False)
 

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from dare_nn import layers
 from dare_nn.block import block_causal_mask, block_index
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2ConfigError, LLaDA2MoeConfig
+from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import (
     LLaDA2MaskError,
     LLaDA2MoeGate,
@@ -24,7 +25,6 @@ from dare_plugin_llada2.modeling_llada2_moe import (
     apply_partial_rotary,
     rotary_cos_sin,
 )
-from dare_plugin_llada2.hf import register_auto_classes
 
 register_auto_classes()  # AutoConfig / AutoModel* resolve the native classes
 
@@ -32,11 +32,29 @@ H, KV, HD = 4, 2, 8  # heads, kv heads, head_dim
 
 
 def tiny_config(**kw):
-    base = dict(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=H,
-                num_key_value_heads=KV, head_dim=HD, num_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2,
-                moe_intermediate_size=12, num_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                rope_theta=10000.0, partial_rotary_factor=0.5, pad_token_id=0, eos_token_id=0, mask_token_id=1,
-                max_position_embeddings=64)
+    base = dict(
+        vocab_size=48,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=H,
+        num_key_value_heads=KV,
+        head_dim=HD,
+        num_experts=8,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=12,
+        num_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        pad_token_id=0,
+        eos_token_id=0,
+        mask_token_id=1,
+        max_position_embeddings=64,
+    )
     base.update(kw)
     return LLaDA2MoeConfig(**base)
 
@@ -83,7 +101,7 @@ def ref_route(x, gate, n_group, topk_group, top_k, scale):
     per = len(s) // n_group
     group_scores = []
     for g in range(n_group):
-        vals = sorted(sel[g * per:(g + 1) * per].tolist(), reverse=True)
+        vals = sorted(sel[g * per : (g + 1) * per].tolist(), reverse=True)
         group_scores.append(vals[0] + vals[1])
     groups = sorted(range(n_group), key=lambda g: -group_scores[g])[:topk_group]
     allowed = [e for g in groups for e in range(g * per, (g + 1) * per)]
@@ -109,22 +127,28 @@ def ref_forward(m, ids, allowed):
         v = torch.zeros(L, KV, HD, dtype=torch.double)
         for t in range(L):
             for hh in range(H):  # rows [Q heads | K heads | V heads], each head HD consecutive rows
-                q[t, hh] = W[hh * HD:(hh + 1) * HD] @ h[t]
+                q[t, hh] = W[hh * HD : (hh + 1) * HD] @ h[t]
             for hh in range(KV):
-                k[t, hh] = W[(H + hh) * HD:(H + hh + 1) * HD] @ h[t]
-                v[t, hh] = W[(H + KV + hh) * HD:(H + KV + hh + 1) * HD] @ h[t]
+                k[t, hh] = W[(H + hh) * HD : (H + hh + 1) * HD] @ h[t]
+                v[t, hh] = W[(H + KV + hh) * HD : (H + KV + hh + 1) * HD] @ h[t]
             for hh in range(H):  # per-head norm first, then partial RoPE
-                q[t, hh] = ref_rope_vec(ref_rmsnorm(q[t, hh], att.query_layernorm.weight.double()), t, cfg.rope_theta, rdim)
+                q[t, hh] = ref_rope_vec(
+                    ref_rmsnorm(q[t, hh], att.query_layernorm.weight.double()), t, cfg.rope_theta, rdim
+                )
             for hh in range(KV):
-                k[t, hh] = ref_rope_vec(ref_rmsnorm(k[t, hh], att.key_layernorm.weight.double()), t, cfg.rope_theta, rdim)
+                k[t, hh] = ref_rope_vec(
+                    ref_rmsnorm(k[t, hh], att.key_layernorm.weight.double()), t, cfg.rope_theta, rdim
+                )
         out = torch.zeros(L, H * HD, dtype=torch.double)
         for t in range(L):
             for hh in range(H):
                 kvh = hh // (H // KV)
-                scores = torch.tensor([(q[t, hh] @ k[s, kvh]).item() / math.sqrt(HD) if allowed[t, s] else -math.inf
-                                       for s in range(L)], dtype=torch.double)
+                scores = torch.tensor(
+                    [(q[t, hh] @ k[s, kvh]).item() / math.sqrt(HD) if allowed[t, s] else -math.inf for s in range(L)],
+                    dtype=torch.double,
+                )
                 p = torch.softmax(scores, 0)
-                out[t, hh * HD:(hh + 1) * HD] = (p[:, None] * v[:, kvh]).sum(0)
+                out[t, hh * HD : (hh + 1) * HD] = (p[:, None] * v[:, kvh]).sum(0)
         x = x + out @ att.dense.weight.double().T
         h = ref_rmsnorm(x, layer.post_attention_layernorm.weight.double())
         if li < cfg.first_k_dense_replace:
@@ -133,8 +157,14 @@ def ref_forward(m, ids, allowed):
             moe = layer.mlp
             y = torch.zeros_like(x)
             for t in range(L):
-                chosen, w = ref_route(h[t].float(), moe.gate, cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok,
-                                      cfg.routed_scaling_factor)
+                chosen, w = ref_route(
+                    h[t].float(),
+                    moe.gate,
+                    cfg.n_group,
+                    cfg.topk_group,
+                    cfg.num_experts_per_tok,
+                    cfg.routed_scaling_factor,
+                )
                 for e, we in zip(chosen, w.double()):
                     y[t] += we * ref_mlp(h[t], _double(moe.experts[e]))
                 y[t] += ref_mlp(h[t], _double(moe.shared_experts))
@@ -174,8 +204,10 @@ def test_partial_rope_rotates_only_the_first_half(model):
     got = apply_partial_rotary(x, cos, sin)
     for t in range(5):
         for h in range(2):
-            torch.testing.assert_close(got[0, h, t], ref_rope_vec(x[0, h, t], t, 10000.0, HD // 2), rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[..., HD // 2:], x[..., HD // 2:])
+            torch.testing.assert_close(
+                got[0, h, t], ref_rope_vec(x[0, h, t], t, 10000.0, HD // 2), rtol=1e-5, atol=1e-5
+            )
+    assert torch.equal(got[..., HD // 2 :], x[..., HD // 2 :])
     assert model.config.rope_dim == HD // 2
 
 
@@ -192,8 +224,12 @@ def test_qk_norm_is_applied_before_rope(model):
     # the reference forward (norm then RoPE) is what the module computes
     ids = torch.tensor([3, 4, 5])
     mask, p = _block_mask(3, 4)
-    torch.testing.assert_close(model(ids[None], attention_mask=mask, position_ids=p).logits[0].double(),
-                               ref_forward(model, ids, mask[0, 0]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        model(ids[None], attention_mask=mask, position_ids=p).logits[0].double(),
+        ref_forward(model, ids, mask[0, 0]),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_fused_qkv_split_is_head_major_q_k_v(model):
@@ -203,8 +239,8 @@ def test_fused_qkv_split_is_head_major_q_k_v(model):
     qkv = att.query_key_value(x).view(1, 1, H + 2 * KV, HD)
     q, k, v = qkv.split([H, KV, KV], dim=2)
     W = att.query_key_value.weight
-    torch.testing.assert_close(k[0, 0, 1], W[(H + 1) * HD:(H + 2) * HD] @ x[0, 0])
-    torch.testing.assert_close(v[0, 0, 0], W[(H + KV) * HD:(H + KV + 1) * HD] @ x[0, 0])
+    torch.testing.assert_close(k[0, 0, 1], W[(H + 1) * HD : (H + 2) * HD] @ x[0, 0])
+    torch.testing.assert_close(v[0, 0, 0], W[(H + KV) * HD : (H + KV + 1) * HD] @ x[0, 0])
 
 
 def test_router_by_hand():
@@ -272,8 +308,12 @@ def test_no_shift_same_position_labels(model):
 @pytest.mark.parametrize("bad", [None, "2d", "shape", "int"])
 def test_missing_or_malformed_mask_is_an_error(model, bad):
     ids = torch.tensor([[5, 9, 2, 17]])
-    mask = {None: None, "2d": torch.ones(1, 4), "shape": torch.ones(1, 1, 4, 3, dtype=torch.bool),
-            "int": torch.ones(1, 1, 4, 4, dtype=torch.long)}[bad]
+    mask = {
+        None: None,
+        "2d": torch.ones(1, 4),
+        "shape": torch.ones(1, 1, 4, 3, dtype=torch.bool),
+        "int": torch.ones(1, 1, 4, 4, dtype=torch.long),
+    }[bad]
     with pytest.raises(LLaDA2MaskError):
         model(ids, attention_mask=mask)
 
@@ -285,8 +325,9 @@ def test_kv_cache_matches_full_forward(model):
     pre = model(ids[:, :6], attention_mask=mask[:, :, :6, :6], position_ids=pos[:, :6], use_cache=True)
     cache = layers.output_cache(pre)
     assert len(cache) == 2 and cache[0][0].shape == (1, KV, 6, HD)
-    out = model(ids[:, 6:], attention_mask=torch.ones(1, 9), position_ids=pos[:, 6:], past_key_values=cache,
-                use_cache=True)
+    out = model(
+        ids[:, 6:], attention_mask=torch.ones(1, 9), position_ids=pos[:, 6:], past_key_values=cache, use_cache=True
+    )
     torch.testing.assert_close(out.logits, full[:, 6:], rtol=1e-5, atol=1e-5)
     assert layers.output_cache(out)[0][0].shape[2] == 9
 
@@ -320,11 +361,21 @@ def test_published_config_fields_load_without_remote_code(tmp_path):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     published = dict(tiny_config().to_dict())
-    published.update({"auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
-                                   "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
-                                   "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
-                      "model_type": "llada2_moe", "score_function": "sigmoid", "router_dtype": "fp32",
-                      "moe_router_enable_expert_bias": True, "use_qk_norm": True, "norm_topk_prob": True})
+    published.update(
+        {
+            "auto_map": {
+                "AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM",
+            },
+            "model_type": "llada2_moe",
+            "score_function": "sigmoid",
+            "router_dtype": "fp32",
+            "moe_router_enable_expert_bias": True,
+            "use_qk_norm": True,
+            "norm_topk_prob": True,
+        }
+    )
     for key in ("mask_token_id", "eos_token_id"):  # not in the published config
         published.pop(key, None)
     (tmp_path / "config.json").write_text(json.dumps(published))
@@ -342,25 +393,46 @@ def test_sharded_save_load_round_trip_is_bit_exact(model, tmp_path):
     assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 1
     index = json.load(open(tmp_path / "model.safetensors.index.json"))["weight_map"]
     names = set(index)
-    assert {"model.word_embeddings.weight", "model.norm.weight", "lm_head.weight",
-            "model.layers.0.attention.query_key_value.weight", "model.layers.0.attention.query_layernorm.weight",
-            "model.layers.0.attention.key_layernorm.weight", "model.layers.0.attention.dense.weight",
-            "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
-            "model.layers.1.mlp.gate.expert_bias", "model.layers.1.mlp.experts.7.down_proj.weight",
-            "model.layers.1.mlp.shared_experts.up_proj.weight", "model.layers.1.input_layernorm.weight",
-            "model.layers.1.post_attention_layernorm.weight"} <= names
+    assert {
+        "model.word_embeddings.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.attention.query_key_value.weight",
+        "model.layers.0.attention.query_layernorm.weight",
+        "model.layers.0.attention.key_layernorm.weight",
+        "model.layers.0.attention.dense.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.gate.expert_bias",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.post_attention_layernorm.weight",
+    } <= names
     with safe_open(str(tmp_path / index["model.layers.1.mlp.gate.expert_bias"]), "pt") as fh:
-        torch.testing.assert_close(fh.get_tensor("model.layers.1.mlp.gate.expert_bias"),
-                                   model.model.layers[1].mlp.gate.expert_bias, rtol=0, atol=0)
+        torch.testing.assert_close(
+            fh.get_tensor("model.layers.1.mlp.gate.expert_bias"),
+            model.model.layers[1].mlp.gate.expert_bias,
+            rtol=0,
+            atol=0,
+        )
     ids = torch.tensor([[5, 9, 2, 17, 33, 8, 41]])
     mask, pos = _block_mask(7, 3)
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert type(again).__name__ == "LLaDA2MoeModelLM"
-    torch.testing.assert_close(again(ids, attention_mask=mask, position_ids=pos).logits,
-                               model(ids, attention_mask=mask, position_ids=pos).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        again(ids, attention_mask=mask, position_ids=pos).logits,
+        model(ids, attention_mask=mask, position_ids=pos).logits,
+        rtol=0,
+        atol=0,
+    )
     backbone = AutoModel.from_pretrained(tmp_path)
-    torch.testing.assert_close(backbone(ids, attention_mask=mask, position_ids=pos).last_hidden_state,
-                               model.forward_hidden(ids, mask, pos), rtol=0, atol=0)
+    torch.testing.assert_close(
+        backbone(ids, attention_mask=mask, position_ids=pos).last_hidden_state,
+        model.forward_hidden(ids, mask, pos),
+        rtol=0,
+        atol=0,
+    )
     bf16 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert bf16.lm_head.weight.dtype == torch.bfloat16
     assert bf16(ids, attention_mask=mask, position_ids=pos).logits.dtype == torch.float32

@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dare_core.api import DareError
+from dare_nn.testing.equality import all_grads, rel, run_experts
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM, LLaDA2MoeSparseMoeBlock
-from dare_nn.testing.equality import all_grads, rel, run_experts
 
 register_auto_classes()
 
@@ -20,11 +20,29 @@ REL = 1e-6
 
 
 def config(**kw):
-    base = dict(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, num_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2,
-                moe_intermediate_size=12, num_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                rope_theta=10000.0, partial_rotary_factor=0.5, pad_token_id=0, eos_token_id=0, mask_token_id=1,
-                max_position_embeddings=64)
+    base = dict(
+        vocab_size=48,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=8,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=12,
+        num_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        pad_token_id=0,
+        eos_token_id=0,
+        mask_token_id=1,
+        max_position_embeddings=64,
+    )
     base.update(kw)
     return LLaDA2MoeConfig(**base)
 
@@ -33,12 +51,21 @@ def run(module, impl, fn):
     return run_experts(module, LLaDA2MoeSparseMoeBlock, impl, fn)
 
 
-@pytest.mark.parametrize("experts,groups,top_groups,top_k,tokens,shared", [
-    (8, 2, 1, 2, 9, 1), (4, 1, 1, 1, 1, 1), (16, 4, 2, 8, 5, 2), (32, 8, 2, 8, 3, 0), (16, 4, 4, 1, 30, 1)])
+@pytest.mark.parametrize(
+    "experts,groups,top_groups,top_k,tokens,shared",
+    [(8, 2, 1, 2, 9, 1), (4, 1, 1, 1, 1, 1), (16, 4, 2, 8, 5, 2), (32, 8, 2, 8, 3, 0), (16, 4, 4, 1, 30, 1)],
+)
 def test_block_grouped_equals_loop(experts, groups, top_groups, top_k, tokens, shared):
     torch.manual_seed(experts + top_k)
-    block = LLaDA2MoeSparseMoeBlock(config(num_experts=experts, n_group=groups, topk_group=top_groups,
-                                           num_experts_per_tok=top_k, num_shared_experts=shared))
+    block = LLaDA2MoeSparseMoeBlock(
+        config(
+            num_experts=experts,
+            n_group=groups,
+            topk_group=top_groups,
+            num_experts_per_tok=top_k,
+            num_shared_experts=shared,
+        )
+    )
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.3)
@@ -91,8 +118,11 @@ def test_default_is_grouped_names_unchanged_and_checkpoint_round_trip(tmp_path):
     block = model.model.layers[1].mlp
     assert block.experts_impl == "grouped" and block.grouped()
     names = [n for n, _ in model.named_parameters() if n.startswith("model.layers.1.mlp.")]
-    assert names[:3] == ["model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.1.mlp.experts.0.up_proj.weight",
-                         "model.layers.1.mlp.experts.0.down_proj.weight"]
+    assert names[:3] == [
+        "model.layers.1.mlp.experts.0.gate_proj.weight",
+        "model.layers.1.mlp.experts.0.up_proj.weight",
+        "model.layers.1.mlp.experts.0.down_proj.weight",
+    ]
     assert "model.layers.1.mlp.gate.expert_bias" in model.state_dict()
     model.save_pretrained(tmp_path)
     again = AutoModelForCausalLM.from_pretrained(tmp_path).to("cpu")
@@ -100,8 +130,10 @@ def test_default_is_grouped_names_unchanged_and_checkpoint_round_trip(tmp_path):
     for (n, p), q in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(p, q), n
     blk = again.model.layers[1].mlp
-    assert blk.experts[7].up_proj.weight.untyped_storage().data_ptr() == \
-        blk.experts[0].gate_proj.weight.untyped_storage().data_ptr()  # packed again by .to()
+    assert (
+        blk.experts[7].up_proj.weight.untyped_storage().data_ptr()
+        == blk.experts[0].gate_proj.weight.untyped_storage().data_ptr()
+    )  # packed again by .to()
     ids = torch.randint(2, 48, (1, 6))
     mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
     with torch.no_grad():

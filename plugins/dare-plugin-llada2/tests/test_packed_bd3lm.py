@@ -27,15 +27,40 @@ LENGTHS = ((4, 12), (9, 3), (2, 20), (6, 7), (3, 1), (9, 20), (1, 1))
 
 def _wrapper(attention: str, cross_entropy: str, compact: bool = True) -> LLaDA2Wrapper:
     torch.manual_seed(0)
-    cfg = LLaDA2MoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                          head_dim=16, rotary_dim=8, intermediate_size=48, num_experts=4, num_shared_experts=1,
-                          num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=16,
-                          first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
-                          max_position_embeddings=256, vocab_size=V, mask_token_id=V - 1, eos_token_id=V - 2,
-                          pad_token_id=V - 2)
-    w = LLaDA2Wrapper(family="llada2", module=LLaDA2MoeModelLM(cfg), tokenizer=None, kind="block",
-                      mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2, capabilities=PACKABLE,
-                      block_size=4)
+    cfg = LLaDA2MoeConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rotary_dim=8,
+        intermediate_size=48,
+        num_experts=4,
+        num_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=16,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        vocab_size=V,
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+    )
+    w = LLaDA2Wrapper(
+        family="llada2",
+        module=LLaDA2MoeModelLM(cfg),
+        tokenizer=None,
+        kind="block",
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        capabilities=PACKABLE,
+        block_size=4,
+    )
     w.compact_layout = compact
     paths = configure_training_paths(w, attention, cross_entropy, "cpu")
     assert (paths.attention, paths.fused_ce) == (attention, cross_entropy == "fused")
@@ -44,7 +69,6 @@ def _wrapper(attention: str, cross_entropy: str, compact: bool = True) -> LLaDA2
 
 def _batch() -> SequenceBatch:
     return ragged_batch(LENGTHS, V, pad=V - 2)
-
 
 
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "full"])
@@ -62,7 +86,7 @@ def test_inference_logits_stay_block_causal_and_unpadded():
     mask = batch.attention_mask
     logits = w.logits(batch.input_ids, mask)
     for b in range(mask.shape[0]):
-        own = batch.input_ids[b:b + 1][:, mask[b].bool()]
+        own = batch.input_ids[b : b + 1][:, mask[b].bool()]
         torch.testing.assert_close(logits[b][mask[b].bool()], w.logits(own)[0], rtol=1e-5, atol=1e-5)
 
 

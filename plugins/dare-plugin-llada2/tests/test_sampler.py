@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import dare_plugin_llada2
-from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_core.workflows.batching import left_pad
 from dare_plugin_llada2.sampler import (
     EditingConfig,
@@ -17,6 +16,7 @@ from dare_plugin_llada2.sampler import (
     transfer_schedule,
 )
 from dare_plugin_llada2.wrapper import LLaDA2Wrapper, load
+from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 
 V, MASK, EOS = 32, 1, 0
 A, B = 20, 21
@@ -43,15 +43,25 @@ class Scripted(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kw):
         assert attention_mask is not None and attention_mask.dim() == 4
         self.calls += 1
-        rows = [_logits_for(self.rule(input_ids[b], position_ids[b]), input_ids.shape[1])
-                for b in range(input_ids.shape[0])]
+        rows = [
+            _logits_for(self.rule(input_ids[b], position_ids[b]), input_ids.shape[1]) for b in range(input_ids.shape[0])
+        ]
         return type("Out", (), {"logits": torch.stack(rows)})()
 
 
 def scripted_wrapper(rule, block=4):
     tok = type("Tok", (), {})()
-    return LLaDA2Wrapper(family="llada2", module=Scripted(rule), tokenizer=tok, kind="block", mask_token_id=MASK,
-                         eos_token_id=EOS, pad_token_id=EOS, stop_token_ids=(EOS,), block_size=block)
+    return LLaDA2Wrapper(
+        family="llada2",
+        module=Scripted(rule),
+        tokenizer=tok,
+        kind="block",
+        mask_token_id=MASK,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        stop_token_ids=(EOS,),
+        block_size=block,
+    )
 
 
 def test_schedule_matches_published_rule():
@@ -71,8 +81,9 @@ def test_threshold_commit_order_by_hand():
 
     w = scripted_wrapper(rule)
     cfg = ThresholdConfig(gen_length=5, steps=4, threshold=0.9)
-    out = ThresholdSampler(cfg).generate(w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long),
-                                         record=frozenset({"reveal_step"}))
+    out = ThresholdSampler(cfg).generate(
+        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     assert out.response_ids.tolist() == [[13, 14, 15, 16, 17]]
     assert out.reveal_step.tolist() == [[0, 1, 2, 1, 3]]
     assert out.nfe == 4 and out.num_steps == 4
@@ -90,12 +101,14 @@ def test_threshold_fallback_when_fewer_than_quota_are_confident():
     # a 4-token prompt fills block 0, so block 1 (positions 4..7) maps to conf via p - 4
     conf.update({4 + k: v for k, v in list(conf.items())})
     out = ThresholdSampler(ThresholdConfig(gen_length=4, steps=2, threshold=0.9)).generate(
-        w, torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long), record=frozenset({"reveal_step"}))
+        w, torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     # step 0: above .9 are {4, 6} = 2 >= quota 2 -> both; step 1: {5, 7}
     assert out.reveal_step.tolist() == [[0, 1, 0, 1]]
     conf[6] = 0.5  # now only one above threshold: top-2 of {.99, .3, .5, .6} = {4, 7}
     out = ThresholdSampler(ThresholdConfig(gen_length=4, steps=2, threshold=0.9)).generate(
-        w, torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long), record=frozenset({"reveal_step"}))
+        w, torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     assert out.reveal_step.tolist() == [[0, 1, 1, 0]]
 
 
@@ -117,8 +130,9 @@ def test_editing_rewrites_a_confident_changed_token_and_records_its_last_step():
 
     w = scripted_wrapper(rule)
     cfg = EditingConfig(gen_length=5, threshold=0.9, editing_threshold=0.9, num_to_transfer=1)
-    out = EditingSampler(cfg).generate(w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long),
-                                       record=frozenset({"reveal_step"}))
+    out = EditingSampler(cfg).generate(
+        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     assert out.response_ids.tolist() == [[13, B, 15, 16, 17]]
     # block 1: iter 2 commits 4=A, iter 3 commits 5, iter 4 edits 4 -> B and commits 6, iter 5 commits 7,
     # iter 6 is the post step without edits
@@ -139,7 +153,8 @@ def test_editing_stops_after_max_post_steps():
 
     w = scripted_wrapper(rule)
     out = EditingSampler(EditingConfig(gen_length=1, max_post_steps=3)).generate(
-        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"}))
+        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     # iteration 0 fills the MASK (A), then 3 post iterations each flip it: A -> B -> A -> B
     assert out.nfe == 4
     assert out.response_ids.tolist() == [[B]] and out.reveal_step.tolist() == [[3]]
@@ -151,7 +166,8 @@ def test_response_cut_after_first_stop_token():
 
     w = scripted_wrapper(rule)
     out = ThresholdSampler(ThresholdConfig(gen_length=9, steps=4)).generate(
-        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"}))
+        w, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), record=frozenset({"reveal_step"})
+    )
     assert out.response_ids.tolist() == [[13, 14, EOS, EOS, EOS, EOS, EOS, EOS, EOS]]
     assert out.response_mask.tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0]]
     assert out.reveal_step[0, 3:].tolist() == [-1] * 6
@@ -169,10 +185,13 @@ def _prompts(w):
     return left_pad([w.encode(w.render_prompt([{"role": "user", "content": t}])) for t in texts], w.pad_token_id)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ThresholdSampler(ThresholdConfig(gen_length=10, steps=4, threshold=0.2)),
-    lambda: EditingSampler(EditingConfig(gen_length=10, threshold=0.2, editing_threshold=0.05)),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ThresholdSampler(ThresholdConfig(gen_length=10, steps=4, threshold=0.2)),
+        lambda: EditingSampler(EditingConfig(gen_length=10, threshold=0.2, editing_threshold=0.05)),
+    ],
+)
 def test_left_padded_batch_equals_rows_alone(tiny, make):
     pid, pm = _prompts(tiny)
     batch = make().generate(tiny, pid, pm, record=frozenset({"reveal_step"}))
@@ -185,10 +204,13 @@ def test_left_padded_batch_equals_rows_alone(tiny, make):
     assert (batch.reveal_step[batch.response_mask.bool()] >= 0).all()
 
 
-@pytest.mark.parametrize("cls,cfg", [
-    (ThresholdSampler, dict(gen_length=12, steps=4, threshold=0.2)),
-    (EditingSampler, dict(gen_length=12, threshold=0.2, editing_threshold=0.05)),
-])
+@pytest.mark.parametrize(
+    "cls,cfg",
+    [
+        (ThresholdSampler, dict(gen_length=12, steps=4, threshold=0.2)),
+        (EditingSampler, dict(gen_length=12, threshold=0.2, editing_threshold=0.05)),
+    ],
+)
 def test_kv_cache_gives_the_same_tokens(tiny, cls, cfg):
     pid, pm = _prompts(tiny)
     conf_cls = ThresholdConfig if cls is ThresholdSampler else EditingConfig
@@ -202,9 +224,15 @@ def test_threshold_agrees_with_core_block_backend_dynamic(tiny):
     pid, pm = _prompts(tiny)
     for threshold in (0.05, 0.2):
         mine = ThresholdSampler(ThresholdConfig(gen_length=12, steps=4, threshold=threshold)).generate(tiny, pid, pm)
-        core = BlockSampler(BlockRolloutConfig(gen_length=12, steps=4, temperature=0.0,
-                                               remasking="low_confidence_dynamic",
-                                               confidence_threshold=threshold)).generate(tiny, pid, pm)
+        core = BlockSampler(
+            BlockRolloutConfig(
+                gen_length=12,
+                steps=4,
+                temperature=0.0,
+                remasking="low_confidence_dynamic",
+                confidence_threshold=threshold,
+            )
+        ).generate(tiny, pid, pm)
         assert mine.response_ids.tolist() == core.response_ids.tolist()
 
 
@@ -222,8 +250,11 @@ def test_additive_01_mask_reproduces_published_21_and_differs_from_strict(tiny):
     hi = fr.x.shape[1]
     m01 = fr.mask(hi, "additive_01")
     strict = fr.mask(hi, "strict")
-    assert m01.dtype == torch.float32 and set(torch.unique(m01[fr.valid[:, None, :, None].expand_as(m01) &
-                                                              fr.valid[:, None, None, :].expand_as(m01)]).tolist()) <= {0.0, 1.0}
+    assert m01.dtype == torch.float32 and set(
+        torch.unique(
+            m01[fr.valid[:, None, :, None].expand_as(m01) & fr.valid[:, None, None, :].expand_as(m01)]
+        ).tolist()
+    ) <= {0.0, 1.0}
     la = tiny.module(input_ids=fr.x, attention_mask=strict, position_ids=fr.pos).logits
     lb = tiny.module(input_ids=fr.x, attention_mask=m01, position_ids=fr.pos).logits
     assert not torch.allclose(la[fr.valid], lb[fr.valid], atol=1e-4)

@@ -23,12 +23,18 @@ def wrapper(tiny):
 
 def test_chat_template_is_llada2s():
     tok = build_tokenizer(["hello world"] * 4, vocab_size=300)
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Sum?"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Sum?"},
+    ]
     text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert text == ("<role>SYSTEM</role>Be brief.\ndetailed thinking off<|role_end|>"
-                    "<role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>Hello<|role_end|>"
-                    "<role>HUMAN</role>Sum?<|role_end|><role>ASSISTANT</role>")
+    assert text == (
+        "<role>SYSTEM</role>Be brief.\ndetailed thinking off<|role_end|>"
+        "<role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>Hello<|role_end|>"
+        "<role>HUMAN</role>Sum?<|role_end|><role>ASSISTANT</role>"
+    )
     bare = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=False)
     assert bare == "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>x<|role_end|>"
     assert tok.chat_template == LLADA2_CHAT_TEMPLATE
@@ -74,7 +80,7 @@ def test_denoise_logits_use_the_bd3lm_layout(wrapper):
     am = torch.ones_like(clean)
     am[1, :2] = 0
     noisy = clean.clone()
-    noisy[:, L - 6:] = torch.where(torch.rand(2, 6) < 0.5, wrapper.mask_token_id, clean[:, L - 6:])
+    noisy[:, L - 6 :] = torch.where(torch.rand(2, 6) < 0.5, wrapper.mask_token_id, clean[:, L - 6 :])
     noisy[0, 1] = wrapper.mask_token_id
     ids, pos, mask = bd3lm_layout(noisy, clean, wrapper.block_size, am)
     want = wrapper.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, :L]
@@ -108,8 +114,18 @@ def test_cli_generate(tiny, monkeypatch):
 
     monkeypatch.setattr(plugins, "_DARE", build_for(dare_plugin_llada2))
     for backend in ("llada2_threshold", "llada2_editing", "block"):
-        result = CliRunner().invoke(cli, ["generate", "--model", "llada2", "--prompt", "Solve 1 + 2",
-                                          f"model.path={tiny}", f"rollout.backend={backend}",
-                                          "rollout.gen_length=8"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "generate",
+                "--model",
+                "llada2",
+                "--prompt",
+                "Solve 1 + 2",
+                f"model.path={tiny}",
+                f"rollout.backend={backend}",
+                "rollout.gen_length=8",
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert "---" in result.output

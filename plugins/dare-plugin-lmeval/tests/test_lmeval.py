@@ -72,12 +72,20 @@ def _need(family):
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_simple_evaluate_both_request_types(tasks, family):
     _need(family)
-    import dare_plugin_lmeval.model  # noqa: F401  (registers `dare`)
     from lm_eval import simple_evaluate
 
-    out = simple_evaluate(model="dare", model_args=f"family={family},mc_samples=4,seed=0",
-                          tasks=["dare_sudoku_choice", "dare_sudoku_generate"], task_manager=tasks,
-                          limit=4, apply_chat_template=True, log_samples=True, batch_size=4)
+    import dare_plugin_lmeval.model  # noqa: F401  (registers `dare`)
+
+    out = simple_evaluate(
+        model="dare",
+        model_args=f"family={family},mc_samples=4,seed=0",
+        tasks=["dare_sudoku_choice", "dare_sudoku_generate"],
+        task_manager=tasks,
+        limit=4,
+        apply_chat_template=True,
+        log_samples=True,
+        batch_size=4,
+    )
     mc = out["results"]["dare_sudoku_choice"]
     # 4 choices each (chance 0.25); the near misses (two cells swapped) beat the tiny sdar model
     assert mc["acc,none"] >= (0.75 if family == "llada" else 0.25)
@@ -90,6 +98,7 @@ def test_simple_evaluate_both_request_types(tasks, family):
 def test_loglikelihood_deterministic_and_rolling_refused():
     _need("llada")
     from lm_eval.api.instance import Instance
+
     from dare_plugin_lmeval.model import DareLM
 
     lm = DareLM(family="llada", mc_samples=4, seed=1, gen_length=40)
@@ -114,6 +123,7 @@ def test_bad_model_args_are_dare_errors():
 
 
 def test_module_entry_point_lists_the_model_args_help():
-    proc = subprocess.run([sys.executable, "-m", "dare_plugin_lmeval", "--help"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dare_plugin_lmeval", "--help"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "--model_args" in proc.stdout

@@ -11,13 +11,12 @@ import torch
 import dare_plugin_mdpo
 from dare_core.api import sum_totals
 from dare_core.components import GroupNormAdvantage
-from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.config.structure import structure
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.errors import CapabilityError, DareError
-from dare_core.testing.registries import build_for
+from dare_core.interfaces.rows import TrajectoryContext
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.registries import build_for
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, spy_run
 from dare_nn.testing import toy_block
 from dare_plugin_mdpo.algorithm import (
@@ -28,6 +27,7 @@ from dare_plugin_mdpo.algorithm import (
     step_advantages,
     step_scores,
 )
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 
 class TestMDPOContract(AlgorithmContract):
@@ -48,8 +48,9 @@ def test_step_advantages_grouped_by_uid_and_top_steps():
     adv = step_advantages(step_scores(R4), torch.tensor([0, 0, 1, 1]), GroupNormAdvantage())
     expect = torch.tensor([[0, -s, s, s], [0, s, -s, -s], [s] * 4, [-s] * 4])
     torch.testing.assert_close(adv, expect, atol=1e-5, rtol=0)
-    torch.testing.assert_close(adv.abs().sum(0), torch.tensor([1.414214, 2.828427, 2.828427, 2.828427]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        adv.abs().sum(0), torch.tensor([1.414214, 2.828427, 2.828427, 2.828427]), atol=1e-5, rtol=0
+    )
     assert select_steps(adv, 2).tolist() == [2, 3]
     # grouping by id, not by position: the same rows in another order give the same advantages
     perm = torch.tensor([2, 0, 3, 1])
@@ -106,8 +107,9 @@ def test_loss_is_the_mini_batch_loss_for_every_split(kl_coef):
     def run(parts):
         x = logp.clone().requires_grad_(True)
         T = sum_totals([loss_fn.totals(mask[i], {"confidence": conf[i]}) for i in parts])
-        total = sum(loss_fn(x[i], old[i], ref[i], adv[i], mask[i], extras={"confidence": conf[i]},
-                            totals=T)[0] for i in parts)
+        total = sum(
+            loss_fn(x[i], old[i], ref[i], adv[i], mask[i], extras={"confidence": conf[i]}, totals=T)[0] for i in parts
+        )
         total.backward()
         return total.detach(), x.grad
 
@@ -122,12 +124,14 @@ def test_loss_is_the_mini_batch_loss_for_every_split(kl_coef):
 
 def _rows(count_after_eos=False, truncate=False):
     w = make_toy_wrapper()
-    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=8, block_length=4, steps=4,
-                                                       temperature=1.0, truncate_at_eos=truncate))
+    sampler = LowConfidenceSampler(
+        LowConfidenceConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, truncate_at_eos=truncate)
+    )
     prompts = torch.randint(4, 60, (4, 5), generator=torch.Generator().manual_seed(0))
     pmask = torch.ones_like(prompts)
-    roll = sampler.generate(w, prompts, pmask, record=frozenset({"step_states"}),
-                            generator=torch.Generator().manual_seed(2))
+    roll = sampler.generate(
+        w, prompts, pmask, record=frozenset({"step_states"}), generator=torch.Generator().manual_seed(2)
+    )
     seen = []
 
     def score(ids, mask, rows):
@@ -170,8 +174,7 @@ def test_positions_after_eos_follow_the_option():
         P = rows.batch.prompt_len
         outside = rows.batch.attention_mask[:, P:] == 0
         if count:
-            assert torch.equal(rows.weights.bool(),
-                               rows.corrupted.noisy_ids[0, :, P:] == w.mask_token_id)
+            assert torch.equal(rows.weights.bool(), rows.corrupted.noisy_ids[0, :, P:] == w.mask_token_id)
         else:
             assert not rows.weights[outside].any()
 
@@ -179,7 +182,8 @@ def test_positions_after_eos_follow_the_option():
 def test_missing_record_and_block_models_refused():
     w = make_toy_wrapper()
     roll = LowConfidenceSampler(LowConfidenceConfig(gen_length=4, block_length=4, steps=2)).generate(
-        w, torch.randint(4, 60, (2, 3)), torch.ones(2, 3, dtype=torch.long))
+        w, torch.randint(4, 60, (2, 3)), torch.ones(2, 3, dtype=torch.long)
+    )
     ctx = TrajectoryContext(torch.zeros(2), torch.zeros(2), torch.arange(2), lambda *a: torch.zeros(2))
     with pytest.raises(DareError, match="step_states"):
         StepStateRows(GroupNormAdvantage()).rows(w, roll, ctx)
@@ -196,9 +200,19 @@ def test_config_invariants_are_validators():
 
 
 def test_states_built_once_per_rollout_batch_and_shared_by_old_ref_new(tmp_path):
-    log = spy_run(tmp_path, dare_plugin_mdpo, "mdpo", toy, [
-        "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=4", "algorithm.kl_coef=0.1",
-        "algorithm.sample_train_steps=2"])
+    log = spy_run(
+        tmp_path,
+        dare_plugin_mdpo,
+        "mdpo",
+        toy,
+        [
+            "rollout.gen_length=4",
+            "rollout.block_length=4",
+            "rollout.steps=4",
+            "algorithm.kl_coef=0.1",
+            "algorithm.sample_train_steps=2",
+        ],
+    )
     assert_one_draw_per_batch(log, steps=2)
     lines = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     first = [l for l in lines if "reward" in l][0]

@@ -8,7 +8,6 @@ import math
 import attrs
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from dare_core.api import AlgorithmSpec, Components, DareError, hookimpl, option, resolve
@@ -61,11 +60,14 @@ class Plugin:
                 SPY.calls.append((torch.is_grad_enabled(), corrupted.masked.clone(), batch.input_ids.clone()))
                 return inner(wrapper, batch, corrupted)
 
-            return Components(corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
-                              estimator=estimator, loss=_DPO(), needs_ref=True)
+            return Components(
+                corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
+                estimator=estimator,
+                loss=_DPO(),
+                needs_ref=True,
+            )
 
-        register(AlgorithmSpec("pref_test", "preference", PrefConfig, build_pref,
-                               recipe={"trainer": {"lr": 3e-3}}))
+        register(AlgorithmSpec("pref_test", "preference", PrefConfig, build_pref, recipe={"trainer": {"lr": 3e-3}}))
 
 
 def _pairs(n):
@@ -80,9 +82,16 @@ def _pairs(n):
 def _write_jsonl(path, pairs):
     with open(path, "w") as fh:
         for p in pairs:
-            fh.write(json.dumps({"prompt": p.prompt[0]["content"], "chosen": p.chosen,
-                                 "rejected": [{"role": "user", "content": "x"},
-                                              {"role": "assistant", "content": p.rejected}]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": p.prompt[0]["content"],
+                        "chosen": p.chosen,
+                        "rejected": [{"role": "user", "content": "x"}, {"role": "assistant", "content": p.rejected}],
+                    }
+                )
+                + "\n"
+            )
 
 
 @pytest.fixture
@@ -112,19 +121,29 @@ def test_collate_interleaves_pairs_and_pair_rows():
         assert torch.equal(b.input_ids[2 * i, : b.prompt_len], b.input_ids[2 * i + 1, : b.prompt_len])
     # padding: pad id, not attended (reference layout), or trained EOS on request
     assert (b.response_ids[~b.response_mask.bool()] == w.pad_token_id).all()
-    e = collate_pairs(pairs, w, max_prompt_length=64, max_response_length=16, response_length=8,
-                      pad_with_eos=True)
+    e = collate_pairs(pairs, w, max_prompt_length=64, max_response_length=16, response_length=8, pad_with_eos=True)
     assert e.response_mask.all() and e.response_ids.shape[1] == 8
     assert pair_rows(torch.tensor([0, 2])).tolist() == [0, 1, 4, 5]
 
 
 def test_micro_batch_size_must_be_even(dare, tmp_path):
     _write_jsonl(tmp_path / "p.jsonl", _pairs(8))
-    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=odd", "progress=false",
-        f"preference.train_path={tmp_path / 'p.jsonl'}", "trainer.micro_batch_size=3",
-        "eval.before=false", "eval.after=false", "trainer.steps=1",
-    ])
+    cfg = resolve(
+        dare,
+        algo="pref_test",
+        model="toy",
+        overrides=[
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=odd",
+            "progress=false",
+            f"preference.train_path={tmp_path / 'p.jsonl'}",
+            "trainer.micro_batch_size=3",
+            "eval.before=false",
+            "eval.after=false",
+            "trainer.steps=1",
+        ],
+    )
     with pytest.raises(Exception, match="micro_batch_size=3 must be even"):
         train(dare, cfg)
 
@@ -133,12 +152,25 @@ def test_pairs_together_shared_noise_and_learning(dare, tmp_path):
     SPY.calls.clear()
     SPY.loss_batches.clear()
     _write_jsonl(tmp_path / "p.jsonl", _pairs(40))
-    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=pref", "progress=false",
-        f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=8",
-        "trainer.batch_size=8", "trainer.micro_batch_size=4", "trainer.steps=12",
-        "eval.before=false", "eval.after=false", "seed=1",
-    ])
+    cfg = resolve(
+        dare,
+        algo="pref_test",
+        model="toy",
+        overrides=[
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=pref",
+            "progress=false",
+            f"preference.train_path={tmp_path / 'p.jsonl'}",
+            "preference.num_eval=8",
+            "trainer.batch_size=8",
+            "trainer.micro_batch_size=4",
+            "trainer.steps=12",
+            "eval.before=false",
+            "eval.after=false",
+            "seed=1",
+        ],
+    )
     summary = train(dare, cfg)
     before, after = summary["eval"]["pairs_before"], summary["eval"]["pairs_after"]
     assert before["dpo_loss"] == pytest.approx(math.log(2), abs=1e-5)  # policy == reference
@@ -177,11 +209,27 @@ def test_pairs_together_shared_noise_and_learning(dare, tmp_path):
 
 
 def _first_step(dare, tmp_path, name, micro, extra=()):
-    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name={name}", "progress=false",
-        f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=0",
-        "trainer.batch_size=4", f"trainer.micro_batch_size={micro}", "trainer.steps=1", "trainer.grad_clip=0",
-        "eval.before=false", "eval.after=false", "trainer.save_final=false", *extra])
+    cfg = resolve(
+        dare,
+        algo="pref_test",
+        model="toy",
+        overrides=[
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            f"run_name={name}",
+            "progress=false",
+            f"preference.train_path={tmp_path / 'p.jsonl'}",
+            "preference.num_eval=0",
+            "trainer.batch_size=4",
+            f"trainer.micro_batch_size={micro}",
+            "trainer.steps=1",
+            "trainer.grad_clip=0",
+            "eval.before=false",
+            "eval.after=false",
+            "trainer.save_final=false",
+            *extra,
+        ],
+    )
     train(dare, cfg)
     lines = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return next(l for l in lines if "grad_norm" in l)
@@ -205,17 +253,31 @@ def test_a_loss_without_totals_is_refused(dare, tmp_path):
         @hookimpl
         def dare_register_algorithms(self, register):
             def build(cfg, lookup):
-                return Components(corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
-                                  estimator=lookup.estimator("sequence_elbo", norm="valid"),
-                                  loss=lambda logp, ref_logp, batch: (logp.sum(), {}), needs_ref=True)
+                return Components(
+                    corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
+                    estimator=lookup.estimator("sequence_elbo", norm="valid"),
+                    loss=lambda logp, ref_logp, batch: (logp.sum(), {}),
+                    needs_ref=True,
+                )
 
             register(AlgorithmSpec("pref_plain", "preference", PrefConfig, build))
 
     d = build_for(plugin, toy, NoTotals())
-    cfg = resolve(d, algo="pref_plain", model="toy", overrides=[
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=plain", "progress=false",
-        f"preference.train_path={tmp_path / 'p.jsonl'}", "eval.before=false", "eval.after=false",
-        "trainer.steps=1"])
+    cfg = resolve(
+        d,
+        algo="pref_plain",
+        model="toy",
+        overrides=[
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=plain",
+            "progress=false",
+            f"preference.train_path={tmp_path / 'p.jsonl'}",
+            "eval.before=false",
+            "eval.after=false",
+            "trainer.steps=1",
+        ],
+    )
     with pytest.raises(DareError, match="has no method 'totals'"):
         train(d, cfg)
 
@@ -224,12 +286,26 @@ def test_validation_is_deterministic_under_the_fixed_corruption(dare, tmp_path):
     _write_jsonl(tmp_path / "p.jsonl", _pairs(12))
     outs = []
     for name in ("a", "b"):
-        cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
-            f"model.path={tmp_path}", f"output_dir={tmp_path}", f"run_name={name}", "progress=false",
-            f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=4",
-            "trainer.batch_size=4", "trainer.micro_batch_size=8", "trainer.steps=1",
-            "eval.before=false", "eval.after=false", "trainer.save_final=false", f"seed={len(outs)}",
-        ])
+        cfg = resolve(
+            dare,
+            algo="pref_test",
+            model="toy",
+            overrides=[
+                f"model.path={tmp_path}",
+                f"output_dir={tmp_path}",
+                f"run_name={name}",
+                "progress=false",
+                f"preference.train_path={tmp_path / 'p.jsonl'}",
+                "preference.num_eval=4",
+                "trainer.batch_size=4",
+                "trainer.micro_batch_size=8",
+                "trainer.steps=1",
+                "eval.before=false",
+                "eval.after=false",
+                "trainer.save_final=false",
+                f"seed={len(outs)}",
+            ],
+        )
         outs.append(train(dare, cfg)["eval"]["pairs_before"])
     assert outs[0] == outs[1]  # the training seed does not change the validation corruption
 
@@ -238,11 +314,26 @@ def test_nonfinite_steps_in_a_row_stop_the_run(dare, tmp_path, capsys):
     """At lr 1e10 the first update destroys the toy model: the next steps' DPO loss is NaN, and
     two of them in a row stop the run before the after-validation and ``final/``."""
     _write_jsonl(tmp_path / "p.jsonl", _pairs(12))
-    cfg = resolve(dare, algo="pref_test", model="toy", overrides=[
-        f"model.path={tmp_path}", f"output_dir={tmp_path}", "run_name=nan", "progress=false",
-        f"preference.train_path={tmp_path / 'p.jsonl'}", "preference.num_eval=4", "trainer.batch_size=4",
-        "trainer.micro_batch_size=8", "trainer.steps=6", "trainer.lr=1e10", "trainer.max_nonfinite_steps=2",
-        "eval.before=false", "eval.after=false"])
+    cfg = resolve(
+        dare,
+        algo="pref_test",
+        model="toy",
+        overrides=[
+            f"model.path={tmp_path}",
+            f"output_dir={tmp_path}",
+            "run_name=nan",
+            "progress=false",
+            f"preference.train_path={tmp_path / 'p.jsonl'}",
+            "preference.num_eval=4",
+            "trainer.batch_size=4",
+            "trainer.micro_batch_size=8",
+            "trainer.steps=6",
+            "trainer.lr=1e10",
+            "trainer.max_nonfinite_steps=2",
+            "eval.before=false",
+            "eval.after=false",
+        ],
+    )
     with pytest.raises(DareError, match="training diverged at step 3: non-finite loss and grad_norm for 2 steps"):
         train(dare, cfg)
     assert "step 2: non-finite loss=nan, grad_norm=nan; update skipped (1 of 2 in a row)" in capsys.readouterr().err

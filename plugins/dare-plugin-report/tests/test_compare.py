@@ -14,8 +14,8 @@ from dare_core.plugins import build
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin, DigitsTask
 from dare_core.testing.toy import make_toy_wrapper
-from dare_core.workflows.runtime import eval_context
 from dare_core.workflows.evaluation import evaluate
+from dare_core.workflows.runtime import eval_context
 
 PROMPTS, SAMPLES = 6, 3
 
@@ -31,14 +31,24 @@ class AnyDigit(DigitsTask):
 
 @pytest.fixture
 def dare():
-    return build(load_entrypoints=False,
-                 extra_plugins=[dare_plugin_samplers, toy, DigitsPlugin(task=AnyDigit), dare_plugin_report])
+    return build(
+        load_entrypoints=False,
+        extra_plugins=[dare_plugin_samplers, toy, DigitsPlugin(task=AnyDigit), dare_plugin_report],
+    )
 
 
 @pytest.fixture
 def overrides(tmp_path):
-    return ["task.name=digits", f"task.num_eval={PROMPTS}", "rollout.gen_length=4", "rollout.block_length=4",
-            "rollout.steps=2", "eval.temperature=1.0", "eval.batch_size=5", f"output_dir={tmp_path / 'out'}"]
+    return [
+        "task.name=digits",
+        f"task.num_eval={PROMPTS}",
+        "rollout.gen_length=4",
+        "rollout.block_length=4",
+        "rollout.steps=2",
+        "eval.temperature=1.0",
+        "eval.batch_size=5",
+        f"output_dir={tmp_path / 'out'}",
+    ]
 
 
 @pytest.fixture
@@ -71,8 +81,7 @@ def _one_line_error(result) -> str:
 
 def _items(dare, path, overrides):
     """Per-sample accuracies of ``path``: every prompt SAMPLES times in a row, as dare eval samples."""
-    cfg = resolve(dare, model="toy", overrides=["progress=false", *overrides, f"model.path={path}"],
-                  need_algo=False)
+    cfg = resolve(dare, model="toy", overrides=["progress=false", *overrides, f"model.path={path}"], need_algo=False)
     ctx = eval_context(dare, cfg)
     examples = ctx.task.examples("eval", limit=PROMPTS, seed=cfg.seed)
     items: list[float] = []
@@ -82,8 +91,7 @@ def _items(dare, path, overrides):
 
 def test_two_checkpoints_paired_per_sample(dare, run, ckpts, overrides):
     a, b = ckpts
-    result = run("--model", "toy", "--a", a, "--b", b, "--b", a, "--samples", str(SAMPLES), "--pool",
-                 *overrides)
+    result = run("--model", "toy", "--a", a, "--b", b, "--b", a, "--samples", str(SAMPLES), "--pool", *overrides)
     assert result.exit_code == 0, result.output
     records = _records(result.output)
     assert len(records) == 3
@@ -98,8 +106,8 @@ def test_two_checkpoints_paired_per_sample(dare, run, ckpts, overrides):
     assert ab["a"]["n"] == ab["b"]["n"] == PROMPTS * SAMPLES and ab["b_path"] == b
     assert ab["a"]["accuracy"] == pytest.approx(sum(items_a) / len(items_a))
     assert ab["b"]["accuracy"] == pytest.approx(sum(items_b) / len(items_b))
-    rates_a = [sum(items_a[i:i + SAMPLES]) for i in range(0, len(items_a), SAMPLES)]
-    rates_b = [sum(items_b[i:i + SAMPLES]) for i in range(0, len(items_b), SAMPLES)]
+    rates_a = [sum(items_a[i : i + SAMPLES]) for i in range(0, len(items_a), SAMPLES)]
+    rates_b = [sum(items_b[i : i + SAMPLES]) for i in range(0, len(items_b), SAMPLES)]
     more = sum(1 for x, y in zip(rates_a, rates_b) if y > x)
     less = sum(1 for x, y in zip(rates_a, rates_b) if y < x)
     assert (ab["prompts"]["gained"], ab["prompts"]["lost"]) == (more, less)
@@ -151,8 +159,7 @@ def test_bad_input_is_one_line_before_any_evaluation(run, ckpts, overrides, tmp_
     line = _one_line_error(run("--model", "toy", "--a", a, "--b", b, "--samples", "0", *overrides))
     assert "--samples must be at least 1" in line
     (tmp_path / "file").write_text("")
-    line = _one_line_error(run("--model", "toy", "--a", a, "--b", b, "--cache", str(tmp_path / "file"),
-                               *overrides))
+    line = _one_line_error(run("--model", "toy", "--a", a, "--b", b, "--cache", str(tmp_path / "file"), *overrides))
     assert "is a file" in line
     line = _one_line_error(run("--model", "toy", "--a", a, "--b", b, "--training-sampler", *overrides))
     assert "needs the run's algorithm" in line
@@ -165,11 +172,13 @@ def test_training_sampler_judges_with_the_runs_rollout(run, ckpts, tmp_path):
     takes the training rollout's steps and temperature instead of eval's."""
     a, b = ckpts
     config = tmp_path / "config.yaml"
-    config.write_text("algo: pg_test\n"
-                      f"output_dir: {tmp_path / 'out'}\n"
-                      f"task: {{name: digits, num_eval: {PROMPTS}}}\n"
-                      "rollout: {gen_length: 4, block_length: 4, steps: 2, temperature: 1.0}\n"
-                      "eval: {steps: 4, temperature: 0.0}\n")
+    config.write_text(
+        "algo: pg_test\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+        f"task: {{name: digits, num_eval: {PROMPTS}}}\n"
+        "rollout: {gen_length: 4, block_length: 4, steps: 2, temperature: 1.0}\n"
+        "eval: {steps: 4, temperature: 0.0}\n"
+    )
     common = ["--model", "toy", "--a", a, "--b", b, "--samples", str(SAMPLES), "--config", str(config)]
     judged = run(*common, "--training-sampler")
     assert judged.exit_code == 0, judged.output

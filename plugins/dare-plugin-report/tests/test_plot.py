@@ -71,8 +71,9 @@ def test_plot_writes_a_png(tmp_path):
     a = _run(tmp_path, "a", [0.1, 0.2, 0.4, 0.3], evals=[(0, 0.3), (4, 0.5)])
     b = _run(tmp_path, "b", [0.2, 0.2, 0.1, 0.3], evals=[(0, 0.3), (4, 0.2)])
     out = tmp_path / "plots" / "curves.png"
-    result = CliRunner().invoke(cli, ["plot", a, b, "-m", "reward", "-m", "eval.accuracy",
-                                      "--smooth", "2", "-o", str(out)])
+    result = CliRunner().invoke(
+        cli, ["plot", a, b, "-m", "reward", "-m", "eval.accuracy", "--smooth", "2", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000

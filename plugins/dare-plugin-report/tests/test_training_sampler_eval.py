@@ -5,7 +5,6 @@ import pytest
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-
 from dare_core.config import resolve
 from dare_core.errors import DareError
 from dare_core.plugins import build
@@ -14,8 +13,14 @@ from dare_core.testing.digits import DigitsPlugin
 from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
 from dare_plugin_report.compare import judged_by_training_rollout
 
-COMMON = ["task.name=digits", "rollout.gen_length=4", "rollout.block_length=4", "rollout.steps=2",
-          "rollout.temperature=0.8", "progress=false"]
+COMMON = [
+    "task.name=digits",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=2",
+    "rollout.temperature=0.8",
+    "progress=false",
+]
 
 
 @pytest.fixture
@@ -24,8 +29,13 @@ def dare():
 
 
 def test_eval_takes_the_training_rollout(dare, tmp_path):
-    cfg = resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", "eval.steps=4", "eval.temperature=0.0", "eval.backend=low_confidence"])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=COMMON
+        + [f"model.path={tmp_path}", "eval.steps=4", "eval.temperature=0.0", "eval.backend=low_confidence"],
+    )
     judged = judged_by_training_rollout(dare, cfg)
     assert judged.eval.backend is None and eval_backend_name(judged) == cfg.rollout_backend
     assert eval_rollout_config(judged, dare) == cfg.rollout  # steps 2 and T 0.8, not eval's 4 and 0

@@ -12,13 +12,11 @@ import pytest
 import torch
 
 import dare_plugin_samplers
-
 from dare_core.config.structure import structure
-from dare_plugin_samplers import block as block_rollout
-from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler, block_schedule
 from dare_core.errors import CapabilityError
 from dare_core.testing import make_toy_wrapper
 from dare_nn.testing.toy_block import make_toy_block_wrapper
+from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler, block_schedule
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +71,11 @@ def _oracle(w, prompt, R, steps, strategy, thr=0.85, stop=False):
 
 
 def _gen(w, prompts=PROMPTS, **kw):
-    cfg = BlockRolloutConfig(**{"gen_length": 10, "steps": 4, "temperature": 0.0,
-                                "stop_at_stop_token": False, **kw})
+    cfg = BlockRolloutConfig(**{"gen_length": 10, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False, **kw})
     ids, mask = _pad(prompts, w.pad_token_id)
-    return BlockSampler(cfg).generate(w, ids, mask, record=frozenset({"reveal_step"}),
-                                      generator=torch.Generator().manual_seed(0))
+    return BlockSampler(cfg).generate(
+        w, ids, mask, record=frozenset({"reveal_step"}), generator=torch.Generator().manual_seed(0)
+    )
 
 
 def test_schedule():
@@ -96,8 +94,9 @@ def test_batched_cached_equals_unbatched_oracle(w, strategy, steps):
         assert out.response_ids[b].tolist() == want, (b, strategy)
 
 
-@pytest.mark.parametrize("strategy", ["sequential", "low_confidence_static", "low_confidence_dynamic",
-                                      "entropy_bounded"])
+@pytest.mark.parametrize(
+    "strategy", ["sequential", "low_confidence_static", "low_confidence_dynamic", "entropy_bounded"]
+)
 def test_cache_equals_no_cache_greedy(w, strategy):
     a = _gen(w, remasking=strategy, use_cache=True, gen_length=16)
     b = _gen(w, remasking=strategy, use_cache=False, gen_length=16)
@@ -122,8 +121,9 @@ def test_nfe_and_reveal_steps(w):
 
 
 def test_dynamic_threshold_reveals_many_per_step(w):
-    out = _gen(w, prompts=[list(range(10, 18))], gen_length=8, remasking="low_confidence_dynamic",
-               confidence_threshold=0.0)
+    out = _gen(
+        w, prompts=[list(range(10, 18))], gen_length=8, remasking="low_confidence_dynamic", confidence_threshold=0.0
+    )
     # every masked candidate beats threshold 0 -> one iteration per block
     assert out.reveal_step[0].tolist() == [0] * 4 + [4] * 4
     assert out.nfe == 1 + 1 + 1 + 1
@@ -142,8 +142,9 @@ def test_stop_tokens(w):
     assert out.response_ids[0, tail:].tolist() == [w2.eos_token_id] * (12 - tail)
     assert (out.reveal_step[0, tail:] == -1).all()
     assert out.response_mask[0].tolist() == [1] + [0] * 11
-    keep = _gen(w2, prompts=[PROMPTS[0]], gen_length=12, remasking="sequential",
-                stop_at_stop_token=True, truncate_at_eos=False)
+    keep = _gen(
+        w2, prompts=[PROMPTS[0]], gen_length=12, remasking="sequential", stop_at_stop_token=True, truncate_at_eos=False
+    )
     assert keep.response_mask.all()
 
 
@@ -183,12 +184,20 @@ def test_resuming_reproduces_the_uninterrupted_run(w, strategy, use_cache, stop)
     w2 = make_toy_block_wrapper(seed=3)
     if stop:
         w2.stop_token_ids = tuple(range(40, 80))  # some sampled tokens stop their rows
-    cfg = BlockRolloutConfig(gen_length=R, steps=steps, temperature=1.0, remasking=strategy,
-                             use_cache=use_cache, stop_at_stop_token=stop, confidence_threshold=0.3)
+    cfg = BlockRolloutConfig(
+        gen_length=R,
+        steps=steps,
+        temperature=1.0,
+        remasking=strategy,
+        use_cache=use_cache,
+        stop_at_stop_token=stop,
+        confidence_threshold=0.3,
+    )
     sampler = BlockSampler(cfg)
     ids, mask = _pad(PROMPTS, w2.pad_token_id)
-    whole = sampler.generate(w2, ids, mask, record=frozenset({"reveal_step"}),
-                             generator=torch.Generator().manual_seed(5))
+    whole = sampler.generate(
+        w2, ids, mask, record=frozenset({"reveal_step"}), generator=torch.Generator().manual_seed(5)
+    )
     total = sampler.total_steps(w2, mask)
     assert total == 4 * steps  # longest tail 3 + 10 tokens -> 4 blocks
     if not stop:
@@ -198,8 +207,7 @@ def test_resuming_reproduces_the_uninterrupted_run(w, strategy, use_cache, stop)
         empty = torch.full((3, R), w2.mask_token_id)
         first = sampler.continue_from(w2, ids, mask, empty, start_step=0, stop_step=k, generator=gen)
         assert (first.reveal_step[first.response_ids == w2.mask_token_id] == -1).all()
-        second = sampler.continue_from(w2, ids, mask, first.response_ids, start_step=k,
-                                       stop_step=total, generator=gen)
+        second = sampler.continue_from(w2, ids, mask, first.response_ids, start_step=k, stop_step=total, generator=gen)
         assert not (second.response_ids == w2.mask_token_id).any()
         # this call commits only what the first left masked
         assert not ((second.reveal_step >= 0) & (first.response_ids != w2.mask_token_id)).any()

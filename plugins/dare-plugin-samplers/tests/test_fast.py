@@ -7,11 +7,10 @@ import pytest
 import torch
 
 import dare_plugin_samplers
-
-from dare_plugin_samplers.fast import FastConfig, FastSampler
-from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import ToyWrapper, make_toy_wrapper
+from dare_plugin_samplers.fast import FastConfig, FastSampler
+from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 REVEAL = frozenset({"reveal_step"})
 
@@ -34,8 +33,14 @@ class Spy:
 
     def forward_cached(self, input_ids, **kw):
         past = kw.get("past_key_values")
-        self.calls.append({"q": input_ids.shape[1], "past": None if past is None else past[0][0].shape[2],
-                           "mask": kw.get("attention_mask"), "use_cache": kw.get("use_cache")})
+        self.calls.append(
+            {
+                "q": input_ids.shape[1],
+                "past": None if past is None else past[0][0].shape[2],
+                "mask": kw.get("attention_mask"),
+                "use_cache": kw.get("use_cache"),
+            }
+        )
         return self._inner.forward_cached(input_ids, **kw)
 
     def __getattr__(self, name):
@@ -67,8 +72,9 @@ def test_no_cache_quota_equals_reference_sampler(gen, block, steps):
     w = toy()
     pid, pm = prompts(w)
     ref = reference(gen_length=gen, block_length=block, steps=steps).generate(w, pid, pm, record=REVEAL)
-    out = fast(gen_length=gen, block_length=block, steps=steps, cache="none",
-               decoding="quota").generate(w, pid, pm, record=REVEAL)
+    out = fast(gen_length=gen, block_length=block, steps=steps, cache="none", decoding="quota").generate(
+        w, pid, pm, record=REVEAL
+    )
     assert torch.equal(out.response_ids, ref.response_ids)
     assert torch.equal(out.reveal_step, ref.reveal_step)
     assert out.nfe == ref.nfe and out.num_steps == ref.num_steps == steps
@@ -80,7 +86,8 @@ def test_no_cache_sampled_equals_reference_with_the_same_stream():
     kw = dict(gen_length=16, block_length=4, steps=16, temperature=0.8)
     ref = reference(**kw).generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(5))
     out = fast(cache="none", decoding="quota", **kw).generate(
-        w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(5))
+        w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(5)
+    )
     assert torch.equal(out.response_ids, ref.response_ids)
     assert torch.equal(out.reveal_step, ref.reveal_step)
 
@@ -90,8 +97,9 @@ def test_threshold_one_without_cache_is_one_token_per_step():
     w = toy()
     pid, pm = prompts(w)
     ref = reference(gen_length=16, block_length=4, steps=16).generate(w, pid, pm, record=REVEAL)
-    out = fast(gen_length=16, block_length=4, cache="none", decoding="threshold",
-               threshold=1.0).generate(w, pid, pm, record=REVEAL)
+    out = fast(gen_length=16, block_length=4, cache="none", decoding="threshold", threshold=1.0).generate(
+        w, pid, pm, record=REVEAL
+    )
     assert torch.equal(out.response_ids, ref.response_ids)
     assert torch.equal(out.reveal_step, ref.reveal_step)
     assert out.nfe == 16 and out.num_steps == 16
@@ -148,8 +156,7 @@ def test_one_layer_model_makes_the_caches_exact(cache):
     class Capture(Spy):
         def forward_cached(self, input_ids, **kw):
             logits, present = super().forward_cached(input_ids, **kw)
-            logs.setdefault(self.tag, []).append(logits[:, -16:] if kw.get("past_key_values") is None
-                                                 else logits)
+            logs.setdefault(self.tag, []).append(logits[:, -16:] if kw.get("past_key_values") is None else logits)
             return logits, present
 
     kw = dict(gen_length=16, block_length=4, steps=16, decoding="quota")
@@ -190,8 +197,7 @@ def test_delayed_cache_queries_masked_and_just_committed_positions():
     pid, pm = prompts(w, pads=(0, 0, 0))
     p, gen, block = 7, 16, 4
     spy = Spy(w)
-    out = fast(gen_length=gen, block_length=block, steps=gen, cache="delayed",
-               decoding="quota").generate(spy, pid, pm)
+    out = fast(gen_length=gen, block_length=block, steps=gen, cache="delayed", decoding="quota").generate(spy, pid, pm)
     assert out.nfe == len(spy.calls) == gen
     for blk in range(gen // block):
         calls = spy.calls[blk * block : (blk + 1) * block]
@@ -219,8 +225,7 @@ def test_dual_and_prefix_query_lengths_and_nfe():
     p, gen, block = 7, 16, 4
     for cache, q_of in (("dual", lambda lo: block), ("prefix", lambda lo: p + gen - lo)):
         spy = Spy(w)
-        out = fast(gen_length=gen, block_length=block, steps=gen, cache=cache,
-                   decoding="quota").generate(spy, pid, pm)
+        out = fast(gen_length=gen, block_length=block, steps=gen, cache=cache, decoding="quota").generate(spy, pid, pm)
         assert out.nfe == len(spy.calls) == gen
         for blk in range(gen // block):
             calls = spy.calls[blk * block : (blk + 1) * block]
@@ -235,15 +240,16 @@ def test_shifted_family_queries_start_one_before_the_block():
     w = shifted_toy()
     pid, pm = prompts(w)
     ref = reference(gen_length=12, block_length=4, steps=12).generate(w, pid, pm, record=REVEAL)
-    out = fast(gen_length=12, block_length=4, steps=12, cache="none",
-               decoding="quota").generate(w, pid, pm, record=REVEAL)
+    out = fast(gen_length=12, block_length=4, steps=12, cache="none", decoding="quota").generate(
+        w, pid, pm, record=REVEAL
+    )
     assert torch.equal(out.response_ids, ref.response_ids)
     spy = Spy(w)
-    dual = fast(gen_length=12, block_length=4, steps=3, cache="dual",
-                decoding="quota").generate(spy, pid, pm)
-    assert torch.equal(dual.response_ids,
-                       fast(gen_length=12, block_length=4, steps=3, cache="none",
-                            decoding="quota").generate(w, pid, pm).response_ids)
+    dual = fast(gen_length=12, block_length=4, steps=3, cache="dual", decoding="quota").generate(spy, pid, pm)
+    assert torch.equal(
+        dual.response_ids,
+        fast(gen_length=12, block_length=4, steps=3, cache="none", decoding="quota").generate(w, pid, pm).response_ids,
+    )
     spy = Spy(w)
     fast(gen_length=12, block_length=4, steps=12, cache="dual", decoding="quota").generate(spy, pid, pm)
     cached = [c for c in spy.calls if c["past"] is not None]
@@ -260,23 +266,32 @@ class ShiftedToy(ToyWrapper):
 def shifted_toy():
     """The toy's module behind a wrapper whose logits are shifted by one (like Dream's)."""
     base = toy()
-    return ShiftedToy(family="toy", module=base.module, tokenizer=base.tokenizer, kind="masked",
-                      mask_token_id=base.mask_token_id, eos_token_id=base.eos_token_id,
-                      pad_token_id=base.pad_token_id, capabilities=base.capabilities)
+    return ShiftedToy(
+        family="toy",
+        module=base.module,
+        tokenizer=base.tokenizer,
+        kind="masked",
+        mask_token_id=base.mask_token_id,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+        capabilities=base.capabilities,
+    )
 
 
 def test_refresh_every_reruns_the_full_forward():
     w = toy()
     pid, pm = prompts(w)
     spy = Spy(w)
-    out = fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota",
-               refresh_every=3).generate(spy, pid, pm)
+    out = fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota", refresh_every=3).generate(
+        spy, pid, pm
+    )
     full = [c["past"] is None for c in spy.calls]
     assert full == [True, False, False] * 2 + [True, False] + [True, False, False] * 2 + [True, False]
     assert out.nfe == 16
     spy = Spy(w)
-    fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota",
-         refresh_every=1).generate(spy, pid, pm)
+    fast(gen_length=16, block_length=8, steps=16, cache="dual", decoding="quota", refresh_every=1).generate(
+        spy, pid, pm
+    )
     assert all(c["past"] is None for c in spy.calls)
 
 
@@ -287,8 +302,7 @@ def test_left_padding_is_never_attended(cache, decoding):
     """Batch > 1 with left padding: the pad ids' values cannot matter, rows are independent."""
     w = toy(sharp=3.0)
     pid, pm = prompts(w, b=3, pads=(3, 0, 5))
-    sampler = fast(gen_length=16, block_length=4, steps=16, cache=cache, decoding=decoding,
-                   threshold=0.5)
+    sampler = fast(gen_length=16, block_length=4, steps=16, cache=cache, decoding=decoding, threshold=0.5)
     out = sampler.generate(w, pid, pm, record=REVEAL)
     noisy = pid.clone()
     noisy[pm == 0] = torch.randint(4, 60, (int((pm == 0).sum()),), generator=torch.Generator().manual_seed(9))
@@ -317,8 +331,9 @@ def test_padding_mask_lists_cached_positions_first():
 def test_threshold_reveal_schedule_and_progress():
     w = toy(sharp=6.0)
     pid, pm = prompts(w)
-    out = fast(gen_length=16, block_length=4, cache="dual", decoding="threshold",
-               threshold=0.6).generate(w, pid, pm, record=REVEAL)
+    out = fast(gen_length=16, block_length=4, cache="dual", decoding="threshold", threshold=0.6).generate(
+        w, pid, pm, record=REVEAL
+    )
     r = out.reveal_step
     assert (r >= 0).all() and (r < out.num_steps).all()
     assert out.nfe == out.num_steps <= 16
@@ -333,8 +348,9 @@ def test_threshold_reveal_schedule_and_progress():
 def test_tiny_threshold_commits_a_whole_block_per_step():
     w = toy()
     pid, pm = prompts(w)
-    out = fast(gen_length=16, block_length=4, cache="dual", decoding="threshold",
-               threshold=1e-9).generate(w, pid, pm, record=REVEAL)
+    out = fast(gen_length=16, block_length=4, cache="dual", decoding="threshold", threshold=1e-9).generate(
+        w, pid, pm, record=REVEAL
+    )
     assert out.nfe == 4 and out.num_steps == 4
     assert torch.equal(out.reveal_step, torch.arange(4).repeat_interleave(4).expand(3, 16))
 
@@ -342,8 +358,7 @@ def test_tiny_threshold_commits_a_whole_block_per_step():
 def test_threshold_parallel_decoding_saves_forwards_on_a_confident_model():
     w = toy(sharp=20.0)
     pid, pm = prompts(w)
-    out = fast(gen_length=16, block_length=8, cache="dual", decoding="threshold",
-               threshold=0.9).generate(w, pid, pm)
+    out = fast(gen_length=16, block_length=8, cache="dual", decoding="threshold", threshold=0.9).generate(w, pid, pm)
     assert out.nfe < 16
 
 
@@ -354,12 +369,14 @@ def test_suppress_eos_and_truncate_at_eos():
     eos = w.eos_token_id
     with torch.no_grad():
         w.module.head.bias[eos] += 50.0  # EOS is everybody's favourite
-    plain = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota",
-                 truncate_at_eos=True).generate(w, pid, pm)
+    plain = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota", truncate_at_eos=True).generate(
+        w, pid, pm
+    )
     assert (plain.response_ids == eos).all()
     assert plain.response_mask.tolist() == [[1] + [0] * 7] * 3
-    never = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota",
-                 suppress_eos=True).generate(w, pid, pm)
+    never = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota", suppress_eos=True).generate(
+        w, pid, pm
+    )
     assert not (never.response_ids == eos).any()
     assert never.response_mask.sum() == 24
 
@@ -369,18 +386,22 @@ def test_stop_confidence_never_ranks_stop_tokens_last():
     pid, pm = prompts(w)
     with torch.no_grad():
         w.module.head.bias[w.eos_token_id] += 50.0
-    out = fast(gen_length=8, block_length=8, cache="dual", decoding="threshold", threshold=0.5,
-               stop_confidence="never").generate(w, pid, pm, record=REVEAL)
+    out = fast(
+        gen_length=8, block_length=8, cache="dual", decoding="threshold", threshold=0.5, stop_confidence="never"
+    ).generate(w, pid, pm, record=REVEAL)
     # EOS candidates are never >= threshold at -inf: one forced commit per step
     assert out.nfe == 8
 
 
 # --------------------------------------------------------------------------- config, capability
-@pytest.mark.parametrize("kw,needle", [
-    (dict(gen_length=10, block_length=4), "multiple of rollout.block_length"),
-    (dict(gen_length=16, block_length=4, steps=6, decoding="quota"), "multiple of the number of blocks"),
-    (dict(decoding="threshold", remasking="random"), "remasking"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(gen_length=10, block_length=4), "multiple of rollout.block_length"),
+        (dict(gen_length=16, block_length=4, steps=6, decoding="quota"), "multiple of the number of blocks"),
+        (dict(decoding="threshold", remasking="random"), "remasking"),
+    ],
+)
 def test_config_errors_name_the_fix(kw, needle):
     with pytest.raises(ValueError, match=needle):
         FastConfig(**kw)
@@ -421,8 +442,9 @@ def test_micro_batches_give_the_same_greedy_tokens_and_restore_training_mode():
     w.module.train()
     pid, pm = prompts(w)
     whole = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota").generate(w, pid, pm)
-    parts = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota",
-                 micro_batch_size=2).generate(w, pid, pm)
+    parts = fast(gen_length=8, block_length=4, steps=8, cache="dual", decoding="quota", micro_batch_size=2).generate(
+        w, pid, pm
+    )
     assert torch.equal(whole.response_ids, parts.response_ids)
     assert parts.nfe == 2 * whole.nfe
     assert w.module.training

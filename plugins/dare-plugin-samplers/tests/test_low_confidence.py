@@ -6,11 +6,9 @@ import math
 
 import pytest
 import torch
-
-import dare_plugin_samplers
 from torch import nn
 
-from dare_plugin_samplers import low_confidence as rollout_mod
+import dare_plugin_samplers
 from dare_plugin_samplers.low_confidence import (
     LowConfidenceConfig,
     LowConfidenceSampler,
@@ -144,8 +142,7 @@ def test_commit_mask_handles_excess_quota_and_minus_inf():
 # --------------------------------------------------------------------------- greedy structure
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 4, 8), (16, 8, 6), (8, 8, 3)])
 def test_greedy_follows_schedule_inside_the_current_block(gen_length, block_length, steps):
-    out, wrapper = _run(dict(gen_length=gen_length, block_length=block_length, steps=steps,
-                             temperature=0.0))
+    out, wrapper = _run(dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=0.0))
     b = out.response_ids.shape[0]
     spb = steps // (gen_length // block_length)
     rs = out.reveal_step
@@ -192,9 +189,7 @@ def test_steps_beyond_block_masks_are_skipped():
 
 
 # --------------------------------------------------------------------------- randomness
-@pytest.mark.parametrize(
-    "kwargs", [dict(temperature=1.0), dict(temperature=0.0, remasking="random")]
-)
+@pytest.mark.parametrize("kwargs", [dict(temperature=1.0), dict(temperature=0.0, remasking="random")])
 def test_sampling_is_reproducible_per_seed(kwargs):
     cfg = dict(gen_length=16, block_length=8, steps=8, **kwargs)
     a, _ = _run(cfg, seed=1)
@@ -202,11 +197,9 @@ def test_sampling_is_reproducible_per_seed(kwargs):
     c, _ = _run(cfg, seed=2)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.reveal_step, b.reveal_step)
-    assert not (torch.equal(a.response_ids, c.response_ids)
-                and torch.equal(a.reveal_step, c.reveal_step))
+    assert not (torch.equal(a.response_ids, c.response_ids) and torch.equal(a.reveal_step, c.reveal_step))
     greedy, _ = _run(dict(gen_length=16, block_length=8, steps=8, temperature=0.0))
-    assert not (torch.equal(a.response_ids, greedy.response_ids)
-                and torch.equal(a.reveal_step, greedy.reveal_step))
+    assert not (torch.equal(a.response_ids, greedy.response_ids) and torch.equal(a.reveal_step, greedy.reveal_step))
 
 
 # --------------------------------------------------------------------------- guidance, eos
@@ -261,11 +254,9 @@ def test_stop_confidence_commits_stop_tokens_last(rule):
 
 # --------------------------------------------------------------------------- padding, chunks
 def test_attention_mask_passed_only_with_padding():
-    _, wrapper = _run(dict(gen_length=8, block_length=8, steps=2, temperature=0.0),
-                      lengths=(5, 5))
+    _, wrapper = _run(dict(gen_length=8, block_length=8, steps=2, temperature=0.0), lengths=(5, 5))
     assert all(call["mask"] is None for call in wrapper.calls)
-    _, wrapper = _run(dict(gen_length=8, block_length=8, steps=2, temperature=0.0),
-                      lengths=(5, 2))
+    _, wrapper = _run(dict(gen_length=8, block_length=8, steps=2, temperature=0.0), lengths=(5, 2))
     masks = [call["mask"] for call in wrapper.calls]
     assert all(m is not None for m in masks)
     assert masks[0][1].tolist() == [0, 0, 0] + [1] * 10
@@ -278,9 +269,7 @@ def test_left_padded_row_equals_unpadded_prompt():
     wrapper = FakeWrapper()
     record = frozenset({"reveal_step"})
     batch = LowConfidenceSampler(cfg).generate(wrapper, ids, mask, record=record)
-    alone = LowConfidenceSampler(cfg).generate(
-        wrapper, ids[1:, 2:], mask[1:, 2:], record=record
-    )
+    alone = LowConfidenceSampler(cfg).generate(wrapper, ids[1:, 2:], mask[1:, 2:], record=record)
     assert wrapper.calls[-1]["mask"] is None
     assert torch.equal(batch.response_ids[1], alone.response_ids[0])
     assert torch.equal(batch.reveal_step[1], alone.reveal_step[0])
@@ -298,12 +287,9 @@ def test_micro_batches_match_one_batch_when_greedy():
 
 # --------------------------------------------------------------------------- masks, modes, errors
 def test_truncate_at_eos_response_mask():
-    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=4, block_length=4, steps=4,
-                                                       truncate_at_eos=True))
+    sampler = LowConfidenceSampler(LowConfidenceConfig(gen_length=4, block_length=4, steps=4, truncate_at_eos=True))
     resp = torch.tensor([[1, EOS, 2, EOS], [1, 2, 3, 4], [EOS, 1, 1, 1]])
-    assert sampler._response_mask(resp, EOS).tolist() == [
-        [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]
-    ]
+    assert sampler._response_mask(resp, EOS).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     cfg = dict(gen_length=16, block_length=8, steps=16, temperature=1.0)
     full, _ = _run(cfg, wrapper=FakeWrapper(eos_bias=4.0), seed=3, record=())
     assert full.reveal_step is None

@@ -61,8 +61,12 @@ def random_prompts(w, b: int = 3, p: int = 11, pads=(3, 0, 6)):
 
 def same(sampler_cls, config_cls, w, pid, pm, graphs="static", **kw):
     """Generate with ``graphs=eager`` and with ``graphs``; assert equal outputs; return them."""
-    outs = [sampler_cls(config_cls(**kw, graphs=g)).generate(
-        w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(7)) for g in ("eager", graphs)]
+    outs = [
+        sampler_cls(config_cls(**kw, graphs=g)).generate(
+            w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(7)
+        )
+        for g in ("eager", graphs)
+    ]
     eager, static = outs
     assert torch.equal(static.response_ids, eager.response_ids)
     assert torch.equal(static.response_mask, eager.response_mask)
@@ -86,8 +90,14 @@ FAST = [
 def test_fast_static_steps_give_the_eager_tokens(family, kw):
     w = bundled(family)
     pid, pm = random_prompts(w)
-    same(FastSampler, FastConfig, w, pid, pm, **{"gen_length": 16, "block_length": 8, "steps": 16,
-                                                  "temperature": 0.0, **kw})
+    same(
+        FastSampler,
+        FastConfig,
+        w,
+        pid,
+        pm,
+        **{"gen_length": 16, "block_length": 8, "steps": 16, "temperature": 0.0, **kw},
+    )
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -95,8 +105,19 @@ def test_fast_static_on_sudoku_prompts_with_stop_tokens(family):
     """Left-padded trained prompts whose responses end with EOS (truncated response masks)."""
     w = bundled(family)
     pid, pm = sudoku_prompts(w)
-    eager, _ = same(FastSampler, FastConfig, w, pid, pm, gen_length=40, block_length=8, steps=40,
-                    temperature=0.0, decoding="threshold", truncate_at_eos=True)
+    eager, _ = same(
+        FastSampler,
+        FastConfig,
+        w,
+        pid,
+        pm,
+        gen_length=40,
+        block_length=8,
+        steps=40,
+        temperature=0.0,
+        decoding="threshold",
+        truncate_at_eos=True,
+    )
     assert bool((eager.response_ids == w.eos_token_id).any())
     assert int(eager.response_mask.sum()) < eager.response_mask.numel()
 
@@ -105,10 +126,20 @@ def test_fast_captures_are_reused_and_reset():
     """A second call with other prompts of the same shape reuses the buffers and still gives
     the eager tokens; micro-batches of two shapes get one capture each."""
     w = bundled("llada")
-    sampler = FastSampler(FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0,
-                                     decoding="quota", graphs="static", micro_batch_size=2))
-    eager = FastSampler(FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0,
-                                   decoding="quota", graphs="eager"))
+    sampler = FastSampler(
+        FastConfig(
+            gen_length=16,
+            block_length=8,
+            steps=16,
+            temperature=0.0,
+            decoding="quota",
+            graphs="static",
+            micro_batch_size=2,
+        )
+    )
+    eager = FastSampler(
+        FastConfig(gen_length=16, block_length=8, steps=16, temperature=0.0, decoding="quota", graphs="eager")
+    )
     for seed in (0, 1):
         pid, pm = random_prompts(w)
         pid = pid.roll(seed, dims=1).masked_fill(pm == 0, w.pad_token_id)
@@ -124,8 +155,14 @@ class Spy:
 
     def forward_cached(self, input_ids, **kw):
         past, mask = kw.get("past_key_values"), kw.get("attention_mask")
-        self.calls.append((tuple(input_ids.shape), None if not past else tuple(past[0][0].shape),
-                           None if mask is None else tuple(mask.shape), kw.get("use_cache")))
+        self.calls.append(
+            (
+                tuple(input_ids.shape),
+                None if not past else tuple(past[0][0].shape),
+                None if mask is None else tuple(mask.shape),
+                kw.get("use_cache"),
+            )
+        )
         return self._inner.forward_cached(input_ids, **kw)
 
     def __getattr__(self, name):
@@ -137,8 +174,9 @@ def test_fast_static_steps_have_two_shapes():
     block it serves; the eager dual cache has the same two."""
     w = Spy(bundled("llada"))
     pid, pm = random_prompts(w)
-    FastSampler(FastConfig(gen_length=24, block_length=8, steps=24, temperature=0.0, decoding="quota",
-                           graphs="static")).generate(w, pid, pm)
+    FastSampler(
+        FastConfig(gen_length=24, block_length=8, steps=24, temperature=0.0, decoding="quota", graphs="static")
+    ).generate(w, pid, pm)
     assert len(set(w.calls)) == 2 and len(w.calls) == 24
 
 
@@ -147,8 +185,9 @@ def test_block_static_steps_have_fixed_shapes():
     prefill and the one-token probe that sizes the buffer differ."""
     w = Spy(bundled("sdar"))
     pid, pm = random_prompts(w)
-    BlockSampler(BlockRolloutConfig(gen_length=24, steps=4, temperature=0.0, stop_at_stop_token=False,
-                                    graphs="static")).generate(w, pid, pm)
+    BlockSampler(
+        BlockRolloutConfig(gen_length=24, steps=4, temperature=0.0, stop_at_stop_token=False, graphs="static")
+    ).generate(w, pid, pm)
     probe, prefill, *steps = w.calls
     assert probe[0][1] == 1 and prefill[1] is None
     assert len(set(steps)) == 2  # block logits, commit
@@ -164,13 +203,22 @@ BLOCK = [
 ]
 
 
-@pytest.mark.parametrize("family,kw", [("sdar", kw) for kw in BLOCK] + [("llada2", BLOCK[0]), ("llada2", BLOCK[3])],
-                         ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+@pytest.mark.parametrize(
+    "family,kw",
+    [("sdar", kw) for kw in BLOCK] + [("llada2", BLOCK[0]), ("llada2", BLOCK[3])],
+    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default",
+)
 def test_block_static_steps_give_the_eager_tokens(family, kw):
     w = bundled(family)
     pid, pm = random_prompts(w, p=13, pads=(3, 0, 9))
-    same(BlockSampler, BlockRolloutConfig, w, pid, pm,
-         **{"gen_length": 24, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False, **kw})
+    same(
+        BlockSampler,
+        BlockRolloutConfig,
+        w,
+        pid,
+        pm,
+        **{"gen_length": 24, "steps": 4, "temperature": 0.0, "stop_at_stop_token": False, **kw},
+    )
 
 
 @pytest.mark.parametrize("family", ["sdar", "llada2"])
@@ -178,8 +226,9 @@ def test_block_static_stops_early_like_eager(family):
     """Sudoku prompts: every row emits a stop token, the remaining blocks are skipped."""
     w = bundled(family)
     pid, pm = sudoku_prompts(w)
-    eager, _ = same(BlockSampler, BlockRolloutConfig, w, pid, pm, gen_length=64, steps=4,
-                    temperature=0.0, stop_at_stop_token=True)
+    eager, _ = same(
+        BlockSampler, BlockRolloutConfig, w, pid, pm, gen_length=64, steps=4, temperature=0.0, stop_at_stop_token=True
+    )
     full = -(-(int((pm.sum(1) % w.block_size).max()) + 64) // w.block_size) * 4
     assert eager.num_steps < full
 
@@ -187,13 +236,14 @@ def test_block_static_stops_early_like_eager(family):
 def test_block_static_resume_reproduces_the_uninterrupted_run():
     w = bundled("sdar")
     pid, pm = random_prompts(w, p=13, pads=(3, 0, 9))
-    sampler = BlockSampler(BlockRolloutConfig(gen_length=24, steps=4, temperature=0.0,
-                                              stop_at_stop_token=False, graphs="static"))
+    sampler = BlockSampler(
+        BlockRolloutConfig(gen_length=24, steps=4, temperature=0.0, stop_at_stop_token=False, graphs="static")
+    )
     full = sampler.generate(w, pid, pm)
-    half = sampler.continue_from(w, pid, pm, torch.full_like(full.response_ids, w.mask_token_id),
-                                 start_step=0, stop_step=10)
-    rest = sampler.continue_from(w, pid, pm, half.response_ids, start_step=10,
-                                 stop_step=sampler.total_steps(w, pm))
+    half = sampler.continue_from(
+        w, pid, pm, torch.full_like(full.response_ids, w.mask_token_id), start_step=0, stop_step=10
+    )
+    rest = sampler.continue_from(w, pid, pm, half.response_ids, start_step=10, stop_step=sampler.total_steps(w, pm))
     assert torch.equal(rest.response_ids, full.response_ids)
 
 
@@ -251,8 +301,12 @@ def test_fast_cuda_graphs_give_the_eager_tokens(family, kw):
         out = sampler.generate(w, pid, pm, record=REVEAL, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(out.response_ids, ref.response_ids) and torch.equal(out.reveal_step, ref.reveal_step)
         assert out.nfe == ref.nfe
-    assert all(step.graph is not None for ses in sampler._static_captures._items.values()
-               for step in (ses.full, ses.cached) if step.inputs)
+    assert all(
+        step.graph is not None
+        for ses in sampler._static_captures._items.values()
+        for step in (ses.full, ses.cached)
+        if step.inputs
+    )
 
 
 @cuda
@@ -292,13 +346,34 @@ def test_cuda_graphs_refuse_a_forward_that_synchronises():
 def test_fast_compiled_steps_give_the_eager_tokens():
     w = bundled("llada")
     pid, pm = random_prompts(w)
-    same(FastSampler, FastConfig, w, pid, pm, graphs="compile", gen_length=16, block_length=8,
-         steps=16, temperature=0.8, decoding="quota")
+    same(
+        FastSampler,
+        FastConfig,
+        w,
+        pid,
+        pm,
+        graphs="compile",
+        gen_length=16,
+        block_length=8,
+        steps=16,
+        temperature=0.8,
+        decoding="quota",
+    )
 
 
 @pytest.mark.slow
 def test_block_compiled_steps_give_the_eager_tokens():
     w = bundled("sdar")
     pid, pm = random_prompts(w, p=13, pads=(3, 0, 9))
-    same(BlockSampler, BlockRolloutConfig, w, pid, pm, graphs="compile", gen_length=16, steps=4,
-         temperature=0.8, stop_at_stop_token=False)
+    same(
+        BlockSampler,
+        BlockRolloutConfig,
+        w,
+        pid,
+        pm,
+        graphs="compile",
+        gen_length=16,
+        steps=4,
+        temperature=0.8,
+        stop_at_stop_token=False,
+    )

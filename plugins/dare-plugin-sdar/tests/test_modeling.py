@@ -16,15 +16,25 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
+from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM, SDARModel, SDARRMSNorm
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM, SDARMoeModel, SDARMoeSparseMoeBlock, route
-from dare_plugin_sdar.hf import register_auto_classes
 
 register_auto_classes()  # AutoConfig / AutoModel* resolve the native classes
 
-DENSE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-             mask_token_id=96, eos_token_id=1, bos_token_id=1)
+DENSE = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    mask_token_id=96,
+    eos_token_id=1,
+    bos_token_id=1,
+)
 MOE = dict(DENSE, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24)
 
 
@@ -103,7 +113,7 @@ def reference_logits(sd, cfg, ids, mask, pos, moe=False):
         heads = []
         for head in range(H):
             kvh = head // (H // KV)
-            s = q[:, head] @ k[:, kvh].transpose(-1, -2) / hd ** 0.5
+            s = q[:, head] @ k[:, kvh].transpose(-1, -2) / hd**0.5
             s = s.masked_fill(~mask[:, 0], float("-inf"))
             heads.append(torch.softmax(s, -1) @ v[:, kvh])
         a = torch.stack(heads, 1).transpose(1, 2).reshape(B, L, H * hd)
@@ -142,7 +152,7 @@ def test_head_dim_is_explicit(dense):
     attn = dense.model.layers[0].self_attn
     assert attn.q_proj.weight.shape == (64, 48) and attn.k_proj.weight.shape == (32, 48)
     assert attn.o_proj.weight.shape == (48, 64) and attn.q_norm.weight.shape == (16,)
-    assert attn.scaling == 16 ** -0.5
+    assert attn.scaling == 16**-0.5
 
 
 def test_qk_norm_is_applied_before_rope(dense):
@@ -259,8 +269,12 @@ def test_kv_cache_contract(dense):
     with torch.no_grad():
         full = dense(ids, attention_mask=full_mask, use_cache=True)
         pre = dense(ids[:, :8], attention_mask=full_mask[:, :, :8, :8], position_ids=pos[:, :8], use_cache=True)
-        nxt = dense(ids[:, 8:], attention_mask=torch.ones(2, 1, 4, 12, dtype=torch.bool),
-                    past_key_values=pre.past_key_values, use_cache=True)  # positions default to 8..11
+        nxt = dense(
+            ids[:, 8:],
+            attention_mask=torch.ones(2, 1, 4, 12, dtype=torch.bool),
+            past_key_values=pre.past_key_values,
+            use_cache=True,
+        )  # positions default to 8..11
     torch.testing.assert_close(nxt.logits, full.logits[:, 8:], rtol=1e-5, atol=1e-5)
     assert len(nxt.past_key_values) == 2
     k, v = nxt.past_key_values[1]
@@ -338,17 +352,45 @@ def test_published_config_loads_without_remote_code(tmp_path):
     """A config.json with the published SDAR-4B field names (sizes shrunk) and its auto_map."""
     cfg = {
         "architectures": ["SDARForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
-                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
-        "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
-        "bos_token_id": 5, "debug": False, "eos_token_id": 5, "block_size": 4, "mask_token_id": 7,
-        "ep_size": 1, "fuse_cross_entropy": True, "head_dim": 16, "hidden_act": "silu", "hidden_size": 40,
-        "initializer_range": 0.02, "intermediate_size": 64, "max_position_embeddings": 512,
-        "max_window_layers": 2, "micro_forward": False, "model_type": "sdar", "num_attention_heads": 4,
-        "num_hidden_layers": 1, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
-        "rope_theta": 1000000, "skip_checkpoint": False, "sliding_window": None,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.52.4",
-        "use_cache": False, "use_deepep": False, "use_sliding_window": False, "vocab_size": 64,
+        "auto_map": {
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModel": "modeling_sdar.SDARModel",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_implementation": "flex_attention",
+        "bos_token_id": 5,
+        "debug": False,
+        "eos_token_id": 5,
+        "block_size": 4,
+        "mask_token_id": 7,
+        "ep_size": 1,
+        "fuse_cross_entropy": True,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "hidden_size": 40,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "max_position_embeddings": 512,
+        "max_window_layers": 2,
+        "micro_forward": False,
+        "model_type": "sdar",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "skip_checkpoint": False,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.52.4",
+        "use_cache": False,
+        "use_deepep": False,
+        "use_sliding_window": False,
+        "vocab_size": 64,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     conf = AutoConfig.from_pretrained(tmp_path)

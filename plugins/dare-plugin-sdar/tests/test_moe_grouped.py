@@ -9,29 +9,43 @@ from transformers import AutoModelForCausalLM
 
 from dare_core.api import DareError
 from dare_nn import moe
+from dare_nn.testing.equality import all_grads, rel, run_experts
 from dare_plugin_sdar.configuration_sdar import SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM, SDARMoeSparseMoeBlock
-from dare_nn.testing.equality import all_grads, rel, run_experts
 
 register_auto_classes()
 
 REL = 1e-6
-BASE = dict(vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, rope_theta=10000.0, mask_token_id=96, eos_token_id=1,
-            bos_token_id=1, moe_intermediate_size=24)
+BASE = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rope_theta=10000.0,
+    mask_token_id=96,
+    eos_token_id=1,
+    bos_token_id=1,
+    moe_intermediate_size=24,
+)
 
 
 def run(module, impl, fn):
     return run_experts(module, SDARMoeSparseMoeBlock, impl, fn)
 
 
-@pytest.mark.parametrize("experts,top_k,tokens,norm", [(4, 1, 1, True), (8, 2, 9, True), (16, 8, 5, False),
-                                                       (32, 8, 2, True), (6, 2, 24, False)])
+@pytest.mark.parametrize(
+    "experts,top_k,tokens,norm",
+    [(4, 1, 1, True), (8, 2, 9, True), (16, 8, 5, False), (32, 8, 2, True), (6, 2, 24, False)],
+)
 def test_block_grouped_equals_loop(experts, top_k, tokens, norm):
     torch.manual_seed(experts + top_k)
-    block = SDARMoeSparseMoeBlock(SDARMoeConfig(**BASE, num_experts=experts, num_experts_per_tok=top_k,
-                                                norm_topk_prob=norm))
+    block = SDARMoeSparseMoeBlock(
+        SDARMoeConfig(**BASE, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=norm)
+    )
     x = torch.randn(1, tokens, 32)
     probe = torch.randn(1, tokens, 32)
 
@@ -69,8 +83,12 @@ def test_default_is_grouped_names_unchanged_and_checkpoint_round_trip(tmp_path):
     block = model.model.layers[0].mlp
     assert block.experts_impl == "grouped" and block.grouped()
     names = [n for n, _ in model.named_parameters() if ".mlp." in n and "layers.0." in n]
-    assert names[:4] == ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.0.gate_proj.weight",
-                         "model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.mlp.experts.0.down_proj.weight"]
+    assert names[:4] == [
+        "model.layers.0.mlp.gate.weight",
+        "model.layers.0.mlp.experts.0.gate_proj.weight",
+        "model.layers.0.mlp.experts.0.up_proj.weight",
+        "model.layers.0.mlp.experts.0.down_proj.weight",
+    ]
     # built packed: each projection group of the experts is one buffer the GEMMs read as a view
     gate0 = block.experts[0].gate_proj.weight
     assert block.experts[3].up_proj.weight.untyped_storage().data_ptr() == gate0.untyped_storage().data_ptr()
@@ -80,8 +98,10 @@ def test_default_is_grouped_names_unchanged_and_checkpoint_round_trip(tmp_path):
     for (n, p), q in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(p, q), n
     blk = again.model.layers[1].mlp
-    assert blk.experts[2].down_proj.weight.untyped_storage().data_ptr() == \
-        blk.experts[0].down_proj.weight.untyped_storage().data_ptr()  # packed again by .to()
+    assert (
+        blk.experts[2].down_proj.weight.untyped_storage().data_ptr()
+        == blk.experts[0].down_proj.weight.untyped_storage().data_ptr()
+    )  # packed again by .to()
     ids = torch.randint(2, 90, (1, 6))
     mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
     with torch.no_grad():

@@ -23,8 +23,17 @@ from dare_plugin_sdar.wrapper import BUNDLED, SDARWrapper
 
 V = 128
 PACKABLE = sdar_wrapper.CAPABILITIES | {"packed_varlen"}
-SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
-             intermediate_size=48, vocab_size=V, max_position_embeddings=256, eos_token_id=V - 2)
+SIZES = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=2,
+    intermediate_size=48,
+    vocab_size=V,
+    max_position_embeddings=256,
+    eos_token_id=V - 2,
+)
 #: (prompt, response) per row: left-padded prompts, one-token responses, a row filling the width
 LENGTHS = ((4, 12), (9, 3), (2, 20), (6, 7), (3, 1), (9, 20), (1, 1))
 
@@ -32,12 +41,22 @@ LENGTHS = ((4, 12), (9, 3), (2, 20), (6, 7), (3, 1), (9, 20), (1, 1))
 def _wrapper(moe: bool, attention: str, cross_entropy: str) -> SDARWrapper:
     torch.manual_seed(0)
     if moe:
-        module = SDARMoeForCausalLM(SDARMoeConfig(**SIZES, num_experts=4, num_experts_per_tok=2,
-                                                  moe_intermediate_size=16))
+        module = SDARMoeForCausalLM(
+            SDARMoeConfig(**SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        )
     else:
         module = SDARForCausalLM(SDARConfig(**SIZES, block_size=4, mask_token_id=V - 1))
-    w = SDARWrapper(family="sdar", module=module, tokenizer=None, kind="block", mask_token_id=V - 1,
-                    eos_token_id=V - 2, pad_token_id=V - 2, capabilities=PACKABLE, block_size=4)
+    w = SDARWrapper(
+        family="sdar",
+        module=module,
+        tokenizer=None,
+        kind="block",
+        mask_token_id=V - 1,
+        eos_token_id=V - 2,
+        pad_token_id=V - 2,
+        capabilities=PACKABLE,
+        block_size=4,
+    )
     paths = configure_training_paths(w, attention, cross_entropy, "cpu")
     assert (paths.attention, paths.fused_ce) == (attention, cross_entropy == "fused")
     return w
@@ -45,7 +64,6 @@ def _wrapper(moe: bool, attention: str, cross_entropy: str) -> SDARWrapper:
 
 def _batch() -> SequenceBatch:
     return ragged_batch(LENGTHS, V, pad=V - 2)
-
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["sdar", "sdar_moe"])
@@ -66,9 +84,29 @@ def test_one_step_sft_trains_on_packed_rows(tmp_path, monkeypatch):
 def test_bench_measures_packed_against_padded(monkeypatch, capsys):
     bench = pytest.importorskip("dare_plugin_bench.train")
     monkeypatch.setattr(sdar_wrapper, "CAPABILITIES", PACKABLE)
-    rc = bench.main(["--part", "packing", "--model", "sdar", "--batch", "4", "--prompt-length", "16",
-                     "--min-response", "4", "--max-response", "40", "--repeats", "1", "--warmup", "0",
-                     "--threads", "1"], dare=build_for(dare_plugin_sdar))
+    rc = bench.main(
+        [
+            "--part",
+            "packing",
+            "--model",
+            "sdar",
+            "--batch",
+            "4",
+            "--prompt-length",
+            "16",
+            "--min-response",
+            "4",
+            "--max-response",
+            "40",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+        ],
+        dare=build_for(dare_plugin_sdar),
+    )
     assert rc == 0
     pk = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["packing"]
     rows, width = pk["packed_shape"]

@@ -9,14 +9,21 @@ import torch
 from click.testing import CliRunner
 
 import dare_plugin_sdar
-from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_core.testing.contracts import ModelFamilyContract
 from dare_core.workflows.batching import left_pad
+from dare_plugin_samplers.block import BlockRolloutConfig, BlockSampler
 from dare_plugin_sdar.wrapper import create, load
 
 TEXTS = ["Solve the puzzle: 3102", "<answer>\n3142\n</answer>", "hello world 1234"] * 20
-SIZES = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=24,
-             num_hidden_layers=2, intermediate_size=48, vocab_size=320)
+SIZES = dict(
+    hidden_size=32,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=24,
+    num_hidden_layers=2,
+    intermediate_size=48,
+    vocab_size=320,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +38,7 @@ def ckpt(tmp_path_factory):
 def moe_ckpt(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("sdar_moe") / "tiny")
     torch.manual_seed(0)
-    create(out, TEXTS, model_type="sdar_moe", num_experts=4, num_experts_per_tok=2,
-           moe_intermediate_size=16, **SIZES)
+    create(out, TEXTS, model_type="sdar_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, **SIZES)
     return out
 
 
@@ -128,8 +134,9 @@ def test_denoise_logits_use_the_bd3lm_layout(w):
     with torch.no_grad():
         got = w.denoise_logits(noisy, valid, clean)
         pos = (valid.cumsum(1) - 1).clamp_min(0) * valid
-        want = w.module(torch.cat([noisy, clean], 1), attention_mask=_hand_bd3lm(valid, 4),
-                        position_ids=torch.cat([pos, pos], 1)).logits[:, :L]
+        want = w.module(
+            torch.cat([noisy, clean], 1), attention_mask=_hand_bd3lm(valid, 4), position_ids=torch.cat([pos, pos], 1)
+        ).logits[:, :L]
         hidden = w.denoise_hidden(noisy, valid, clean)
     real = valid.bool()
     torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
@@ -148,13 +155,14 @@ def test_denoise_logits_use_the_bd3lm_layout(w):
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_block_generation_cache_equals_no_cache(which, w, moe_ckpt):
     wr = w if which == "dense" else load(moe_ckpt)
-    prompts = [wr.encode(wr.render_prompt([{"role": "user", "content": t}]))
-               for t in ("Solve the puzzle: 3102", "hi", "hello world 1234 5")]
+    prompts = [
+        wr.encode(wr.render_prompt([{"role": "user", "content": t}]))
+        for t in ("Solve the puzzle: 3102", "hi", "hello world 1234 5")
+    ]
     pid, pmask = left_pad(prompts, wr.pad_token_id)
     outs = []
     for cache in (True, False):
-        cfg = BlockRolloutConfig(gen_length=12, steps=4, temperature=0.0, use_cache=cache,
-                                 stop_at_stop_token=False)
+        cfg = BlockRolloutConfig(gen_length=12, steps=4, temperature=0.0, use_cache=cache, stop_at_stop_token=False)
         outs.append(BlockSampler(cfg).generate(wr, pid, pmask, record=frozenset({"reveal_step"})))
     assert torch.equal(outs[0].response_ids, outs[1].response_ids)
     assert torch.equal(outs[0].reveal_step, outs[1].reveal_step)
@@ -181,8 +189,10 @@ def test_dare_generate_cli(ckpt, monkeypatch):
 
     dare = build_for(dare_plugin_sdar)
     monkeypatch.setattr(cli_mod, "_dare", lambda: dare)
-    result = CliRunner().invoke(cli_mod.cli, ["generate", "--model", "sdar", "--prompt", "Solve 1 + 2",
-                                              f"model.path={ckpt}", "rollout.gen_length=8"])
+    result = CliRunner().invoke(
+        cli_mod.cli,
+        ["generate", "--model", "sdar", "--prompt", "Solve 1 + 2", f"model.path={ckpt}", "rollout.gen_length=8"],
+    )
     assert result.exit_code == 0, result.output
     assert result.output.strip().endswith("---")
 

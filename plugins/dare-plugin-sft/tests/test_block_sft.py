@@ -9,8 +9,8 @@ import dare_plugin_sft
 from dare_core.components import ComponentLookup, RandomRatioMasking
 from dare_core.config.structure import structure
 from dare_core.interfaces import Corrupted, SequenceBatch
-from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper
+from dare_core.testing.registries import build_for
 from dare_nn.block import bd3lm_mask, block_index
 from dare_nn.testing.toy_block import make_toy_block_wrapper
 from dare_plugin_sft.block import BlockDiffusionMasking, BlockDiffusionNELBO, choose_masks
@@ -34,10 +34,12 @@ def _batch(w):
 def test_choose_masks_retry_rule():
     eligible = torch.tensor([[False, True, True, True], [True, True, False, False], [False] * 4])
     t = torch.tensor([[0.1, 0.5, 0.9], [0.2, 0.6, 0.9]])  # [T=2, N=3]
-    draws = torch.tensor([
-        [[0.0, 0.9, 0.9, 0.9], [0.7, 0.1, 0.0, 0.0], [0.0] * 4],  # try 0: row0 none, row1 pos 1
-        [[0.0, 0.9, 0.3, 0.9], [0.0, 0.0, 0.0, 0.0], [0.0] * 4],  # try 1: row0 none either
-    ])
+    draws = torch.tensor(
+        [
+            [[0.0, 0.9, 0.9, 0.9], [0.7, 0.1, 0.0, 0.0], [0.0] * 4],  # try 0: row0 none, row1 pos 1
+            [[0.0, 0.9, 0.3, 0.9], [0.0, 0.0, 0.0, 0.0], [0.0] * 4],  # try 1: row0 none either
+        ]
+    )
     masked, tt = choose_masks(t, draws, eligible, torch.tensor([0.7, 0.0, 0.5]))
     # row 0: no try hits -> last try's t (0.2) and the floor(0.7 * 3) = 2nd eligible (position 3) forced
     assert masked[0].tolist() == [False, False, False, True] and tt[0].item() == pytest.approx(0.2)
@@ -53,7 +55,7 @@ def test_block_corruption_masks_only_trained_response_tokens():
     c = BlockDiffusionMasking(eps=1e-3, mc_num=3)(w, batch, torch.Generator().manual_seed(0))
     assert c.noisy_ids.shape == (3, 2, batch.input_ids.shape[1])
     eligible = torch.zeros_like(batch.input_ids, dtype=torch.bool)
-    eligible[:, batch.prompt_len:] = batch.response_mask.bool()
+    eligible[:, batch.prompt_len :] = batch.response_mask.bool()
     assert not (c.masked & ~eligible).any()
     assert c.masked.any(-1).all()  # at least one per row
     assert torch.equal(c.noisy_ids[c.masked], torch.full((int(c.masked.sum()),), w.mask_token_id))
@@ -71,8 +73,12 @@ def test_block_loss_hand_computed():
     logp = torch.tensor([[[0.0, -1.0, -2.0, 0.0], [0.0, 0.0, -0.5, 0.0]]])
     masked = torch.tensor([[[False, True, True, False], [False, False, True, False]]])
     p = torch.tensor([[[0.0, 0.5, 0.5, 0.5], [0.0, 0.25, 0.25, 0.25]]])
-    c = Corrupted(torch.zeros(1, 2, 4, dtype=torch.long), masked, p,
-                  {"t": torch.tensor([[0.5, 0.25]]), "answer_len": torch.tensor([[3.0, 3.0]])})
+    c = Corrupted(
+        torch.zeros(1, 2, 4, dtype=torch.long),
+        masked,
+        p,
+        {"t": torch.tensor([[0.5, 0.25]]), "answer_len": torch.tensor([[3.0, 3.0]])},
+    )
     batch = SequenceBatch(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), 1)
     loss, m = BlockDiffusionNELBO()(logp, c, batch)  # 6 trained response tokens
     assert loss.item() == pytest.approx((1.0 / 0.5 + 2.0 / 0.5 + 0.5 / 0.25) / 6, rel=1e-6)
@@ -110,8 +116,9 @@ def test_block_sft_step_equals_hand_computed_bd3lm_loss(components):
     mask = bd3lm_mask(block_index(pos, 4), att)
     noisy = c.noisy_ids[0]
     with torch.no_grad():
-        logits = w.module(torch.cat([noisy, ids], 1), attention_mask=mask,
-                          position_ids=torch.cat([pos, pos], 1)).logits[:, :L]
+        logits = w.module(
+            torch.cat([noisy, ids], 1), attention_mask=mask, position_ids=torch.cat([pos, pos], 1)
+        ).logits[:, :L]
     lsm = torch.log_softmax(logits.float(), -1)
     total = 0.0
     for b in range(B):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import dare_plugin_sft
+from dare_core.api import sum_totals
 from dare_core.interfaces import Corrupted, SequenceBatch
 from dare_core.testing import make_toy_wrapper
 from dare_core.testing.contracts import AlgorithmContract
-from dare_core.api import sum_totals
 from dare_plugin_sft.block import BlockDiffusionNELBO
 from dare_plugin_sft.objective import NELBOLoss, SFTConfig, make_collate
 from dare_plugin_sft.uniform import UniformDiffusionCE
@@ -69,8 +69,11 @@ def test_sft_gradient_matches_weighted_ce():
     torch.testing.assert_close(loss, manual, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("loss_fn", [NELBOLoss(), BlockDiffusionNELBO("elbo"), BlockDiffusionNELBO("none"),
-                                     UniformDiffusionCE()], ids=["nelbo", "block-elbo", "block-none", "uniform"])
+@pytest.mark.parametrize(
+    "loss_fn",
+    [NELBOLoss(), BlockDiffusionNELBO("elbo"), BlockDiffusionNELBO("none"), UniformDiffusionCE()],
+    ids=["nelbo", "block-elbo", "block-none", "uniform"],
+)
 def test_loss_is_the_step_loss_for_every_split(loss_fn):
     """Calls on parts of the rows with the summed totals add up to the whole batch's loss and
     gradient (fp64), on rows of different lengths, two Monte-Carlo rows."""
@@ -84,8 +87,12 @@ def test_loss_is_the_step_loss_for_every_split(loss_fn):
     t = torch.rand(M, B, generator=g, dtype=torch.float64) * 0.9 + 0.1
     masked = (torch.rand(M, B, P + R, generator=g, dtype=torch.float64) < t[:, :, None]) & valid
     p_mask = torch.where(valid, t[:, :, None], torch.zeros((), dtype=torch.float64))
-    c = Corrupted(torch.zeros(M, B, P + R, dtype=torch.long), masked, p_mask,
-                  {"t": t, "answer_len": valid.sum(-1).double().expand(M, B)})
+    c = Corrupted(
+        torch.zeros(M, B, P + R, dtype=torch.long),
+        masked,
+        p_mask,
+        {"t": t, "answer_len": valid.sum(-1).double().expand(M, B)},
+    )
     full = -torch.rand(M, B, P + R, generator=g, dtype=torch.float64)
     logp = full[:, :, P:] if isinstance(loss_fn, UniformDiffusionCE) else full * masked
 

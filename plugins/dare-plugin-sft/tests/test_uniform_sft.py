@@ -44,8 +44,9 @@ def _uniform_toy():
 
 
 def _batch(w):
-    return make_collate(SFTConfig(response_length=7))([[10, 11, 12, 13, 14], [20, 21]],
-                                                      [[30, 31, 32], [40, 41, 42, 43, 44, 45]], w)
+    return make_collate(SFTConfig(response_length=7))(
+        [[10, 11, 12, 13, 14], [20, 21]], [[30, 31, 32], [40, 41, 42, 43, 44, 45]], w
+    )
 
 
 def test_registration(dare):
@@ -57,8 +58,9 @@ def test_registration(dare):
 
 def test_flat_cross_entropy_hand_computed():
     logp = torch.tensor([[[-1.0, -2.0, -3.0], [-0.5, -4.0, 0.0]]])  # [M=1, B=2, R=3]
-    batch = SequenceBatch(torch.zeros(2, 5, dtype=torch.long),
-                          torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]), prompt_len=2)
+    batch = SequenceBatch(
+        torch.zeros(2, 5, dtype=torch.long), torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]), prompt_len=2
+    )
     masked = torch.zeros(1, 2, 5, dtype=torch.bool)
     masked[0, 0, 3] = masked[0, 1, 2] = True
     c = Corrupted(torch.zeros(1, 2, 5, dtype=torch.long), masked, masked.float(), {})
@@ -73,8 +75,8 @@ def test_uniform_noise_models_get_the_flat_objective(components):
     c = components.corruption(w, batch, torch.Generator().manual_seed(0))
     assert c.extras["target_tokens"][0].tolist() == [7.0, 7.0] and "answer_len" not in c.extras
     assert not (c.noisy_ids == w.mask_token_id).any()  # the wrapper's noise, not the MASK token
-    resp = c.noisy_ids[0, :, batch.prompt_len:] != batch.response_ids
-    assert resp.any() and not (c.noisy_ids[0, :, :batch.prompt_len] != batch.input_ids[:, :batch.prompt_len]).any()
+    resp = c.noisy_ids[0, :, batch.prompt_len :] != batch.response_ids
+    assert resp.any() and not (c.noisy_ids[0, :, : batch.prompt_len] != batch.input_ids[:, : batch.prompt_len]).any()
     logp = components.estimator(w, batch, c)
     torch.testing.assert_close(logp, ResponseTokenLogProb()(w, batch, c))
     loss, m = components.loss(logp, c, batch)

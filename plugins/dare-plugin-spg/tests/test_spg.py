@@ -77,13 +77,14 @@ def test_eubo_averages_rows_inside_the_log():
     targets = torch.tensor([[[True, False]], [[True, True]]])
     _, eubo, _ = spg_bounds(p.log(), targets, torch.tensor([2]), 2.0)
     t = torch.tensor([0.5, 1.0])
-    q0 = (0.5 ** 2 / t[0] + 0.2 ** 2 / t[1]) / 2
-    q1 = (0.4 ** 2 / t[1]) / 2
+    q0 = (0.5**2 / t[0] + 0.2**2 / t[1]) / 2
+    q1 = (0.4**2 / t[1]) / 2
     assert eubo.item() == pytest.approx((math.log(q0) + math.log(q1)) / 2 / 2.0, rel=1e-6)
 
 
-@pytest.mark.parametrize("adv,mask_sum,branch", [(1.0, 4, "elbo"), (0.0, 4, "lower"), (-1.0, 4, "lower"),
-                                                  (1.0, 0, "lower")])
+@pytest.mark.parametrize(
+    "adv,mask_sum,branch", [(1.0, 4, "elbo"), (0.0, 4, "lower"), (-1.0, 4, "lower"), (1.0, 0, "lower")]
+)
 def test_sign_rule(adv, mask_sum, branch):
     mask = torch.zeros(1, 4)  # bounds: ELBO -1, EUBO -3, mix -2
     mask[0, :mask_sum] = 1
@@ -112,7 +113,7 @@ def test_negative_branch_modes(mode, expect):
 def _batch(B, P=4, R=8, Lv=6):
     ids = torch.randint(10, 40, (B, P + R), generator=torch.Generator().manual_seed(0))
     att = torch.ones(B, P + R, dtype=torch.long)
-    att[:, P + Lv:] = 0
+    att[:, P + Lv :] = 0
     return SequenceBatch(ids, att, P)
 
 
@@ -161,8 +162,14 @@ def test_more_rows_than_blocks_and_estimator_matches_direct_computation():
     c = BlockWiseMasking(mc_num=5, block_length=4)(w, batch, torch.Generator().manual_seed(0))
     out = SPGBounds(1.5)(w, batch, c)
     assert out.shape == (2 + 5, 3)
-    lp = torch.stack([torch.log_softmax(w.logits(c.noisy_ids[m], batch.attention_mask).float(), -1)
-                      .gather(-1, batch.input_ids[..., None])[..., 0][:, 4:] for m in range(5)])
+    lp = torch.stack(
+        [
+            torch.log_softmax(w.logits(c.noisy_ids[m], batch.attention_mask).float(), -1).gather(
+                -1, batch.input_ids[..., None]
+            )[..., 0][:, 4:]
+            for m in range(5)
+        ]
+    )
     targets = c.masked[:, :, 4:] & batch.response_mask.bool()[None]
     elbo, eubo, rows = spg_bounds(lp, targets, batch.response_mask.sum(-1), 1.5)
     torch.testing.assert_close(out, torch.cat([elbo[None], eubo[None], rows]), rtol=1e-5, atol=1e-5)
@@ -170,8 +177,9 @@ def test_more_rows_than_blocks_and_estimator_matches_direct_computation():
 
 
 def test_config_validators():
-    _, problems = structure(SPGConfig, {"min_t": 0.5, "max_t": 0.2, "eubo_beta": 0.5,
-                                        "logp_estimation": "upper"}, "algorithm")
+    _, problems = structure(
+        SPGConfig, {"min_t": 0.5, "max_t": 0.2, "eubo_beta": 0.5, "logp_estimation": "upper"}, "algorithm"
+    )
     assert len(problems) == 3
 
 

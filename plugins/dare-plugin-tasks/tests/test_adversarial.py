@@ -33,8 +33,7 @@ FULLWIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
 
 
 def _example(source: str, truth: str, **info) -> Example:
-    return Example(prompt=[{"role": "user", "content": "q"}], ground_truth=truth,
-                   data_source=source, extra_info=info)
+    return Example(prompt=[{"role": "user", "content": "q"}], ground_truth=truth, data_source=source, extra_info=info)
 
 
 def _countdown(numbers: list[int], target: int) -> Example:
@@ -50,8 +49,9 @@ MBPP = {i: ex for i, ex in enumerate(MBPPTask().eval_set()) if i in (1, 3, 5)}
 SET_ITEM = _mbpp("assert set(evens(5)) == set([0, 2, 4])")
 ISCLOSE_ITEM = _mbpp("import math", "assert math.isclose(area(2.0), 12.566, rel_tol=1e-3)")
 
-ALWAYS_EQUAL = ("class Any:\n    def __eq__(self, other):\n        return True\n\n"
-                "    def __sub__(self, other):\n        return 0\n")
+ALWAYS_EQUAL = (
+    "class Any:\n    def __eq__(self, other):\n        return True\n\n    def __sub__(self, other):\n        return 0\n"
+)
 
 # (id, example, response): every row must score 0
 ADVERSARIAL = [
@@ -83,53 +83,89 @@ ADVERSARIAL = [
     ("math-no-box", _example("gsm8k", "7"), "The answer is 7."),
     # ---- sudoku: only ASCII digits in the last <answer> block count
     ("sudoku-echo-puzzle", _example("sudoku", SOLUTION, puzzle=PUZZLE), f"<answer>{PUZZLE}</answer>"),
-    ("sudoku-fullwidth-digits", _example("sudoku", SOLUTION, puzzle=PUZZLE),
-     "<answer>" + SOLUTION.translate(FULLWIDTH) + "</answer>"),
-    ("sudoku-outside-tag", _example("sudoku", SOLUTION, puzzle=PUZZLE),
-     f"<reasoning>{SOLUTION}</reasoning><answer></answer>"),
+    (
+        "sudoku-fullwidth-digits",
+        _example("sudoku", SOLUTION, puzzle=PUZZLE),
+        "<answer>" + SOLUTION.translate(FULLWIDTH) + "</answer>",
+    ),
+    (
+        "sudoku-outside-tag",
+        _example("sudoku", SOLUTION, puzzle=PUZZLE),
+        f"<reasoning>{SOLUTION}</reasoning><answer></answer>",
+    ),
     ("sudoku-unclosed-tag", _example("sudoku", SOLUTION, puzzle=PUZZLE), f"<answer>{SOLUTION}"),
     # ---- code: results cross to the checker by value; its builtins, modules and helpers are its own
-    ("code-always-equal-object", HUMANEVAL[2],
-     f"```python\n{ALWAYS_EQUAL}\ndef truncate_number(number):\n    return Any()\n```"),
-    ("code-rebind-builtin-abs", HUMANEVAL[2],
-     "```python\nimport builtins\nbuiltins.abs = lambda x: 0\n\n"
-     "def truncate_number(number):\n    return 0.5\n```"),
-    ("code-redefine-prompt-helper", HUMANEVAL[32],
-     "```python\ndef poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n```"),
-    ("code-patch-module-attribute", HUMANEVAL[32],
-     "```python\nimport math\nmath.fabs = lambda x: 0.0\n\ndef find_zero(xs):\n    return 0.0\n```"),
-    ("code-int-subclass", MBPP[3],
-     "class I(int):\n    __hash__ = int.__hash__\n\n    def __eq__(self, other):\n        return True\n\n"
-     "def find_Volume(l, b, h):\n    return I(0)\n"),
-    ("code-list-subclass", MBPP[1],
-     "class L(list):\n    def __eq__(self, other):\n        return True\n\n"
-     "def sort_matrix(m):\n    return L()\n"),
-    ("code-str-subclass", MBPP[5],
-     "class S(str):\n    def __eq__(self, other):\n        return True\n\n"
-     "def text_lowercase_underscore(text):\n    return S()\n"),
+    (
+        "code-always-equal-object",
+        HUMANEVAL[2],
+        f"```python\n{ALWAYS_EQUAL}\ndef truncate_number(number):\n    return Any()\n```",
+    ),
+    (
+        "code-rebind-builtin-abs",
+        HUMANEVAL[2],
+        "```python\nimport builtins\nbuiltins.abs = lambda x: 0\n\ndef truncate_number(number):\n    return 0.5\n```",
+    ),
+    (
+        "code-redefine-prompt-helper",
+        HUMANEVAL[32],
+        "```python\ndef poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n```",
+    ),
+    (
+        "code-patch-module-attribute",
+        HUMANEVAL[32],
+        "```python\nimport math\nmath.fabs = lambda x: 0.0\n\ndef find_zero(xs):\n    return 0.0\n```",
+    ),
+    (
+        "code-int-subclass",
+        MBPP[3],
+        "class I(int):\n    __hash__ = int.__hash__\n\n    def __eq__(self, other):\n        return True\n\n"
+        "def find_Volume(l, b, h):\n    return I(0)\n",
+    ),
+    (
+        "code-list-subclass",
+        MBPP[1],
+        "class L(list):\n    def __eq__(self, other):\n        return True\n\ndef sort_matrix(m):\n    return L()\n",
+    ),
+    (
+        "code-str-subclass",
+        MBPP[5],
+        "class S(str):\n    def __eq__(self, other):\n        return True\n\n"
+        "def text_lowercase_underscore(text):\n    return S()\n",
+    ),
     ("code-exit-before-tests", MBPP[3], "import os\nos._exit(0)\n"),
     ("code-forge-marker", MBPP[3], "open('.dare_done', 'wb').write(b'0' * 32)\nimport os\nos._exit(0)\n"),
     ("code-shadow-builtin-set", SET_ITEM, "def set(*args):\n    return 1\n\ndef evens(n):\n    return []\n"),
-    ("code-patch-math-isclose", ISCLOSE_ITEM,
-     "import math\nmath.isclose = lambda *a, **k: True\n\ndef area(r):\n    return 0.0\n"),
+    (
+        "code-patch-math-isclose",
+        ISCLOSE_ITEM,
+        "import math\nmath.isclose = lambda *a, **k: True\n\ndef area(r):\n    return 0.0\n",
+    ),
 ]
 
 # honest solutions of the items the code rows attack: each must score 1
 CODE_REFERENCES = [
-    ("truncate_number", HUMANEVAL[2],
-     "```python\ndef truncate_number(number):\n    return number % 1.0\n```"),
-    ("find_zero", HUMANEVAL[32],
-     "```python\ndef find_zero(xs):\n    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n"
-     "        lo, hi = lo * 2.0, hi * 2.0\n    for _ in range(200):\n        mid = (lo + hi) / 2.0\n"
-     "        if poly(xs, lo) * poly(xs, mid) <= 0:\n            hi = mid\n        else:\n"
-     "            lo = mid\n    return lo\n```"),
-    ("has_close_elements", HUMANEVAL[0],
-     "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"),
+    ("truncate_number", HUMANEVAL[2], "```python\ndef truncate_number(number):\n    return number % 1.0\n```"),
+    (
+        "find_zero",
+        HUMANEVAL[32],
+        "```python\ndef find_zero(xs):\n    lo, hi = -1.0, 1.0\n    while poly(xs, lo) * poly(xs, hi) > 0:\n"
+        "        lo, hi = lo * 2.0, hi * 2.0\n    for _ in range(200):\n        mid = (lo + hi) / 2.0\n"
+        "        if poly(xs, lo) * poly(xs, mid) <= 0:\n            hi = mid\n        else:\n"
+        "            lo = mid\n    return lo\n```",
+    ),
+    (
+        "has_close_elements",
+        HUMANEVAL[0],
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n",
+    ),
     ("find_Volume", MBPP[3], "def find_Volume(l, b, h):\n    return (l * b * h) / 2\n"),
     ("sort_matrix", MBPP[1], "def sort_matrix(m):\n    return sorted(m, key=sum)\n"),
-    ("text_lowercase_underscore", MBPP[5],
-     "import re\n\ndef text_lowercase_underscore(text):\n"
-     "    return 'Found a match!' if re.search('^[a-z]+_[a-z]+$', text) else 'Not matched!'\n"),
+    (
+        "text_lowercase_underscore",
+        MBPP[5],
+        "import re\n\ndef text_lowercase_underscore(text):\n"
+        "    return 'Found a match!' if re.search('^[a-z]+_[a-z]+$', text) else 'Not matched!'\n",
+    ),
     ("evens", SET_ITEM, "def evens(n):\n    return [i for i in range(n) if i % 2 == 0]\n"),
     ("area", ISCLOSE_ITEM, "import math\n\ndef area(r):\n    return math.pi * r * r\n"),
 ]

@@ -10,7 +10,7 @@ import pytest
 from dare_core.config import TaskConfig
 from dare_plugin_tasks.parquet import MBPPTask
 
-GOOD = "[BEGIN]\n 'def remove_Occ(s,ch): \r\n    return s.replace(ch, \"\", 1)[::-1].replace(ch, \"\", 1)[::-1]' \n[DONE]"
+GOOD = '[BEGIN]\n \'def remove_Occ(s,ch): \r\n    return s.replace(ch, "", 1)[::-1].replace(ch, "", 1)[::-1]\' \n[DONE]'
 WRONG = "```python\ndef remove_Occ(s, ch):\n    return s.replace(ch, '', 1)\n```"  # only the first occurrence
 BROKEN = "```python\ndef remove_Occ(s, ch) return s\n```"
 
@@ -19,7 +19,10 @@ def test_mbpp_reward_is_pass_fail_by_the_sandbox():
     task = MBPPTask(TaskConfig(name="mbpp"))
     ex = task.examples("eval", limit=1)[0]
     assert [(s.score, s.acc, s.kind) for s in (task.score(ex, r) for r in (GOOD, WRONG, BROKEN))] == [
-        (1.0, 1.0, "passed"), (0.0, 0.0, "wrong"), (0.0, 0.0, "error")]
+        (1.0, 1.0, "passed"),
+        (0.0, 0.0, "wrong"),
+        (0.0, 0.0, "error"),
+    ]
 
 
 def test_preference_pairs_from_sandbox_graded_code():
@@ -33,8 +36,12 @@ def test_preference_pairs_from_sandbox_graded_code():
     assert pair.meta["chosen_acc"] == 1.0 and pair.meta["rejected_acc"] == 0.0
     assert pair.meta["data_source"] == "mbpp"
     # all three failing: no preference, no pair
-    assert pairs_mod.pairs_from_scores([ex], [WRONG, BROKEN, WRONG + " "],
-                                       [task.score(ex, t) for t in (WRONG, BROKEN, WRONG)], 3) == []
+    assert (
+        pairs_mod.pairs_from_scores(
+            [ex], [WRONG, BROKEN, WRONG + " "], [task.score(ex, t) for t in (WRONG, BROKEN, WRONG)], 3
+        )
+        == []
+    )
 
 
 def test_coupled_grpo_trains_dream_on_mbpp(tmp_path, dare_cli):
@@ -48,16 +55,40 @@ def test_coupled_grpo_trains_dream_on_mbpp(tmp_path, dare_cli):
     with open(data, "w") as fh:
         for ex in MBPPTask(TaskConfig(name="mbpp")).examples("eval", limit=4):
             user = [m for m in ex.prompt if m["role"] == "user"][-1]
-            fh.write(json.dumps({"data_source": "mbpp", "prompt": [user],
-                                 "reward_model": {"ground_truth": ex.ground_truth},
-                                 "extra_info": ex.extra_info}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "data_source": "mbpp",
+                        "prompt": [user],
+                        "reward_model": {"ground_truth": ex.ground_truth},
+                        "extra_info": ex.extra_info,
+                    }
+                )
+                + "\n"
+            )
     res = dare_cli(get_dare())(
-        "train", "--algo", "coupled_grpo", "--model", "dream", "task.name=mbpp",
-        f"task.train_path={data}", f"task.eval_path={data}", "task.num_eval=2",
-        "trainer.steps=1", "trainer.batch_size=2", "trainer.group_size=2",
-        "trainer.micro_batch_size=4", "trainer.max_prompt_length=1000", "rollout.gen_length=16",
-        "rollout.steps=4", "eval.steps=4", "eval.before=false", "progress=false",
-        f"output_dir={tmp_path}", "run_name=r")
+        "train",
+        "--algo",
+        "coupled_grpo",
+        "--model",
+        "dream",
+        "task.name=mbpp",
+        f"task.train_path={data}",
+        f"task.eval_path={data}",
+        "task.num_eval=2",
+        "trainer.steps=1",
+        "trainer.batch_size=2",
+        "trainer.group_size=2",
+        "trainer.micro_batch_size=4",
+        "trainer.max_prompt_length=1000",
+        "rollout.gen_length=16",
+        "rollout.steps=4",
+        "eval.steps=4",
+        "eval.before=false",
+        "progress=false",
+        f"output_dir={tmp_path}",
+        "run_name=r",
+    )
     assert res.exit_code == 0, res.output
     metrics = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["step"] == 1 and "reward" in metrics[0]
@@ -71,7 +102,7 @@ def test_code_fences_and_prose_around_the_program():
     good = "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n"
     fenced = f"Here it is:\n```python\n{good}```\nIt removes the first and last occurrence."
     assert task.score(ex, fenced).kind == "passed"
-    assert task.score(ex, f"```\n{good}```").kind == "passed"                      # bare fence
+    assert task.score(ex, f"```\n{good}```").kind == "passed"  # bare fence
     last_wins = f"```python\n{good}```\n```python\nremove_Occ = None\n```"
     assert task.score(ex, last_wins).kind != "passed"  # the last python block is the program
     assert task.score(ex, f"```text\nnot code\n```\n```py\n{good}```").kind == "passed"

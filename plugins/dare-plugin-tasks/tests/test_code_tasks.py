@@ -73,10 +73,12 @@ def find_zero(xs: list):
 ```"""
 
 # MBPP test items 0, 1 and 3, in the few-shot [BEGIN] '...' [DONE] format the prompt asks for.
-REMOVE_OCC_MBPP = (" 'def remove_Occ(s, ch):\r\n    first = s.find(ch)\r\n    if first < 0:\r\n"
-                   "        return s\r\n    s = s[:first] + s[first + 1:]\r\n"
-                   "    last = s.rfind(ch)\r\n    if last < 0:\r\n        return s\r\n"
-                   "    return s[:last] + s[last + 1:]' \n[DONE] \n\n ")
+REMOVE_OCC_MBPP = (
+    " 'def remove_Occ(s, ch):\r\n    first = s.find(ch)\r\n    if first < 0:\r\n"
+    "        return s\r\n    s = s[:first] + s[first + 1:]\r\n"
+    "    last = s.rfind(ch)\r\n    if last < 0:\r\n        return s\r\n"
+    "    return s[:last] + s[last + 1:]' \n[DONE] \n\n "
+)
 SORT_MATRIX_FENCED = "```python\ndef sort_matrix(m):\n    return sorted(m, key=sum)\n```"
 FIND_VOLUME_PLAIN = "def find_Volume(l, b, h):\n    return (l * b * h) / 2\n"
 
@@ -147,33 +149,50 @@ def test_entry_points(humaneval):
     names = [entry_point_of(ex) for ex in humaneval]
     assert all(names)
     assert names[10] == "make_palindrome" and names[38] == "decode_cyclic"
-    assert entry_point_of(Example(prompt=[{"role": "user", "content": "def f(x):\n"}],
-                                  ground_truth="", data_source="humaneval",
-                                  extra_info={"entry_point": "g"})) == "g"
+    assert (
+        entry_point_of(
+            Example(
+                prompt=[{"role": "user", "content": "def f(x):\n"}],
+                ground_truth="",
+                data_source="humaneval",
+                extra_info={"entry_point": "g"},
+            )
+        )
+        == "g"
+    )
 
 
 def test_other_code_formats_are_refused():
-    ex = Example(prompt=[{"role": "user", "content": "read stdin"}],
-                 ground_truth=json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]}),
-                 data_source="lcbv5", extra_info={"task": "code"})
+    ex = Example(
+        prompt=[{"role": "user", "content": "read stdin"}],
+        ground_truth=json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]}),
+        data_source="lcbv5",
+        extra_info={"task": "code"},
+    )
     with pytest.raises(UnsupportedDataSourceError, match="stdin/stdout") as info:
         score_example(ex, "print(input())")
     assert "\n" not in str(info.value)
 
 
 def test_task_code_in_extra_info_selects_the_code_reward():
-    ex = Example(prompt=[{"role": "user", "content": "write double"}],
-                 ground_truth=json.dumps(["assert double(2) == 4"]),
-                 data_source="my_code_set", extra_info={"task": "code"})
+    ex = Example(
+        prompt=[{"role": "user", "content": "write double"}],
+        ground_truth=json.dumps(["assert double(2) == 4"]),
+        data_source="my_code_set",
+        extra_info={"task": "code"},
+    )
     assert score_example(ex, "def double(x):\n    return 2 * x\n").kind == "passed"
 
 
 # ------------------------------------------------------------------------------ tasks and data
-@pytest.mark.parametrize("cls, name, rows, source", [
-    (HumanEvalTask, "humaneval", 164, "humaneval"),
-    (HumanEvalPlusTask, "humaneval_plus", 163, "humanevalplus"),
-    (MBPPTask, "mbpp", 500, "mbpp"),
-])
+@pytest.mark.parametrize(
+    "cls, name, rows, source",
+    [
+        (HumanEvalTask, "humaneval", 164, "humaneval"),
+        (HumanEvalPlusTask, "humaneval_plus", 163, "humanevalplus"),
+        (MBPPTask, "mbpp", 500, "mbpp"),
+    ],
+)
 def test_task_counts_and_splits(cls, name, rows, source):
     task = cls(TaskConfig(name=name))
     assert task.name == name
@@ -229,11 +248,14 @@ def test_mbpp_tests_are_those_the_prompt_shows(mbpp):
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="shared data not mounted")
-@pytest.mark.parametrize("bundled, real", [
-    ("humaneval_test.parquet", "humaneval.parquet"),
-    ("humanevalplus_test.parquet", "humanevalplus.parquet"),
-    ("mbpp_test.parquet", "mbpp.parquet"),
-])
+@pytest.mark.parametrize(
+    "bundled, real",
+    [
+        ("humaneval_test.parquet", "humaneval.parquet"),
+        ("humanevalplus_test.parquet", "humanevalplus.parquet"),
+        ("mbpp_test.parquet", "mbpp.parquet"),
+    ],
+)
 def test_bundled_files_are_the_real_test_sets(bundled, real):
     assert pq.read_table(DATA_DIR / bundled).to_pylist() == pq.read_table(SHARED / real).to_pylist()
 

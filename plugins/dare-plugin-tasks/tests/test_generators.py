@@ -9,31 +9,31 @@ import pluggy
 import pytest
 
 from dare_core import hookspecs
+from dare_core.config import TaskConfig
 from dare_core.errors import DareError
 from dare_core.interfaces.seams import Example, TaskSpec
-from dare_plugin_tasks.countdown import CountdownTask
+from dare_plugin_tasks.countdown import (
+    COUNTDOWN_REASONING,
+    CountdownTask,
+    countdown_prompt,
+    generate_countdown,
+    solve_countdown,
+)
+from dare_plugin_tasks.multiple_choice import MultipleChoiceTask
 from dare_plugin_tasks.parquet import (
     AIME2024Task,
     AIME2025Task,
     GSM8KTask,
     HumanEvalPlusTask,
     HumanEvalTask,
-    MBPPTask,
     Math500Task,
+    MBPPTask,
     ParquetTask,
 )
-from dare_plugin_tasks.multiple_choice import MultipleChoiceTask
-from dare_plugin_tasks.sudoku import SudokuTask
-from dare_core.config import TaskConfig
 from dare_plugin_tasks.rewards import countdown_reward, score_example, sudoku_reward
-from dare_plugin_tasks.countdown import (
-    COUNTDOWN_REASONING,
-    countdown_prompt,
-    generate_countdown,
-    solve_countdown,
-)
 from dare_plugin_tasks.sudoku import (
     SUDOKU_REASONING,
+    SudokuTask,
     count_solutions,
     generate_sudoku,
     solution_grids,
@@ -69,8 +69,7 @@ def countdown_train():
 def _valid_grid(g: str) -> bool:
     rows = [g[r * 4 : r * 4 + 4] for r in range(4)]
     cols = ["".join(g[r * 4 + c] for r in range(4)) for c in range(4)]
-    boxes = ["".join(g[(br + a) * 4 + bc + b] for a in range(2) for b in range(2))
-             for br in (0, 2) for bc in (0, 2)]
+    boxes = ["".join(g[(br + a) * 4 + bc + b] for a in range(2) for b in range(2)) for br in (0, 2) for bc in (0, 2)]
     return all(sorted(u) == list("1234") for u in rows + cols + boxes)
 
 
@@ -112,9 +111,7 @@ def test_sudoku_blanks_configurable():
 
 def test_sudoku_reference_responses_score_one(sudoku_train):
     for ex in sudoku_train[:1000]:
-        assert ex.response == (
-            f"<reasoning>\n{SUDOKU_REASONING}\n</reasoning>\n<answer>\n{ex.ground_truth}\n</answer>"
-        )
+        assert ex.response == (f"<reasoning>\n{SUDOKU_REASONING}\n</reasoning>\n<answer>\n{ex.ground_truth}\n</answer>")
         assert sudoku_reward(ex.response, ex.extra_info["puzzle"], ex.ground_truth).score == 1.0
         assert score_example(ex, ex.response).acc == 1.0
 
@@ -152,13 +149,19 @@ def test_sudoku_exclusion_with_custom_eval_set(tmp_path):
     path = tmp_path / "eval.jsonl"
     with open(path, "w") as fh:
         for ex in would_be:
-            fh.write(json.dumps({"data_source": ex.data_source, "prompt": ex.prompt,
-                                 "reward_model": {"ground_truth": ex.ground_truth},
-                                 "extra_info": ex.extra_info}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "data_source": ex.data_source,
+                        "prompt": ex.prompt,
+                        "reward_model": {"ground_truth": ex.ground_truth},
+                        "extra_info": ex.extra_info,
+                    }
+                )
+                + "\n"
+            )
     task = SudokuTask(TaskConfig(eval_path=str(path), train_path="generated"))
-    assert [e.extra_info["puzzle"] for e in task.examples("eval")] == [
-        e.extra_info["puzzle"] for e in would_be
-    ]
+    assert [e.extra_info["puzzle"] for e in task.examples("eval")] == [e.extra_info["puzzle"] for e in would_be]
     fresh = task.examples("train", limit=30)
     assert not {e.extra_info["puzzle"] for e in fresh} & {e.extra_info["puzzle"] for e in would_be}
 
@@ -181,8 +184,7 @@ def test_countdown_train_items_are_valid(countdown_train):
         target = int(ex.ground_truth)
         assert len(numbers) == 3 and all(1 <= n <= 100 for n in numbers)
         assert 1 <= target <= 100
-        assert ex.extra_info == {"index": i, "numbers": json.dumps(numbers), "split": "train",
-                                 "task": "math"}
+        assert ex.extra_info == {"index": i, "numbers": json.dumps(numbers), "split": "train", "task": "math"}
         keys.add((tuple(sorted(numbers)), target))
         assert ex.data_source == "countdown"
         head = f"<reasoning>\n{COUNTDOWN_REASONING}\n</reasoning>\n<answer>\n"
@@ -213,8 +215,9 @@ def test_countdown_prompt_matches_real_data(countdown_eval, countdown_train):
 
 
 def test_countdown_deterministic_by_seed():
-    key = lambda items: [(ex.extra_info["numbers"], ex.ground_truth, ex.response)  # noqa: E731
-                         for ex in items]
+    def key(items):
+        return [(ex.extra_info["numbers"], ex.ground_truth, ex.response) for ex in items]
+
     a = CountdownTask(GEN).examples("train", limit=30, seed=4)
     assert key(a) == key(CountdownTask(GEN).examples("train", limit=30, seed=4))
     assert key(a) != key(CountdownTask(GEN).examples("train", limit=30, seed=5))
@@ -230,11 +233,9 @@ def test_countdown_train_eval_disjoint(countdown_eval, countdown_train):
 
 def test_countdown_exclusion_is_applied():
     first = generate_countdown(40, seed=9)
-    keys = {(tuple(sorted(json.loads(e.extra_info["numbers"]))), int(e.ground_truth))
-            for e in first}
+    keys = {(tuple(sorted(json.loads(e.extra_info["numbers"]))), int(e.ground_truth)) for e in first}
     again = generate_countdown(40, seed=9, exclude=keys)
-    assert not keys & {(tuple(sorted(json.loads(e.extra_info["numbers"]))), int(e.ground_truth))
-                       for e in again}
+    assert not keys & {(tuple(sorted(json.loads(e.extra_info["numbers"]))), int(e.ground_truth)) for e in again}
 
 
 # --------------------------------------------------------------------------- task protocol
@@ -287,8 +288,7 @@ def test_task_config():
     import attrs
 
     cfg = TaskConfig()
-    assert (cfg.name, cfg.train_path, cfg.eval_path, cfg.num_eval, cfg.seed) == (
-        "sudoku", None, None, 200, 0)
+    assert (cfg.name, cfg.train_path, cfg.eval_path, cfg.num_eval, cfg.seed) == ("sudoku", None, None, 200, 0)
     for field in attrs.fields(TaskConfig):
         assert field.metadata.get("help"), field.name
     with pytest.raises(ValueError, match="> 0"):
@@ -306,10 +306,19 @@ def test_plugin_registers_tasks():
     specs: list[TaskSpec] = []
     pm.hook.dare_register_tasks(register=specs.append)
     by_name = {s.name: s for s in specs}
-    classes = {"sudoku": SudokuTask, "countdown": CountdownTask, "gsm8k": GSM8KTask,
-               "math500": Math500Task, "aime2024": AIME2024Task, "aime2025": AIME2025Task,
-               "parquet": ParquetTask, "humaneval": HumanEvalTask,
-               "humaneval_plus": HumanEvalPlusTask, "mbpp": MBPPTask, "multiple_choice": MultipleChoiceTask}
+    classes = {
+        "sudoku": SudokuTask,
+        "countdown": CountdownTask,
+        "gsm8k": GSM8KTask,
+        "math500": Math500Task,
+        "aime2024": AIME2024Task,
+        "aime2025": AIME2025Task,
+        "parquet": ParquetTask,
+        "humaneval": HumanEvalTask,
+        "humaneval_plus": HumanEvalPlusTask,
+        "mbpp": MBPPTask,
+        "multiple_choice": MultipleChoiceTask,
+    }
     assert set(by_name) == set(classes)
     for name, spec in by_name.items():
         assert spec.description and "\n" not in spec.description

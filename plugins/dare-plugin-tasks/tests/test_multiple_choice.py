@@ -28,9 +28,12 @@ def test_jsonl_and_parquet_read_alike(tmp_path):
 
     rows = [json.loads(line) for line in DATA.read_text().splitlines()]
     # parquet needs one type per column: the answer as the right choice's text throughout
-    pq.write_table(pa.Table.from_pylist([
-        dict(r, answer=r["choices"][r["answer"]] if isinstance(r["answer"], int) else r["answer"]) for r in rows
-    ]), tmp_path / "mc.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [dict(r, answer=r["choices"][r["answer"]] if isinstance(r["answer"], int) else r["answer"]) for r in rows]
+        ),
+        tmp_path / "mc.parquet",
+    )
     a = _task(DATA).examples("eval")
     b = _task(tmp_path / "mc.parquet").examples("test")
     assert len(a) == len(b) == 10
@@ -43,12 +46,15 @@ def test_jsonl_and_parquet_read_alike(tmp_path):
     assert len(_task(DATA).examples("eval", limit=4)) == 4
 
 
-@pytest.mark.parametrize("row, problem", [
-    ({"choices": ["a"], "answer": 0}, "no context"),
-    ({"question": "q", "choices": "ab", "answer": 0}, "choices must be"),
-    ({"question": "q", "choices": ["a", "b"], "answer": 2}, "neither an index"),
-    ({"question": "q", "choices": ["a", "b"], "answer": "c"}, "neither an index"),
-])
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ({"choices": ["a"], "answer": 0}, "no context"),
+        ({"question": "q", "choices": "ab", "answer": 0}, "choices must be"),
+        ({"question": "q", "choices": ["a", "b"], "answer": 2}, "neither an index"),
+        ({"question": "q", "choices": ["a", "b"], "answer": "c"}, "neither an index"),
+    ],
+)
 def test_bad_items_refused_in_one_line(tmp_path, row, problem):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(row) + "\n")

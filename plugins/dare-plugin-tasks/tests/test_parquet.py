@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dare_core.errors import DareError
-from dare_plugin_tasks.parquet import AIME2024Task, AIME2025Task, GSM8KTask, Math500Task, ParquetTask, load_examples
 from dare_core.config import TaskConfig
+from dare_core.errors import DareError
 from dare_plugin_tasks._base import DATA_DIR
+from dare_plugin_tasks.parquet import AIME2024Task, AIME2025Task, GSM8KTask, Math500Task, ParquetTask, load_examples
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"  # ../shared beside the clone
 # bundled file -> (rows, data_source, the file in the shared data it copies)
@@ -91,12 +91,18 @@ def test_jsonl(tmp_path):
     path = tmp_path / "data.jsonl"
     rows = [
         {"data_source": "gsm8k", "prompt": "What is 2+2?", "reward_model": {"ground_truth": 4}},
-        {"data_source": "countdown",
-         "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u"}],
-         "reward_model": {"ground_truth": "5", "style": "rule"},
-         "extra_info": {"numbers": "[2, 3, 4]", "index": 7}},
-        {"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": "1"},
-         "response": "The answer is \\boxed{1}."},
+        {
+            "data_source": "countdown",
+            "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u"}],
+            "reward_model": {"ground_truth": "5", "style": "rule"},
+            "extra_info": {"numbers": "[2, 3, 4]", "index": 7},
+        },
+        {
+            "data_source": "gsm8k",
+            "prompt": "q",
+            "reward_model": {"ground_truth": "1"},
+            "response": "The answer is \\boxed{1}.",
+        },
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     items = load_examples(str(path))
@@ -115,14 +121,22 @@ def test_jsonl(tmp_path):
 
 
 def _write_sft_parquet(path: Path) -> None:
-    table = pa.Table.from_pylist([
-        {"data_source": "openai/gsm8k",
-         "prompt": [{"content": "Natalia sold clips...", "role": "user"}],
-         "ability": "math",
-         "reward_model": {"ground_truth": "72", "style": "rule"},
-         "extra_info": {"answer": "48/2 = 24\n48+24 = 72\n#### 72", "index": 0,
-                        "question": "Natalia sold clips...", "split": "train"}},
-    ])
+    table = pa.Table.from_pylist(
+        [
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"content": "Natalia sold clips...", "role": "user"}],
+                "ability": "math",
+                "reward_model": {"ground_truth": "72", "style": "rule"},
+                "extra_info": {
+                    "answer": "48/2 = 24\n48+24 = 72\n#### 72",
+                    "index": 0,
+                    "question": "Natalia sold clips...",
+                    "split": "train",
+                },
+            },
+        ]
+    )
     pq.write_table(table, path)
 
 
@@ -137,8 +151,7 @@ def test_sft_file_sets_response(tmp_path):
     assert len(task.examples("eval")) == 200
 
 
-@pytest.mark.skipif(not (SHARED / "sft" / "gsm8k_train.parquet").exists(),
-                    reason="shared data not mounted")
+@pytest.mark.skipif(not (SHARED / "sft" / "gsm8k_train.parquet").exists(), reason="shared data not mounted")
 def test_real_sft_file():
     items = load_examples(str(SHARED / "sft" / "gsm8k_train.parquet"), limit=3)
     assert all(ex.response and "####" in ex.response for ex in items)
@@ -169,11 +182,9 @@ def test_missing_keys_jsonl(tmp_path):
 
 def test_malformed_rows(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": 1}}\n'
-                    "{not json\n")
+    path.write_text('{"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": 1}}\n{not json\n')
     _one_line_error(load_examples, str(path), match="line 2 is not valid JSON")
-    path.write_text(json.dumps({"data_source": "x", "prompt": 3,
-                                "reward_model": {"ground_truth": "1"}}) + "\n")
+    path.write_text(json.dumps({"data_source": "x", "prompt": 3, "reward_model": {"ground_truth": "1"}}) + "\n")
     _one_line_error(load_examples, str(path), match="prompt must be")
     path.write_text(json.dumps({"data_source": "x", "prompt": "q", "reward_model": {}}) + "\n")
     _one_line_error(load_examples, str(path), match="ground_truth")
@@ -217,7 +228,8 @@ def test_math_tasks_train_on_the_bundled_splits_by_default(tmp_path):
     own = tmp_path / "own.jsonl"
     own.write_text(json.dumps({"data_source": "gsm8k", "prompt": "q", "reward_model": {"ground_truth": "3"}}) + "\n")
     assert [ex.prompt for ex in GSM8KTask(TaskConfig(name="gsm8k", train_path=str(own))).examples("train")] == [
-        [{"role": "user", "content": "q"}]]
+        [{"role": "user", "content": "q"}]
+    ]
 
 
 def test_missing_configured_path_names_it(tmp_path):

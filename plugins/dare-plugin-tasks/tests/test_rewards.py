@@ -157,9 +157,7 @@ def test_countdown_rules(response, expected):
 def test_countdown_accepts_json_numbers_and_string_target():
     assert countdown_reward("<answer>100-93+30-14</answer>", "[30, 100, 93]", "23").score == 0.1
     assert countdown_reward("<answer>30-(100-93)</answer>", "[30, 100, 93]", "23").score == 1.0
-    assert countdown_reward("<answer>30-(100-93)</answer>", "[30, 100, 93]", "23").pred == (
-        "30-(100-93)"
-    )
+    assert countdown_reward("<answer>30-(100-93)</answer>", "[30, 100, 93]", "23").pred == ("30-(100-93)")
 
 
 def test_countdown_division_is_exact():
@@ -180,9 +178,7 @@ SOLUTION = "3142243142131324"
 
 
 def test_sudoku_oracles():
-    assert sudoku_reward(f"<answer>\n{SOLUTION}\n</answer>", PUZZLE, SOLUTION) == Score(
-        1.0, 1.0, SOLUTION
-    )
+    assert sudoku_reward(f"<answer>\n{SOLUTION}\n</answer>", PUZZLE, SOLUTION) == Score(1.0, 1.0, SOLUTION)
     one_wrong = SOLUTION[:2] + "1" + SOLUTION[3:]  # index 2 is an empty cell
     s = sudoku_reward(f"<answer>{one_wrong}</answer>", PUZZLE, SOLUTION)
     assert s.score == pytest.approx(0.875) and s.acc == 0.0
@@ -220,17 +216,13 @@ def test_extract_answer_tag():
 
 
 def _ex(source, gt, **info):
-    return Example(prompt=[{"role": "user", "content": "q"}], ground_truth=gt,
-                   data_source=source, extra_info=info)
+    return Example(prompt=[{"role": "user", "content": "q"}], ground_truth=gt, data_source=source, extra_info=info)
 
 
 def test_score_example_dispatch():
-    assert score_example(_ex("countdown", "5", numbers="[2, 3, 4]"),
-                         "<answer>2*4-3</answer>").score == 1.0
-    assert score_example(_ex("sudoku", SOLUTION, puzzle=PUZZLE),
-                         "<answer>31422431</answer>").score == 0.5
-    assert score_example(_ex("sudoku_4x4", SOLUTION, puzzle=PUZZLE),
-                         f"<answer>{SOLUTION}</answer>").acc == 1.0
+    assert score_example(_ex("countdown", "5", numbers="[2, 3, 4]"), "<answer>2*4-3</answer>").score == 1.0
+    assert score_example(_ex("sudoku", SOLUTION, puzzle=PUZZLE), "<answer>31422431</answer>").score == 0.5
+    assert score_example(_ex("sudoku_4x4", SOLUTION, puzzle=PUZZLE), f"<answer>{SOLUTION}</answer>").acc == 1.0
     for source in ("gsm8k", "openai/gsm8k", "math", "math500", "aime2024", "aime2025", "openr1"):
         assert score_example(_ex(source, "18"), "\\boxed{18}").score == 1.0, source
 
@@ -256,20 +248,23 @@ def test_score_example_missing_extra_info():
         score_example(_ex("sudoku", SOLUTION), "<answer>1</answer>")
 
 
-@pytest.mark.parametrize("response, truth, correct", [
-    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", True),       # nested braces
-    ("\\boxed{\\{1,2\\}} and later \\boxed{5}", "5", True),             # the last box counts
-    ("<answer>\\boxed{7}</answer>", "7", True),                          # d1's answer tags around it
-    ("\\boxed{1,234}", "1234", True),                                    # thousands separators
-    ("\\boxed{1{,}000}", "1000", True),
-    ("\\boxed{3/4}", "\\frac{3}{4}", True),                              # fractions
-    ("\\boxed{\\dfrac{3}{4}}", "\\frac34", True),
-    ("\\boxed{-\\frac{1}{2}}", "-0.5", True),
-    ("\\boxed{18.00}", "18", True),
-    ("\\boxed{\\$18}", "18", True),                                      # units and currency
-    ("\\boxed{18 \\text{ dollars}}", "18", True),
-    ("\\boxed{19}", "18", False),
-])
+@pytest.mark.parametrize(
+    "response, truth, correct",
+    [
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", True),  # nested braces
+        ("\\boxed{\\{1,2\\}} and later \\boxed{5}", "5", True),  # the last box counts
+        ("<answer>\\boxed{7}</answer>", "7", True),  # d1's answer tags around it
+        ("\\boxed{1,234}", "1234", True),  # thousands separators
+        ("\\boxed{1{,}000}", "1000", True),
+        ("\\boxed{3/4}", "\\frac{3}{4}", True),  # fractions
+        ("\\boxed{\\dfrac{3}{4}}", "\\frac34", True),
+        ("\\boxed{-\\frac{1}{2}}", "-0.5", True),
+        ("\\boxed{18.00}", "18", True),
+        ("\\boxed{\\$18}", "18", True),  # units and currency
+        ("\\boxed{18 \\text{ dollars}}", "18", True),
+        ("\\boxed{19}", "18", False),
+    ],
+)
 def test_math_known_answers(response, truth, correct):
     score = math_reward(response, truth)
     assert score.acc == score.score == float(correct)

@@ -33,14 +33,14 @@ HUMANEVAL_PROMPT = '''def add(a: int, b: int) -> int:
     5
     """
 '''
-HUMANEVAL_TESTS = '''METADATA = {}
+HUMANEVAL_TESTS = """METADATA = {}
 
 
 def check(candidate):
     assert candidate(2, 3) == 5
     assert candidate(-1, 1) == 0
     assert candidate(10, 0) == 10
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -133,10 +133,13 @@ def _assert_all_dead(pids):
         assert _wait_dead(pid), f"descendant {pid} survived"
 
 
-@pytest.mark.parametrize("tail,timeout,status", [
-    ("time.sleep(100)\n", 1.0, "timeout"),  # killed by the timeout
-    ("", 10.0, "passed"),  # the leader exits at once; its grandchild must not outlive the run
-])
+@pytest.mark.parametrize(
+    "tail,timeout,status",
+    [
+        ("time.sleep(100)\n", 1.0, "timeout"),  # killed by the timeout
+        ("", 10.0, "passed"),  # the leader exits at once; its grandchild must not outlive the run
+    ],
+)
 def test_process_group_is_killed(tail, timeout, status):
     start = time.monotonic()
     result = run_program(_REPORT_PID + "spawn()\n" + tail, timeout=timeout)
@@ -147,14 +150,19 @@ def test_process_group_is_killed(tail, timeout, status):
 
 def _need_containment():
     if not containment_available():
-        pytest.skip("new PID and mount namespaces are not permitted here (unshare(CLONE_NEWPID|"
-                    "CLONE_NEWNS) and mount need CAP_SYS_ADMIN); the sandbox runs uncontained")
+        pytest.skip(
+            "new PID and mount namespaces are not permitted here (unshare(CLONE_NEWPID|"
+            "CLONE_NEWNS) and mount need CAP_SYS_ADMIN); the sandbox runs uncontained"
+        )
 
 
-@pytest.mark.parametrize("tail,timeout,status", [
-    ("time.sleep(100)\n", 1.0, "timeout"),
-    ("", 10.0, "passed"),
-])
+@pytest.mark.parametrize(
+    "tail,timeout,status",
+    [
+        ("time.sleep(100)\n", 1.0, "timeout"),
+        ("", 10.0, "passed"),
+    ],
+)
 def test_setsid_escape_is_killed_with_the_pid_namespace(tail, timeout, status):
     _need_containment()
     result = run_program(_REPORT_PID + "spawn(escape=True)\nspawn(escape=True)\n" + tail, timeout=timeout)
@@ -229,10 +237,7 @@ def test_cpu_limit_kills():
 
 
 def test_file_size_limit(tmp_path):
-    body = (
-        "with open('big.bin', 'wb') as handle:\n"
-        "    handle.write(b'x' * (2 * 1024 * 1024))\n"
-    )
+    body = "with open('big.bin', 'wb') as handle:\n    handle.write(b'x' * (2 * 1024 * 1024))\n"
     limited = run_program(body, limits=Limits(file_size=1024 * 1024))
     assert limited.status == "error"
     assert "File too large" in limited.stderr
@@ -405,8 +410,9 @@ def listener():
 
 def test_network_is_isolated(listener):
     if not network_isolation_available():
-        pytest.skip("unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN); "
-                    "the sandbox runs with the host network")
+        pytest.skip(
+            "unshare(CLONE_NEWNET) is not permitted here (needs CAP_SYS_ADMIN); the sandbox runs with the host network"
+        )
     result = run_program(_CONNECT.format(port=listener), require_network_isolation=True)
     assert result.network_isolated
     assert result.stdout.startswith("blocked"), result

@@ -26,9 +26,13 @@ if importlib.util.find_spec("dare_plugin_tracking") is None:
 def wandb_sandbox(tmp_path, monkeypatch):
     """W&B's own folders (settings, cache, artifacts) inside ``tmp_path``; quiet; no API key."""
     home = tmp_path / "wandb-home"
-    for var, sub in (("WANDB_DIR", "dir"), ("WANDB_CONFIG_DIR", "config"),
-                     ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"),
-                     ("WANDB_ARTIFACT_DIR", "artifacts")):
+    for var, sub in (
+        ("WANDB_DIR", "dir"),
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ):
         (home / sub).mkdir(parents=True)
         monkeypatch.setenv(var, str(home / sub))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -37,8 +41,15 @@ def wandb_sandbox(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DISABLE_CODE", "true")
     # the service flushes the run file every 15 s by default; the tests read it right away
     monkeypatch.setenv("WANDB__TRANSACTION_LOG_FLUSH_INTERVAL", "0.1")
-    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_NAME",
-                "WANDB_TAGS", "WANDB_RUN_ID"):
+    for var in (
+        "WANDB_MODE",
+        "WANDB_API_KEY",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_NAME",
+        "WANDB_TAGS",
+        "WANDB_RUN_ID",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield
     from dare_plugin_tracking import tracked_run
@@ -64,10 +75,10 @@ def _records(path: str) -> list[bytes]:
         if room < _CHUNK:  # the rest of a block too small for a chunk header is padding
             pos += room
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _CHUNK])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _CHUNK])
         if pos + _CHUNK + length > len(data):  # the writer is not done with this chunk yet
             break
-        chunk = data[pos + _CHUNK:pos + _CHUNK + length]
+        chunk = data[pos + _CHUNK : pos + _CHUNK + length]
         pos += _CHUNK + length
         if kind == 1:
             out.append(chunk)
@@ -122,8 +133,7 @@ def _parse(path: str) -> dict:
             out["config"].update({_key(i): json.loads(i.value_json) for i in rec.config.update})
         elif kind == "history":
             row = {_key(i): json.loads(i.value_json) for i in rec.history.item}
-            out["history"][rec.history.step.num] = {k: v for k, v in row.items()
-                                                    if not k.startswith("_")}
+            out["history"][rec.history.step.num] = {k: v for k, v in row.items() if not k.startswith("_")}
         elif kind == "summary":
             out["summary"].update({_key(i): json.loads(i.value_json) for i in rec.summary.update})
         elif kind == "exit":

@@ -11,9 +11,9 @@ import pytest
 import dare_plugin_tracking
 from dare_core.config import render_with_help, resolve, to_dict
 from dare_core.errors import ConfigError, DareError
-from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
+from dare_core.testing.registries import build_for
 from dare_core.train import train
 from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import TensorBoardConfig, TrackingConfig, WandbConfig
@@ -25,8 +25,12 @@ def dare():
 
 
 def _resolve(dare, tmp_path, *overrides):
-    return resolve(dare, algo="pg_test", model="toy",
-                   overrides=[f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}", *overrides])
+    return resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=[f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}", *overrides],
+    )
 
 
 def _problems(info) -> list[str]:
@@ -53,20 +57,42 @@ def test_the_section_is_off_by_default(dare, tmp_path):
 def test_the_section_is_structured_from_overrides_and_files(dare, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("tracking:\n  backends: [tensorboard]\n  wandb: {project: p1}\n")
-    cfg = resolve(dare, algo="pg_test", model="toy", config_file=str(path), overrides=[
-        f"model.path={tmp_path}", "tracking.backends=[tensorboard, wandb]", "tracking.tags=[a, b]",
-        "tracking.wandb.mode=online", "tracking.wandb.entity=me", "tracking.run_name=nice",
-        "tracking.tensorboard.log_dir=tb"])
+    cfg = resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        config_file=str(path),
+        overrides=[
+            f"model.path={tmp_path}",
+            "tracking.backends=[tensorboard, wandb]",
+            "tracking.tags=[a, b]",
+            "tracking.wandb.mode=online",
+            "tracking.wandb.entity=me",
+            "tracking.run_name=nice",
+            "tracking.tensorboard.log_dir=tb",
+        ],
+    )
     assert cfg.plugin_section("tracking") == TrackingConfig(
-        backends=("tensorboard", "wandb"), run_name="nice", tags=("a", "b"),
-        tensorboard=TensorBoardConfig("tb"), wandb=WandbConfig("p1", "me", "online"))
+        backends=("tensorboard", "wandb"),
+        run_name="nice",
+        tags=("a", "b"),
+        tensorboard=TensorBoardConfig("tb"),
+        wandb=WandbConfig("p1", "me", "online"),
+    )
 
 
 def test_section_problems_are_reported_with_the_others(dare, tmp_path):
     with pytest.raises(ConfigError) as info:
-        _resolve(dare, tmp_path, "tracking.backend=[wandb]", "tracking.wandb.projct=x",
-                 "tracking.wandb.mode=cloud", "tracking.backends=[tensorbord, wandb]",
-                 "trainer.stepz=1", "trackng.backends=[wandb]")
+        _resolve(
+            dare,
+            tmp_path,
+            "tracking.backend=[wandb]",
+            "tracking.wandb.projct=x",
+            "tracking.wandb.mode=cloud",
+            "tracking.backends=[tensorbord, wandb]",
+            "trainer.stepz=1",
+            "trackng.backends=[wandb]",
+        )
     assert _problems(info) == [
         "trackng: unknown key (did you mean 'tracking'?)",
         "trainer.stepz: unknown key (did you mean 'steps'?)",
@@ -78,13 +104,18 @@ def test_section_problems_are_reported_with_the_others(dare, tmp_path):
     ]
 
 
-@pytest.mark.parametrize("value,message", [
-    ("tensorboard", "tracking.backends: must be a list, e.g. tracking.backends=[tensorboard]"),
-    ("[wandb, wandb]", "tracking.backends: names a backend twice: ['wandb', 'wandb']"),
-    ("[csv]", "tracking.backends: must list backends from: tensorboard, wandb; got 'csv'"),
-    ("wandbb", "tracking.backends: must list backends from: tensorboard, wandb; got 'wandbb' "
-               "(did you mean 'wandb'?)"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("tensorboard", "tracking.backends: must be a list, e.g. tracking.backends=[tensorboard]"),
+        ("[wandb, wandb]", "tracking.backends: names a backend twice: ['wandb', 'wandb']"),
+        ("[csv]", "tracking.backends: must list backends from: tensorboard, wandb; got 'csv'"),
+        (
+            "wandbb",
+            "tracking.backends: must list backends from: tensorboard, wandb; got 'wandbb' (did you mean 'wandb'?)",
+        ),
+    ],
+)
 def test_bad_backend_lists(dare, tmp_path, value, message):
     with pytest.raises(ConfigError) as info:
         _resolve(dare, tmp_path, f"tracking.backends={value}")
@@ -98,18 +129,18 @@ def test_config_show_prints_the_section_with_its_help(dare, tmp_path):
     assert "\n  wandb:  # Weights & Biases options.\n    project: dare  # W&B project.\n" in text
 
 
-@pytest.mark.parametrize("backend,module,fix", [("wandb", "wandb", "pip install wandb"),
-                                                ("tensorboard", "tensorboard", "pip install tensorboard")])
-def test_a_missing_package_is_one_line_before_any_work(dare, tmp_path, monkeypatch, backend, module,
-                                                       fix):
+@pytest.mark.parametrize(
+    "backend,module,fix",
+    [("wandb", "wandb", "pip install wandb"), ("tensorboard", "tensorboard", "pip install tensorboard")],
+)
+def test_a_missing_package_is_one_line_before_any_work(dare, tmp_path, monkeypatch, backend, module, fix):
     cfg = _resolve(dare, tmp_path, f"tracking.backends=[{backend}]", "run_name=r")
     monkeypatch.setitem(sys.modules, module, None)  # `import <module>` now raises ImportError
     with pytest.raises(DareError) as info:
         train(dare, cfg)
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith(f"tracking.backends includes {backend!r} but {module} cannot be "
-                              f"imported (")
+    assert message.startswith(f"tracking.backends includes {backend!r} but {module} cannot be imported (")
     assert message.endswith(f"; {fix} (or remove {backend} from tracking.backends)")
     assert not (tmp_path / "runs").exists()  # refused before the run directory was created
     assert tracked_run.active() is None
@@ -128,6 +159,5 @@ def test_an_unknown_backend_in_a_config_built_in_code_is_refused(tmp_path):
 
     with attrs.validators.disabled():  # past the field validator
         cfg = RunConfig(sections={"tracking": TrackingConfig(backends=("nope",))})
-    with pytest.raises(DareError, match="tracking.backends: unknown backend 'nope'; choose from "
-                                        "tensorboard, wandb"):
+    with pytest.raises(DareError, match="tracking.backends: unknown backend 'nope'; choose from tensorboard, wandb"):
         dare_plugin_tracking.dare_configure(config=cfg)

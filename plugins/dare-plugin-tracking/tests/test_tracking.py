@@ -15,17 +15,29 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import dare_plugin_tracking
 from dare_core import hookimpl
 from dare_core.config import resolve, to_dict
-from dare_core.testing.registries import build_for
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
+from dare_core.testing.registries import build_for
 from dare_core.train import train
 from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import TensorBoardConfig
 from dare_plugin_tracking.writers import TensorBoardWriter, scalars
 
-COMMON = ["task.name=digits", "task.num_eval=8", "rollout.gen_length=4", "rollout.block_length=4",
-          "rollout.steps=4", "eval.batch_size=8", "progress=false", "seed=3", "trainer.steps=4",
-          "trainer.batch_size=2", "trainer.group_size=4", "eval.every=2", "trainer.save_final=false"]
+COMMON = [
+    "task.name=digits",
+    "task.num_eval=8",
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "rollout.steps=4",
+    "eval.batch_size=8",
+    "progress=false",
+    "seed=3",
+    "trainer.steps=4",
+    "trainer.batch_size=2",
+    "trainer.group_size=4",
+    "eval.every=2",
+    "trainer.save_final=false",
+]
 
 
 def _dare(*more):
@@ -33,8 +45,12 @@ def _dare(*more):
 
 
 def _config(dare, tmp_path, *overrides):
-    return resolve(dare, algo="pg_test", model="toy", overrides=COMMON + [
-        f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}", "run_name=r", *overrides])
+    return resolve(
+        dare,
+        algo="pg_test",
+        model="toy",
+        overrides=COMMON + [f"model.path={tmp_path}", f"output_dir={tmp_path / 'runs'}", "run_name=r", *overrides],
+    )
 
 
 def _metrics(root) -> tuple[list[dict], list[dict]]:
@@ -67,12 +83,12 @@ def test_tensorboard_and_wandb_hold_the_values_of_metrics_jsonl(tmp_path, wandb_
     assert [s["step"] for s in steps] == [1, 2, 3, 4] and [e["step"] for e in evals] == [0, 2, 4]
     expected: dict[int, dict[str, float]] = {}  # step -> every scalar logged at that step
     for line in steps:
-        expected.setdefault(line["step"], {}).update(scalars({k: v for k, v in line.items()
-                                                              if k != "step"}))
+        expected.setdefault(line["step"], {}).update(scalars({k: v for k, v in line.items() if k != "step"}))
     for line in evals:
         expected.setdefault(line["step"], {}).update(scalars(line["eval"], "eval/"))
     assert {"loss", "reward", "grad_norm", "eval/accuracy", "eval/vs_before/delta"} <= {
-        k for row in expected.values() for k in row}
+        k for row in expected.values() for k in row
+    }
 
     # TensorBoard: one series per name, every value at its step (float32, as TensorBoard keeps it)
     acc = _tensorboard(root / "tensorboard")
@@ -139,16 +155,35 @@ def test_tracking_off_writes_no_tracker_files(tmp_path):
 def test_a_shared_tensorboard_dir_gets_one_subdirectory_per_run(tmp_path):
     dare = _dare()
     shared = tmp_path / "tb"
-    train(dare, _config(dare, tmp_path, "tracking.backends=[tensorboard]", "eval.every=0",
-                        f"tracking.tensorboard.log_dir={shared}", "tracking.run_name=first"))
+    train(
+        dare,
+        _config(
+            dare,
+            tmp_path,
+            "tracking.backends=[tensorboard]",
+            "eval.every=0",
+            f"tracking.tensorboard.log_dir={shared}",
+            "tracking.run_name=first",
+        ),
+    )
     acc = _tensorboard(shared / "first")
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
     assert not (tmp_path / "runs" / "r" / "tensorboard").exists()
 
 
 def test_nested_non_finite_and_non_numeric_metrics(tmp_path):
-    values = scalars({"loss": float("nan"), "grad_norm": float("inf"), "ok": True, "n": 3,
-                      "name": "text", "none": None, "list": [1.0], "vs": {"delta": -0.5, "p": 0.25}})
+    values = scalars(
+        {
+            "loss": float("nan"),
+            "grad_norm": float("inf"),
+            "ok": True,
+            "n": 3,
+            "name": "text",
+            "none": None,
+            "list": [1.0],
+            "vs": {"delta": -0.5, "p": 0.25},
+        }
+    )
     assert set(values) == {"loss", "grad_norm", "ok", "n", "vs/delta", "vs/p"}
     assert math.isnan(values["loss"]) and values["grad_norm"] == math.inf
     assert (values["ok"], values["n"], values["vs/delta"]) == (1.0, 3.0, -0.5)

@@ -82,8 +82,9 @@ class Starts:
 
 @pytest.fixture(scope="module")
 def policy():
-    return CheckpointPolicy(random_model(diffusion_gemma_config("tiny", canvas_length=8), seed=0),
-                            stop_token_ids=(STOP,), pad_token_id=PAD)
+    return CheckpointPolicy(
+        random_model(diffusion_gemma_config("tiny", canvas_length=8), seed=0), stop_token_ids=(STOP,), pad_token_id=PAD
+    )
 
 
 def _prompts():
@@ -103,8 +104,10 @@ def test_registered_as_a_synced_block_backend_needing_uniform_noise():
 
 
 def test_registering_imports_neither_torch_nor_vllm():
-    code = ("import sys, dare_plugin_vllm, dare_plugin_vllm.config; "
-            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, dare_plugin_vllm, dare_plugin_vllm.config; "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -115,8 +118,14 @@ def test_config_fields_have_help_and_bad_values_are_all_reported():
     assert all(f.metadata.get("help") for f in attrs.fields(VLLMRolloutConfig))
     cfg, problems = structure(VLLMRolloutConfig, {"gen_length": 64, "dtype": "bfloat16"}, "rollout")
     assert not problems and cfg.gen_length == 64 and cfg.dtype == "bfloat16"
-    bad = {"gen_length": 0, "gpu_memory_utilization": 1.5, "dtype": "int8", "tensor_parallel_size": 0,
-           "max_num_seqs": -1, "temperature": 0.5}
+    bad = {
+        "gen_length": 0,
+        "gpu_memory_utilization": 1.5,
+        "dtype": "int8",
+        "tensor_parallel_size": 0,
+        "max_num_seqs": -1,
+        "temperature": 0.5,
+    }
     cfg, problems = structure(VLLMRolloutConfig, bad, "rollout")
     assert cfg is None
     text = " | ".join(problems)
@@ -163,9 +172,11 @@ def test_prompt_lists_strip_the_left_padding():
 
 def test_outputs_become_a_right_padded_batch_masked_through_the_first_stop():
     ids, mask, _ = _prompts()
-    rows = [([4, 5, STOP], [-0.5, -0.25, -0.125]),      # stopped: mask through the stop token
-            ([4, 5, 6, 7, 8, 9], [-1.0] * 6),             # longer than gen_length: cut, all counted
-            ([7, 8], None)]                                # ended early without a stop: its length
+    rows = [
+        ([4, 5, STOP], [-0.5, -0.25, -0.125]),  # stopped: mask through the stop token
+        ([4, 5, 6, 7, 8, 9], [-1.0] * 6),  # longer than gen_length: cut, all counted
+        ([7, 8], None),
+    ]  # ended early without a stop: its length
     out = vb.to_rollout_batch(ids, mask, rows, 5, (STOP, 99), PAD, with_logprobs=True)
     assert isinstance(out, RolloutBatch) and out.prompt_ids is ids and out.prompt_mask is mask
     assert out.response_ids.tolist() == [[4, 5, STOP, PAD, PAD], [4, 5, 6, 7, 8], [7, 8, PAD, PAD, PAD]]
@@ -182,10 +193,18 @@ def test_outputs_become_a_right_padded_batch_masked_through_the_first_stop():
 
 def test_output_rows_read_each_tokens_own_logprob():
     lp = SimpleNamespace
-    outs = [SimpleNamespace(outputs=[SimpleNamespace(token_ids=(4, 5, 6), logprobs=[
-        {4: lp(logprob=-0.5), 9: lp(logprob=-2.0)}, {5: lp(logprob=-0.25)}, None])]),
+    outs = [
+        SimpleNamespace(
+            outputs=[
+                SimpleNamespace(
+                    token_ids=(4, 5, 6),
+                    logprobs=[{4: lp(logprob=-0.5), 9: lp(logprob=-2.0)}, {5: lp(logprob=-0.25)}, None],
+                )
+            ]
+        ),
         SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], logprobs=None)]),
-        SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7, 8], logprobs=[{7: lp(logprob=-1.0)}])])]
+        SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7, 8], logprobs=[{7: lp(logprob=-1.0)}])]),
+    ]
     rows = vb.output_rows(outs)
     assert rows[0][0] == [4, 5, 6] and rows[0][1][:2] == [-0.5, -0.25] and rows[0][1][2] != rows[0][1][2]
     assert rows[1] == ([7], None)
@@ -193,14 +212,26 @@ def test_output_rows_read_each_tokens_own_logprob():
 
 
 def test_sampling_and_engine_arguments():
-    cfg = VLLMRolloutConfig(gen_length=32, logprobs=False, max_denoising_steps=12, max_num_seqs=4,
-                            attention_backend="TRITON_ATTN", dtype="bfloat16")
-    assert vb.sampling_kwargs(cfg, (1, 106)) == dict(max_tokens=32, stop_token_ids=[1, 106], ignore_eos=True,
-                                                     logprobs=None, detokenize=False)
+    cfg = VLLMRolloutConfig(
+        gen_length=32,
+        logprobs=False,
+        max_denoising_steps=12,
+        max_num_seqs=4,
+        attention_backend="TRITON_ATTN",
+        dtype="bfloat16",
+    )
+    assert vb.sampling_kwargs(cfg, (1, 106)) == dict(
+        max_tokens=32, stop_token_ids=[1, 106], ignore_eos=True, logprobs=None, detokenize=False
+    )
     assert vb.sampling_kwargs(VLLMRolloutConfig(), ())["logprobs"] == 0
     kw = vb.engine_kwargs(cfg, "/ckpt", 16)
     assert kw["diffusion_config"] == {"canvas_length": 16, "max_denoising_steps": 12}
-    assert (kw["model"], kw["dtype"], kw["max_num_seqs"], kw["attention_backend"]) == ("/ckpt", "bfloat16", 4, "TRITON_ATTN")
+    assert (kw["model"], kw["dtype"], kw["max_num_seqs"], kw["attention_backend"]) == (
+        "/ckpt",
+        "bfloat16",
+        4,
+        "TRITON_ATTN",
+    )
     assert kw["language_model_only"] and kw["skip_tokenizer_init"] and "max_model_len" not in kw
     assert vb.engine_kwargs(VLLMRolloutConfig(), "/c", 8)["diffusion_config"] == {"canvas_length": 8}
 
@@ -222,8 +253,10 @@ def test_generation_config_gets_the_sampler_settings_vllm_reads(tmp_path):
     assert "t_min" not in filled and data["t_min"] == 0.3 and data["eos_token_id"] == 1
     assert set(filled) == set(vb.SAMPLER_KEYS) - {"t_min"}
     assert data["t_max"] == defaults["t_max"] and data["stability_threshold"] == defaults["stability_threshold"]
-    assert data["sampler_config"] == {"entropy_bound": defaults["sampler_config"].entropy_bound,
-                                      "_cls_name": "EntropyBoundSamplerConfig"}
+    assert data["sampler_config"] == {
+        "entropy_bound": defaults["sampler_config"].entropy_bound,
+        "_cls_name": "EntropyBoundSamplerConfig",
+    }
     empty = tmp_path / "none"
     empty.mkdir()
     assert set(vb.complete_generation_config(str(empty))) == set(vb.SAMPLER_KEYS)
@@ -232,8 +265,9 @@ def test_generation_config_gets_the_sampler_settings_vllm_reads(tmp_path):
 # ---------------------------------------------------------------- the backend over the test double
 def test_first_generate_starts_the_engine_from_an_export_of_the_policy(policy, tmp_path):
     starts = Starts()
-    backend = VLLMRollout(VLLMRolloutConfig(gen_length=6, gpu_memory_utilization=0.5, export_dir=str(tmp_path)),
-                          start=starts)
+    backend = VLLMRollout(
+        VLLMRolloutConfig(gen_length=6, gpu_memory_utilization=0.5, export_dir=str(tmp_path)), start=starts
+    )
     ids, mask, rows = _prompts()
     path = None
     try:
@@ -252,8 +286,9 @@ def test_first_generate_starts_the_engine_from_an_export_of_the_policy(policy, t
         llm = starts.llms[0]
         generates = [c for c in llm.calls if c[0] == "generate"]
         assert generates[0][1] == [{"prompt_token_ids": r} for r in rows]
-        assert generates[0][2] == dict(max_tokens=6, stop_token_ids=[STOP], ignore_eos=True, logprobs=0,
-                                       detokenize=False)
+        assert generates[0][2] == dict(
+            max_tokens=6, stop_token_ids=[STOP], ignore_eos=True, logprobs=0, detokenize=False
+        )
         assert out.response_ids.shape == (3, 6) and out.extras["engine_logprobs"].shape == (3, 6)
         for r in range(3):  # the mask runs through the first stop token (or the whole response)
             row = out.response_ids[r].tolist()
@@ -292,7 +327,7 @@ def test_backends_of_one_policy_share_an_engine(policy):
     starts = Starts()
     train = VLLMRollout(VLLMRolloutConfig(gen_length=4), start=starts)
     evaluation = VLLMRollout(VLLMRolloutConfig(gen_length=8, logprobs=False), start=starts)  # per-call fields differ
-    other = VLLMRollout(VLLMRolloutConfig(gen_length=4, max_num_seqs=2), start=starts)      # an engine setting differs
+    other = VLLMRollout(VLLMRolloutConfig(gen_length=4, max_num_seqs=2), start=starts)  # an engine setting differs
     ids, mask, _ = _prompts()
     try:
         for backend in (train, evaluation, other):
@@ -359,8 +394,9 @@ def test_a_lora_policy_is_exported_merged_and_left_as_it_is(tmp_path):
     base = random_model(diffusion_gemma_config("tiny", canvas_length=8), seed=1)
     name = "model.decoder.layers.0.self_attn.q_proj.weight"
     w0 = base.state_dict()[name].clone()
-    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=r".*decoder\.layers\.\d+\.self_attn\.q_proj",
-                           init_lora_weights=False)
+    lora = peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=r".*decoder\.layers\.\d+\.self_attn\.q_proj", init_lora_weights=False
+    )
     module = peft.get_peft_model(base, lora)
     wrapper = CheckpointPolicy(module)
     vb.export_policy(wrapper, str(tmp_path))

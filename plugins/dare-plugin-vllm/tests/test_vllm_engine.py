@@ -18,13 +18,15 @@ from dare_plugin_vllm.config import VLLMRolloutConfig
 pytestmark = pytest.mark.vllm
 
 CANVAS, GEN = 8, 16
-CONFIG = VLLMRolloutConfig(gen_length=GEN, gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=256,
-                           max_num_seqs=8)
+CONFIG = VLLMRolloutConfig(
+    gen_length=GEN, gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=256, max_num_seqs=8
+)
 
 
 def _policy(seed: int) -> CheckpointPolicy:
-    model = random_model(diffusion_gemma_config("tiny", canvas_length=CANVAS), seed=seed, dtype=torch.bfloat16,
-                         device="cuda")
+    model = random_model(
+        diffusion_gemma_config("tiny", canvas_length=CANVAS), seed=seed, dtype=torch.bfloat16, device="cuda"
+    )
     return CheckpointPolicy(model, stop_token_ids=(1,), pad_token_id=0)
 
 

@@ -13,11 +13,12 @@ from dare_core.api import sum_totals
 from dare_core.components import ComponentLookup
 from dare_core.config.structure import structure
 from dare_core.interfaces import SequenceBatch
-from dare_core.testing.registries import build_for
 from dare_core.testing import make_toy_wrapper
 from dare_core.testing.contracts import AlgorithmContract
+from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout
-from dare_plugin_vrpo.algorithm import DPOLoss, VRPOConfig, build as build_vrpo
+from dare_plugin_vrpo.algorithm import DPOLoss, VRPOConfig
+from dare_plugin_vrpo.algorithm import build as build_vrpo
 
 
 class TestVRPOContract(AlgorithmContract):
@@ -108,7 +109,7 @@ def test_elbo_is_exact_on_uniform_logits_and_normalised_by_padded_length():
     att = torch.ones_like(ids)
     lengths = [6, 4, 1, 3]
     for b, L in enumerate(lengths):
-        att[b, P + L:] = 0
+        att[b, P + L :] = 0
     batch = SequenceBatch(ids, att, P)
     for normalize, denom in (("padded", [R] * 4), ("valid", lengths), ("none", [1] * 4)):
         comps = _components(mc_num=8, n_l=4, normalize=normalize)

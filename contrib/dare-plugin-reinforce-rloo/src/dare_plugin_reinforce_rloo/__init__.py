@@ -7,7 +7,6 @@ Manifest: only ``@hookimpl`` functions. Names, options and recipe come from
 """
 
 from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
-
 from dare_plugin_reinforce_rloo.config import (
     ALGORITHM,
     ESTIMATOR,
@@ -23,34 +22,47 @@ __version__ = "0.1.0"
 
 @hookimpl
 def dare_register_likelihood_estimators(register):
-    register(ComponentSpec(
-        ESTIMATOR, lazy("dare_plugin_reinforce_rloo.algorithm:MaskedMeanSequenceLogProb"),
-        "per sequence: mean log p over the masked response tokens of all MC rows",
-    ))
+    register(
+        ComponentSpec(
+            ESTIMATOR,
+            lazy("dare_plugin_reinforce_rloo.algorithm:MaskedMeanSequenceLogProb"),
+            "per sequence: mean log p over the masked response tokens of all MC rows",
+        )
+    )
 
 
 @hookimpl
 def dare_register_policy_losses(register):
-    register(ComponentSpec(
-        LOSS, lazy("dare_plugin_reinforce_rloo.algorithm:SequenceReinforceLoss"),
-        "per-sequence REINFORCE -(A_b * l_b), mean over sequences",
-        reference=PAPER,
-    ))
+    register(
+        ComponentSpec(
+            LOSS,
+            lazy("dare_plugin_reinforce_rloo.algorithm:SequenceReinforceLoss"),
+            "per-sequence REINFORCE -(A_b * l_b), mean over sequences",
+            reference=PAPER,
+        )
+    )
 
 
 @hookimpl
 def dare_register_algorithms(register):
-    register(AlgorithmSpec(
-        name=ALGORITHM,
-        workflow="rl",
-        config_cls=ReinforceRLOOConfig,
-        build=lazy("dare_plugin_reinforce_rloo.algorithm:build"),
-        components={"corruption": "random_ratio", "trajectory": "final_sequence",
-                    "estimator": ESTIMATOR, "loss": LOSS, "advantage": "rloo"},
-        paper=PAPER,
-        description="REINFORCE with the leave-one-out (RLOO) baseline, MC masked-token likelihood",
-        recipe=RECIPE,
-    ))
+    register(
+        AlgorithmSpec(
+            name=ALGORITHM,
+            workflow="rl",
+            config_cls=ReinforceRLOOConfig,
+            build=lazy("dare_plugin_reinforce_rloo.algorithm:build"),
+            components={
+                "corruption": "random_ratio",
+                "trajectory": "final_sequence",
+                "estimator": ESTIMATOR,
+                "loss": LOSS,
+                "advantage": "rloo",
+            },
+            paper=PAPER,
+            description="REINFORCE with the leave-one-out (RLOO) baseline, MC masked-token likelihood",
+            recipe=RECIPE,
+        )
+    )
 
 
 @hookimpl

@@ -53,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, corrupted_logprobs, mask_totals, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch, corrupted_logprobs, mask_totals
 from dare_plugin_reinforce_rloo.config import ESTIMATOR, LOSS, ReinforceRLOOConfig
 
 
@@ -77,8 +77,8 @@ class MaskedMeanSequenceLogProb:
         if corrupted is None:
             raise ValueError(f"the {ESTIMATOR} estimator needs a corruption")
         P = batch.prompt_len
-        logp = corrupted_logprobs(wrapper, batch, corrupted)[:, :, P:]        # [M, B, R]
-        hit = corrupted.masked[:, :, P:] & batch.response_mask.bool()[None]   # [M, B, R]
+        logp = corrupted_logprobs(wrapper, batch, corrupted)[:, :, P:]  # [M, B, R]
+        hit = corrupted.masked[:, :, P:] & batch.response_mask.bool()[None]  # [M, B, R]
         total = torch.where(hit, logp, torch.zeros_like(logp)).sum(dim=(0, 2))
         count = hit.sum(dim=(0, 2)).to(logp.dtype)
         return (total / count.clamp_min(1.0))[None]
@@ -103,17 +103,25 @@ class SequenceReinforceLoss:
         """The sequence count (``rows``) of ``mask`` ``[B, R]`` (with token and cell counts)."""
         return mask_totals(mask)
 
-    def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
-                 ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: Optional[torch.Tensor] = None, *, extras: Optional[dict] = None,
-                 totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: Optional[torch.Tensor],
+        ref_logp: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         if logp.dim() == 1:
             logp = logp[None]
             old_logp = old_logp[None] if old_logp is not None else None
         if logp.dim() != 2:
             raise ValueError(
                 f"{LOSS} takes per-sequence log-likelihoods [M, B], got shape {tuple(logp.shape)}; "
-                f"pair it with a sequence-granularity estimator such as {ESTIMATOR}")
+                f"pair it with a sequence-granularity estimator such as {ESTIMATOR}"
+            )
         adv = advantages.to(logp.dtype)[None, :]
         rows = float(logp.shape[-1]) if totals is None else totals["rows"].to(logp.dtype)
         loss = -(adv * logp).sum() / (logp.shape[0] * rows)

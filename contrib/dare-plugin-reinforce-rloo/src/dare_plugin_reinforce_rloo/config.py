@@ -18,11 +18,16 @@ class ReinforceRLOOConfig:
     """Options of the ``algorithm:`` section for ``--algo reinforce_rloo``."""
 
     mc_num: int = option(
-        2, "Random-ratio corruption rows per sequence; the likelihood pools the masked tokens of "
-           "all rows (cost: mc_num forwards per sequence and evaluation).", positive)
+        2,
+        "Random-ratio corruption rows per sequence; the likelihood pools the masked tokens of "
+        "all rows (cost: mc_num forwards per sequence and evaluation).",
+        positive,
+    )
     eps: float = option(
-        1e-3, "Noise floor of the masking ratio: t = (1 - eps) u + eps with u ~ U(0, 1).",
-        in_range(0.0, 1.0, high_open=True))
+        1e-3,
+        "Noise floor of the masking ratio: t = (1 - eps) u + eps with u ~ U(0, 1).",
+        in_range(0.0, 1.0, high_open=True),
+    )
 
 
 def check_run(config) -> None:
@@ -35,7 +40,8 @@ def check_run(config) -> None:
         raise DareError(
             f"algorithm {ALGORITHM!r} needs trainer.group_size >= 2 (the leave-one-out baseline "
             f"of a single sample is undefined and its advantage would be 0), got {k}; "
-            f"set trainer.group_size=4")
+            f"set trainer.group_size=4"
+        )
 
 
 # The paper evaluates k = 2 and k = 4 samples per prompt; the default here is 4.

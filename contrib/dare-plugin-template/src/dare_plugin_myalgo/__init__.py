@@ -15,7 +15,6 @@ Registered here:
 """
 
 from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
-
 from dare_plugin_myalgo.config import ALGORITHM, CORRUPTION, LOSS, PAPER, RECIPE, MyAlgoConfig
 
 __version__ = "0.1.0"
@@ -23,34 +22,47 @@ __version__ = "0.1.0"
 
 @hookimpl
 def dare_register_corruptions(register):
-    register(ComponentSpec(
-        CORRUPTION, lazy("dare_plugin_myalgo.algorithm:MaskWholeResponse"),
-        "every valid response token masked, prompt kept (deterministic, one row)",
-        kinds=frozenset({"masked"}), reference=PAPER,
-    ))
+    register(
+        ComponentSpec(
+            CORRUPTION,
+            lazy("dare_plugin_myalgo.algorithm:MaskWholeResponse"),
+            "every valid response token masked, prompt kept (deterministic, one row)",
+            kinds=frozenset({"masked"}),
+            reference=PAPER,
+        )
+    )
 
 
 @hookimpl
 def dare_register_policy_losses(register):
-    register(ComponentSpec(
-        LOSS, lazy("dare_plugin_myalgo.algorithm:ReinforceLoss"),
-        "REINFORCE -(A * logp), no ratio, no clipping; token-mean",
-        reference=PAPER,
-    ))
+    register(
+        ComponentSpec(
+            LOSS,
+            lazy("dare_plugin_myalgo.algorithm:ReinforceLoss"),
+            "REINFORCE -(A * logp), no ratio, no clipping; token-mean",
+            reference=PAPER,
+        )
+    )
 
 
 @hookimpl
 def dare_register_algorithms(register):
-    register(AlgorithmSpec(
-        name=ALGORITHM,
-        workflow="rl",
-        config_cls=MyAlgoConfig,
-        build=lazy("dare_plugin_myalgo.algorithm:build"),
-        kinds=frozenset({"masked"}),
-        components={"corruption": CORRUPTION, "trajectory": "final_sequence",
-                    "estimator": "response_token_logprob", "loss": LOSS,
-                    "advantage": "group_norm"},
-        paper=PAPER,
-        description="REINFORCE, group-mean baseline, one-step mean-field response log-prob",
-        recipe=RECIPE,
-    ))
+    register(
+        AlgorithmSpec(
+            name=ALGORITHM,
+            workflow="rl",
+            config_cls=MyAlgoConfig,
+            build=lazy("dare_plugin_myalgo.algorithm:build"),
+            kinds=frozenset({"masked"}),
+            components={
+                "corruption": CORRUPTION,
+                "trajectory": "final_sequence",
+                "estimator": "response_token_logprob",
+                "loss": LOSS,
+                "advantage": "group_norm",
+            },
+            paper=PAPER,
+            description="REINFORCE, group-mean baseline, one-step mean-field response log-prob",
+            recipe=RECIPE,
+        )
+    )

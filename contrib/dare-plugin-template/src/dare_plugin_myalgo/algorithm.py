@@ -49,7 +49,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import agg_loss, Components, Corrupted, mask_totals, masked_mean, SequenceBatch
+from dare_core.api import Components, Corrupted, SequenceBatch, agg_loss, mask_totals, masked_mean
 from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyAlgoConfig
 
 
@@ -92,9 +92,17 @@ class ReinforceLoss:
         """What :func:`~dare_core.api.agg_loss` divides by: token, row and cell counts of ``mask``."""
         return mask_totals(mask)
 
-    def __call__(self, logp: torch.Tensor, old_logp: Optional[torch.Tensor],
-                 ref_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                 mask: torch.Tensor, *, extras: Optional[dict] = None, totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: Optional[torch.Tensor],
+        ref_logp: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         if logp.dim() == 2:
             logp = logp.unsqueeze(0)
             old_logp = old_logp.unsqueeze(0) if old_logp is not None else None

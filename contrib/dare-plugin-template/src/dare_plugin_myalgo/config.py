@@ -26,14 +26,16 @@ class MyAlgoConfig:
     """
 
     norm_adv_by_std: bool = option(
-        False, "Divide the group-centred rewards by the group std (GRPO style); "
-               "false = plain group-mean baseline, as REINFORCE.")
+        False,
+        "Divide the group-centred rewards by the group std (GRPO style); "
+        "false = plain group-mean baseline, as REINFORCE.",
+    )
     adv_eps: float = option(
-        1e-6, "Added to the group std before dividing (only used when norm_adv_by_std is true).",
-        positive)
+        1e-6, "Added to the group std before dividing (only used when norm_adv_by_std is true).", positive
+    )
     loss_agg_mode: str = option(
-        "token-mean", "How token losses become a scalar: " + ", ".join(AGG_MODES) + ".",
-        one_of(AGG_MODES))
+        "token-mean", "How token losses become a scalar: " + ", ".join(AGG_MODES) + ".", one_of(AGG_MODES)
+    )
 
 
 # Defaults for other run-config sections, applied below a checkpoint's dare_defaults.yaml, the

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dare_core.api import FLEX_BLOCK, HALF, cu_seqlens, available_kernels, document_mask
+from dare_core.api import FLEX_BLOCK, HALF, available_kernels, cu_seqlens, document_mask
 
 _COMPILED_FLEX = None
 
@@ -46,9 +46,15 @@ def _pad_head_dim(q, k, v, dim: int):
     return tuple(F.pad(t, (0, extra)) for t in (q, k, v))
 
 
-def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor,
-                       scale: Optional[float] = None, kernel: str = "sdpa_mask",
-                       cache: Optional[dict] = None) -> torch.Tensor:
+def document_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc_ids: torch.Tensor,
+    scale: Optional[float] = None,
+    kernel: str = "sdpa_mask",
+    cache: Optional[dict] = None,
+) -> torch.Tensor:
     """Attention within documents. ``q``/``k``/``v`` ``[R, H, L, hd]`` (same head count),
     ``doc_ids`` ``[R, L]`` → ``[R, H, L, hd]``. ``cache``: a dict shared by the calls of one
     forward (every layer sees the same ``doc_ids``), holding the kernel's set-up."""
@@ -60,13 +66,15 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_id
     if q.device.type != "cuda":
         raise ValueError(f"document attention kernel {kernel!r} runs only on CUDA; use sdpa_mask")
     dim = q.shape[-1]
-    scale = dim ** -0.5 if scale is None else scale
+    scale = dim**-0.5 if scale is None else scale
     if kernel == "flex":
         q, k, v = _pad_head_dim(q, k, v, max(16, dim))
         return _flex_document_attention(q, k, v, doc_ids, scale, cache)[..., :dim]
     if kernel in ("varlen", "flash_attn") and q.dtype not in HALF:
-        raise ValueError(f"document attention kernel {kernel!r} needs bf16 or fp16 inputs, got {q.dtype}; "
-                         f"use flex or sdpa_mask for {q.dtype}")
+        raise ValueError(
+            f"document attention kernel {kernel!r} needs bf16 or fp16 inputs, got {q.dtype}; "
+            f"use flex or sdpa_mask for {q.dtype}"
+        )
     q, k, v = _pad_head_dim(q, k, v, -(-dim // 8) * 8)
     padded = q.shape[-1]
     rows, heads, width, _ = q.shape
@@ -81,8 +89,9 @@ def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_id
     elif kernel == "flash_attn":
         from flash_attn import flash_attn_varlen_func
 
-        out = flash_attn_varlen_func(flat[0], flat[1], flat[2], cu, cu, longest, longest,
-                                     softmax_scale=scale, causal=False)
+        out = flash_attn_varlen_func(
+            flat[0], flat[1], flat[2], cu, cu, longest, longest, softmax_scale=scale, causal=False
+        )
     else:
         raise ValueError(f"unknown document attention kernel {kernel!r}; valid: {available_kernels(q.device)}")
     return out.reshape(rows, width, heads, padded).transpose(1, 2)[..., :dim]

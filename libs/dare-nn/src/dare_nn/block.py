@@ -57,9 +57,7 @@ def _valid(attention_mask: Optional[torch.Tensor], shape, device) -> torch.Tenso
     if attention_mask is None:
         return torch.ones(shape, dtype=torch.bool, device=device)
     if attention_mask.dim() != 2:
-        raise ValueError(
-            f"expected a 2-D [batch, length] padding mask, got shape {tuple(attention_mask.shape)}"
-        )
+        raise ValueError(f"expected a 2-D [batch, length] padding mask, got shape {tuple(attention_mask.shape)}")
     return attention_mask.bool()
 
 
@@ -133,9 +131,7 @@ def bd3lm_layout(
     loss needs are those of the first ``L`` positions (the noisy half).
     """
     if noisy_ids.shape != clean_ids.shape:
-        raise ValueError(
-            f"noisy and clean ids differ in shape: {tuple(noisy_ids.shape)} vs {tuple(clean_ids.shape)}"
-        )
+        raise ValueError(f"noisy and clean ids differ in shape: {tuple(noisy_ids.shape)} vs {tuple(clean_ids.shape)}")
     B, L = noisy_ids.shape
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask, (B, L), noisy_ids.device)
@@ -193,8 +189,9 @@ def bd3lm_compact_output(out: torch.Tensor, length: int, c0: int, noisy_block: t
     return torch.where(sel, noisy, clean)
 
 
-def block_causal_inputs(attention_mask: Optional[torch.Tensor], shape: tuple[int, int], block_size: int,
-                        device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_causal_inputs(
+    attention_mask: Optional[torch.Tensor], shape: tuple[int, int], block_size: int, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(position_ids, mask)`` of the block-causal inference forward of a ``[B, L]`` batch:
     :func:`positions_from_mask` and :func:`block_causal_mask` over their blocks."""
     pos = positions_from_mask(attention_mask, shape, device)
@@ -223,12 +220,19 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
     @attention_kernel.setter
     def attention_kernel(self, kernel: str) -> None:
         if kernel != "sdpa_mask":
-            raise DareError(f"model.attention_kernel={kernel}: packed block-diffusion rows use the BD3LM "
-                            f"boolean mask through SDPA only; use model.attention_kernel=sdpa_mask or auto")
+            raise DareError(
+                f"model.attention_kernel={kernel}: packed block-diffusion rows use the BD3LM "
+                f"boolean mask through SDPA only; use model.attention_kernel=sdpa_mask or auto"
+            )
 
-    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor,
-                       attention_mask: Optional[torch.Tensor] = None, clean_ids: Optional[torch.Tensor] = None,
-                       prompt_len: Optional[int] = None) -> torch.Tensor:
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """``log p(targets | noisy)`` under the BD3LM layout, ``[B, S]`` float32. With
         ``train_attention = "packed"`` the documents' layouts are packed into rows
         (:func:`~dare_nn.block_packing.pack_bd3lm`; the same values at valid positions, 0 at
@@ -237,15 +241,21 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         if self.train_attention == "packed" and attention_mask is not None and attention_mask.dim() == 2:
             from dare_nn.block_packing import pack_bd3lm
 
-            pack = pack_bd3lm(noisy_ids, noisy_ids if clean_ids is None else clean_ids, self.block_size,
-                              attention_mask, self.pad_token_id)
+            pack = pack_bd3lm(
+                noisy_ids,
+                noisy_ids if clean_ids is None else clean_ids,
+                self.block_size,
+                attention_mask,
+                self.pad_token_id,
+            )
             if pack.slots <= self.packing_max_slots * pack.padded_slots:
                 return self._packed_bd3lm_logprobs(pack, targets)
         if self.fused_ce:
             hidden = self.denoise_hidden(noisy_ids, attention_mask, clean_ids)
             weight, bias, scale = self.output_head()
-            return fused_token_logprobs(hidden, weight, targets, bias, scale=scale,
-                                        chunk_elements=self.ce_chunk_elements)
+            return fused_token_logprobs(
+                hidden, weight, targets, bias, scale=scale, chunk_elements=self.ce_chunk_elements
+            )
         return gather_logprobs(self.denoise_logits(noisy_ids, attention_mask, clean_ids), targets)
 
     def _packed_bd3lm_logprobs(self, pack, targets: torch.Tensor) -> torch.Tensor:
@@ -255,8 +265,9 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         if self.fused_ce:
             rows = pack.outputs(self.module.forward_hidden(pack.input_ids, **kw))
             weight, bias, scale = self.output_head()
-            picked = fused_token_logprobs(rows, weight, targets[pack.where], bias, scale=scale,
-                                          chunk_elements=self.ce_chunk_elements)
+            picked = fused_token_logprobs(
+                rows, weight, targets[pack.where], bias, scale=scale, chunk_elements=self.ce_chunk_elements
+            )
         else:
             rows = pack.outputs(self.module(input_ids=pack.input_ids, **kw).logits)
             picked = gather_logprobs(rows, targets[pack.where])
@@ -264,12 +275,16 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""
-        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size,
-                                        input_ids.device)
+        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size, input_ids.device)
         return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
 
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask (block ids from
         positions counted from the first real token, the global origin).
 
@@ -285,21 +300,36 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         out = self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
         return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
 
-    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def denoise_hidden(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets
         the core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
         if clean_ids is None:
-            pos, mask = block_causal_inputs(attention_mask, tuple(noisy_ids.shape), self.block_size,
-                                            noisy_ids.device)
+            pos, mask = block_causal_inputs(attention_mask, tuple(noisy_ids.shape), self.block_size, noisy_ids.device)
             return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
         ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
         out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
         return bd3lm_compact_output(out, noisy_ids.shape[1], c0, noisy)
 
-    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor, past_key_values=None,
-                       attention_mask: Optional[torch.Tensor] = None, use_cache: bool = True):
+    def forward_cached(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        past_key_values=None,
+        attention_mask: Optional[torch.Tensor] = None,
+        use_cache: bool = True,
+    ):
         """One cached forward (the DARE KV-cache contract); returns ``(logits, present)``."""
-        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, use_cache=use_cache)
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
         return out.logits, out.past_key_values

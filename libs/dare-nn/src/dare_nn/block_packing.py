@@ -72,17 +72,20 @@ def bd3lm_packed_mask(doc_ids: torch.Tensor, clean: torch.Tensor, block_ids: tor
     return (allowed | (eye & ~real[:, :, None]))[:, None]
 
 
-def pack_bd3lm(noisy_ids: torch.Tensor, clean_ids: torch.Tensor, block_size: int,
-               attention_mask: Optional[torch.Tensor], fill_id: int) -> BlockPacking:
+def pack_bd3lm(
+    noisy_ids: torch.Tensor,
+    clean_ids: torch.Tensor,
+    block_size: int,
+    attention_mask: Optional[torch.Tensor],
+    fill_id: int,
+) -> BlockPacking:
     """Pack the ``[noisy | clean]`` layouts of the documents of a padded ``[B, L]`` batch
     (``attention_mask`` 1 on valid tokens, ``None``: all valid); filler slots hold ``fill_id``."""
     if noisy_ids.shape != clean_ids.shape:
-        raise ValueError(f"noisy and clean ids differ in shape: {tuple(noisy_ids.shape)} vs "
-                         f"{tuple(clean_ids.shape)}")
+        raise ValueError(f"noisy and clean ids differ in shape: {tuple(noisy_ids.shape)} vs {tuple(clean_ids.shape)}")
     b, length = noisy_ids.shape
     dev = noisy_ids.device
-    valid = (torch.ones(b, length, dtype=torch.bool, device=dev) if attention_mask is None
-             else attention_mask.bool())
+    valid = torch.ones(b, length, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
     pos = positions_from_mask(valid, (b, length), dev)
     blocks = block_index(pos, block_size)
     hot = torch.zeros(b, length + 1, dtype=torch.bool, device=dev)

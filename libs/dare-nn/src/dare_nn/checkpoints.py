@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 
+
 def checkpoint_model_type(path: str, accepted: Any) -> str:
     """The ``model_type`` of ``path/config.json``; a :class:`~dare_core.errors.DareError` naming
     the fix when the directory or its config.json is missing or the type is not ``accepted``
@@ -25,11 +26,14 @@ def checkpoint_model_type(path: str, accepted: Any) -> str:
         model_type = json.load(fh).get("model_type")
     if isinstance(accepted, str):
         if model_type != accepted:
-            raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not {accepted!r}; "
-                            f"choose the matching --model")
+            raise DareError(
+                f"{path!r} holds a {model_type!r} checkpoint, not {accepted!r}; choose the matching --model"
+            )
     elif model_type not in accepted:
-        raise DareError(f"{path!r} holds a {model_type!r} checkpoint, not one of "
-                        f"{', '.join(sorted(accepted))}; choose the matching --model")
+        raise DareError(
+            f"{path!r} holds a {model_type!r} checkpoint, not one of "
+            f"{', '.join(sorted(accepted))}; choose the matching --model"
+        )
     return model_type
 
 
@@ -54,8 +58,14 @@ def tokenizer_token_id(tokenizer: Any, token: str) -> Optional[int]:
     return None
 
 
-def load_module(module_cls: Any, path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                attn_implementation: Optional[str] = None, model_type: Any = None) -> tuple[torch.nn.Module, Any]:
+def load_module(
+    module_cls: Any,
+    path: str,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    attn_implementation: Optional[str] = None,
+    model_type: Any = None,
+) -> tuple[torch.nn.Module, Any]:
     """``(module, tokenizer)`` of a checkpoint: ``module_cls.from_pretrained`` in ``dtype`` on
     ``device`` (with ``attn_implementation`` when given) and the checkpoint's tokenizer; with
     ``model_type``, :func:`checkpoint_model_type` checks the checkpoint first."""

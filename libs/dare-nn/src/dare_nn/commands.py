@@ -11,8 +11,14 @@ import click
 @click.command()
 @click.option("--model", required=True, help="Model family whose architecture to instantiate.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="New checkpoint directory.")
-@click.option("--task", "tasks", multiple=True, default=("sudoku",), show_default=True,
-              help="Task(s) whose texts train the tokenizer (repeatable).")
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    default=("sudoku",),
+    show_default=True,
+    help="Task(s) whose texts train the tokenizer (repeatable).",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def init(model: str, out: str, tasks: tuple[str, ...], seed: int, overrides: tuple[str, ...]) -> None:

@@ -148,8 +148,9 @@ class SwiGLU(nn.Module):
         return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
 
 
-def pre_norm_residual(x: torch.Tensor, attn_norm: Callable, attn: Callable, mlp_norm: Callable,
-                      mlp: Callable, *attn_args: Any) -> tuple[torch.Tensor, Any]:
+def pre_norm_residual(
+    x: torch.Tensor, attn_norm: Callable, attn: Callable, mlp_norm: Callable, mlp: Callable, *attn_args: Any
+) -> tuple[torch.Tensor, Any]:
     """A pre-norm decoder layer: ``h = x + attn(attn_norm(x), *attn_args)``, ``h + mlp(mlp_norm(h))``.
 
     ``attn`` returns ``(output, present)``; the result is ``(layer output, present)``.
@@ -160,8 +161,9 @@ def pre_norm_residual(x: torch.Tensor, attn_norm: Callable, attn: Callable, mlp_
 
 
 # --------------------------------------------------------------------------------------- RoPE
-def rotary_cos_sin(position_ids: torch.Tensor, dim: int, theta: float,
-                   dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    position_ids: torch.Tensor, dim: int, theta: float, dtype: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[B, 1, L, dim]`` of rotate-half (NeoX) RoPE for ``position_ids`` ``[B, L]``.
 
     ``inv_freq[j] = 1 / theta ** (2j / dim)`` for ``j < dim / 2``; both halves of the rotated dims
@@ -204,8 +206,15 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                    scale: float, *, fp32_scores: bool = False) -> torch.Tensor:
+def eager_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    *,
+    fp32_scores: bool = False,
+) -> torch.Tensor:
     """``softmax(q kᵀ · scale + mask) v`` for ``[B, H, Q, hd]`` / ``[B, H, K, hd]`` tensors.
 
     ``mask``: ``None``, boolean (True = may attend) or additive float, broadcastable to
@@ -231,8 +240,15 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opt
     return torch.matmul(probs.to(v.dtype), v)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                   scale: float, *, fp32_scores: bool = False) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    *,
+    fp32_scores: bool = False,
+) -> torch.Tensor:
     """The same function through ``F.scaled_dot_product_attention`` (never causal, no dropout).
 
     An additive mask is cast to ``q``'s dtype. ``fp32_scores`` is accepted for a uniform signature
@@ -255,8 +271,9 @@ def attention(implementation: Optional[str]) -> Callable[..., torch.Tensor]:
     try:
         return ATTENTION_IMPLEMENTATIONS[impl]
     except KeyError:
-        raise ModelInputError(f"attn_implementation={impl!r} is not supported; choose from "
-                              f"{tuple(sorted(ATTENTION_IMPLEMENTATIONS))}") from None
+        raise ModelInputError(
+            f"attn_implementation={impl!r} is not supported; choose from {tuple(sorted(ATTENTION_IMPLEMENTATIONS))}"
+        ) from None
 
 
 def split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -271,17 +288,26 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(bsz, length, heads * head_dim)
 
 
-def append_kv(past: Optional[tuple[torch.Tensor, torch.Tensor]], k: torch.Tensor,
-              v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def append_kv(
+    past: Optional[tuple[torch.Tensor, torch.Tensor]], k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k, v)`` of one layer with the cached positions first (cast to the new tensors' dtype)."""
     if past is None:
         return k, v
     return torch.cat([past[0].to(k.dtype), k], dim=2), torch.cat([past[1].to(v.dtype), v], dim=2)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], *,
-           scale: float, implementation: Optional[str], past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-           fp32_scores: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    *,
+    scale: float,
+    implementation: Optional[str],
+    past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    fp32_scores: bool = False,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Attention of ``Q`` new queries over ``past`` then the new keys; GQA by repeating kv heads.
 
     ``q`` ``[B, H, Q, hd]``, ``k``/``v`` ``[B, KV, Q, hd]`` (keys already rotated), ``past`` this
@@ -291,31 +317,50 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[tor
     k, v = append_kv(past, k, v)
     groups = q.shape[1] // k.shape[1]
     if isinstance(mask, DocumentMask):
-        out = document_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask.doc_ids, scale=scale,
-                                 kernel=mask.kernel, cache=mask.cache)
+        out = document_attention(
+            q,
+            repeat_kv(k, groups),
+            repeat_kv(v, groups),
+            mask.doc_ids,
+            scale=scale,
+            kernel=mask.kernel,
+            cache=mask.cache,
+        )
         return merge_heads(out), (k, v)
-    out = attention(implementation)(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale,
-                                    fp32_scores=fp32_scores)
+    out = attention(implementation)(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale, fp32_scores=fp32_scores)
     return merge_heads(out), (k, v)
 
 
 # --------------------------------------------------------------------------------------- masks
-def key_padding_mask(mask: torch.Tensor, batch: int, keys: int, *,
-                     error: type[Exception] = AttentionMaskError) -> torch.Tensor:
+def key_padding_mask(
+    mask: torch.Tensor, batch: int, keys: int, *, error: type[Exception] = AttentionMaskError
+) -> torch.Tensor:
     """A 2D ``[B, K]`` key-padding mask (bool, or 0/1 numbers) as a bool ``[B, K]`` (True = key is real)."""
     if tuple(mask.shape) != (batch, keys):
-        raise error(f"2D attention_mask must be a [batch, keys] key-padding mask of shape {(batch, keys)}, "
-                    f"got {tuple(mask.shape)}")
+        raise error(
+            f"2D attention_mask must be a [batch, keys] key-padding mask of shape {(batch, keys)}, "
+            f"got {tuple(mask.shape)}"
+        )
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
-        raise error("2D attention_mask must be a 0/1 key-padding mask (1 = key may be attended); "
-                    "pass additive masks as 4D [B, 1, Q, K]")
+        raise error(
+            "2D attention_mask must be a 0/1 key-padding mask (1 = key may be attended); "
+            "pass additive masks as 4D [B, 1, Q, K]"
+        )
     return mask != 0
 
 
-def check_4d_mask(mask: torch.Tensor, batch: int, heads: int, queries: int, keys: int, *,
-                  exact_queries: bool = False, error: type[Exception] = AttentionMaskError) -> torch.Tensor:
+def check_4d_mask(
+    mask: torch.Tensor,
+    batch: int,
+    heads: int,
+    queries: int,
+    keys: int,
+    *,
+    exact_queries: bool = False,
+    error: type[Exception] = AttentionMaskError,
+) -> torch.Tensor:
     """Check a 4D mask (bool or additive float) against ``[B, heads, Q, K]`` and return it unchanged.
 
     Batch and heads may be 1 (broadcast); the query dimension may be 1 unless ``exact_queries``.
@@ -325,13 +370,16 @@ def check_4d_mask(mask: torch.Tensor, batch: int, heads: int, queries: int, keys
     b, h, q, k = mask.shape
     q_ok = q == queries or (q == 1 and not exact_queries)
     if b not in (1, batch) or h not in (1, heads) or not q_ok or k != keys:
-        raise error(f"4D attention_mask of shape {tuple(mask.shape)} does not match [batch, heads, queries, keys] "
-                    f"= {(batch, heads, queries, keys)} (batch and heads may be 1)")
+        raise error(
+            f"4D attention_mask of shape {tuple(mask.shape)} does not match [batch, heads, queries, keys] "
+            f"= {(batch, heads, queries, keys)} (batch and heads may be 1)"
+        )
     return mask
 
 
-def prepare_attention_mask(attention_mask: Any, batch: int, queries: int, keys: int, heads: int, *,
-                           error: type[Exception] = AttentionMaskError) -> Optional[torch.Tensor]:
+def prepare_attention_mask(
+    attention_mask: Any, batch: int, queries: int, keys: int, heads: int, *, error: type[Exception] = AttentionMaskError
+) -> Optional[torch.Tensor]:
     """Normalise an optional mask for :func:`attend` (bidirectional models: no mask = see everything).
 
     * ``None`` or ``"full"`` -> ``None``;
@@ -345,8 +393,10 @@ def prepare_attention_mask(attention_mask: Any, batch: int, queries: int, keys: 
         return None
     if isinstance(attention_mask, DocumentMask):
         if tuple(attention_mask.doc_ids.shape) != (batch, keys) or queries != keys:
-            raise error(f"a DocumentMask needs doc_ids of shape [batch, keys] = {(batch, keys)} and no cache, "
-                        f"got doc_ids {tuple(attention_mask.doc_ids.shape)} for {queries} queries")
+            raise error(
+                f"a DocumentMask needs doc_ids of shape [batch, keys] = {(batch, keys)} and no cache, "
+                f"got doc_ids {tuple(attention_mask.doc_ids.shape)} for {queries} queries"
+            )
         return attention_mask
     if not isinstance(attention_mask, torch.Tensor):
         raise error(f"attention_mask must be a tensor, None or 'full', got {type(attention_mask).__name__}")
@@ -359,8 +409,15 @@ def prepare_attention_mask(attention_mask: Any, batch: int, queries: int, keys: 
 
 
 # --------------------------------------------------------------------------------------- inputs / cache
-def check_kv_cache(past_key_values: Any, *, n_layers: int, batch: int, kv_heads: int, head_dim: int,
-                   error: type[Exception] = KVCacheError) -> tuple[Optional[list], int]:
+def check_kv_cache(
+    past_key_values: Any,
+    *,
+    n_layers: int,
+    batch: int,
+    kv_heads: int,
+    head_dim: int,
+    error: type[Exception] = KVCacheError,
+) -> tuple[Optional[list], int]:
     """Validate a cache against the DARE contract; returns ``(list of (k, v) or None, P)``.
 
     ``None`` or an empty list mean no cache. Otherwise one ``(k, v)`` pair of tensors per layer, each
@@ -369,31 +426,49 @@ def check_kv_cache(past_key_values: Any, *, n_layers: int, batch: int, kv_heads:
     if past_key_values is None:
         return None, 0
     if not isinstance(past_key_values, (list, tuple)):
-        raise error("past_key_values must be None or a list with one (key, value) pair per layer "
-                    f"(the DARE cache contract), got {type(past_key_values).__name__}")
+        raise error(
+            "past_key_values must be None or a list with one (key, value) pair per layer "
+            f"(the DARE cache contract), got {type(past_key_values).__name__}"
+        )
     if len(past_key_values) == 0:
         return None, 0
     if len(past_key_values) != n_layers:
-        raise error(f"past_key_values holds {len(past_key_values)} (k, v) pairs but the model has "
-                    f"{n_layers} layers; pass one per layer")
+        raise error(
+            f"past_key_values holds {len(past_key_values)} (k, v) pairs but the model has "
+            f"{n_layers} layers; pass one per layer"
+        )
     out = []
     length = None
     for pair in past_key_values:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(t, torch.Tensor) for t in pair):
             raise error("every past_key_values entry must be a (k, v) pair of tensors")
         k, v = pair
-        if k.dim() != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[1] != kv_heads \
-                or k.shape[3] != head_dim or (length is not None and k.shape[2] != length):
-            raise error(f"past_key_values tensors must all be [B={batch}, n_kv_heads={kv_heads}, P, "
-                        f"head_dim={head_dim}] with one P; got {tuple(k.shape)} and {tuple(v.shape)}")
+        if (
+            k.dim() != 4
+            or k.shape != v.shape
+            or k.shape[0] != batch
+            or k.shape[1] != kv_heads
+            or k.shape[3] != head_dim
+            or (length is not None and k.shape[2] != length)
+        ):
+            raise error(
+                f"past_key_values tensors must all be [B={batch}, n_kv_heads={kv_heads}, P, "
+                f"head_dim={head_dim}] with one P; got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         length = int(k.shape[2])
         out.append((k, v))
     return out, int(length)
 
 
-def position_ids_or_default(position_ids: Optional[torch.Tensor], batch: int, length: int,
-                            device: torch.device, *, start: int = 0,
-                            error: type[Exception] = ModelInputError) -> torch.Tensor:
+def position_ids_or_default(
+    position_ids: Optional[torch.Tensor],
+    batch: int,
+    length: int,
+    device: torch.device,
+    *,
+    start: int = 0,
+    error: type[Exception] = ModelInputError,
+) -> torch.Tensor:
     """``[B, L]`` RoPE positions: ``start .. start + L - 1`` by default, else the given ``[L]``,
     ``[1, L]`` or ``[B, L]`` ids broadcast to the batch."""
     if position_ids is None:
@@ -401,13 +476,19 @@ def position_ids_or_default(position_ids: Optional[torch.Tensor], batch: int, le
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     if position_ids.dim() != 2 or position_ids.shape[-1] != length or position_ids.shape[0] not in (1, batch):
-        raise error(f"position_ids must have shape [L], [1, L] or [B, L] with L = {length}; "
-                    f"got {tuple(position_ids.shape)}")
+        raise error(
+            f"position_ids must have shape [L], [1, L] or [B, L] with L = {length}; got {tuple(position_ids.shape)}"
+        )
     return position_ids.to(device).expand(batch, length)
 
 
-def embed_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor],
-                 *, error: type[Exception] = ModelInputError) -> torch.Tensor:
+def embed_inputs(
+    embedding: nn.Module,
+    input_ids: Optional[torch.Tensor],
+    inputs_embeds: Optional[torch.Tensor],
+    *,
+    error: type[Exception] = ModelInputError,
+) -> torch.Tensor:
     """``[B, L, D]`` from exactly one of ``input_ids`` ``[B, L]`` and ``inputs_embeds`` ``[B, L, D]``."""
     if (input_ids is None) == (inputs_embeds is None):
         raise error("pass exactly one of input_ids and inputs_embeds")
@@ -417,10 +498,18 @@ def embed_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inputs
     return x
 
 
-def decoder_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inputs_embeds: Optional[torch.Tensor],
-                   position_ids: Optional[torch.Tensor], past_key_values: Any, *, n_layers: int, kv_heads: int,
-                   head_dim: int, positions_after_cache: bool = True
-                   ) -> tuple[torch.Tensor, Optional[list], int, torch.Tensor]:
+def decoder_inputs(
+    embedding: nn.Module,
+    input_ids: Optional[torch.Tensor],
+    inputs_embeds: Optional[torch.Tensor],
+    position_ids: Optional[torch.Tensor],
+    past_key_values: Any,
+    *,
+    n_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    positions_after_cache: bool = True,
+) -> tuple[torch.Tensor, Optional[list], int, torch.Tensor]:
     """The checked inputs of a decoder stack: ``(x [B, L, D], past or None, P, position_ids [B, L])``.
 
     :func:`embed_inputs`, then :func:`check_kv_cache`, then :func:`position_ids_or_default` whose
@@ -433,9 +522,15 @@ def decoder_inputs(embedding: nn.Module, input_ids: Optional[torch.Tensor], inpu
     return x, past, cached, position_ids_or_default(position_ids, bsz, length, x.device, start=start)
 
 
-def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, *layer_args: Any, past: Optional[list] = None,
-               final_norm: Optional[nn.Module] = None, output_hidden_states: bool = False,
-               use_cache: bool = False) -> tuple[torch.Tensor, Optional[tuple], Optional[list]]:
+def run_layers(
+    layers: Sequence[nn.Module],
+    x: torch.Tensor,
+    *layer_args: Any,
+    past: Optional[list] = None,
+    final_norm: Optional[nn.Module] = None,
+    output_hidden_states: bool = False,
+    use_cache: bool = False,
+) -> tuple[torch.Tensor, Optional[tuple], Optional[list]]:
     """Run decoder layers ``layer(x, *layer_args, layer_past) -> (x, (k, v))``, then ``final_norm``.
 
     Returns ``(x, hidden_states, presents)``: ``hidden_states`` (with ``output_hidden_states``) is
@@ -457,8 +552,14 @@ def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, *layer_args: Any, p
     return x, (tuple(hidden) if hidden is not None else None), presents
 
 
-def reject_options(owner: str, kwargs: dict[str, Any], names: Sequence[str], *, hint: str = "",
-                   error: type[Exception] = ModelInputError) -> None:
+def reject_options(
+    owner: str,
+    kwargs: dict[str, Any],
+    names: Sequence[str],
+    *,
+    hint: str = "",
+    error: type[Exception] = ModelInputError,
+) -> None:
     """Refuse keyword arguments that would change the result if honoured (set = not None/False)."""
     for key in names:
         value = kwargs.get(key)
@@ -573,8 +674,14 @@ def check_positive_ints(cfg: Any, names: Sequence[str], bad: Callable[[str], NoR
             bad(f"{name} must be a positive int, got {value!r}")
 
 
-def check_heads(heads: int, kv_heads: Any, bad: Callable[[str], NoReturn], *, rotary_dim: Optional[int] = None,
-                names: tuple[str, str] = ("num_key_value_heads", "num_attention_heads")) -> None:
+def check_heads(
+    heads: int,
+    kv_heads: Any,
+    bad: Callable[[str], NoReturn],
+    *,
+    rotary_dim: Optional[int] = None,
+    names: tuple[str, str] = ("num_key_value_heads", "num_attention_heads"),
+) -> None:
     """``kv_heads`` is a positive divisor of ``heads`` (GQA) and ``rotary_dim`` (when given) is even."""
     if rotary_dim is not None and rotary_dim % 2:
         bad(f"head_dim ({rotary_dim}) must be even for rotary embeddings")

@@ -56,8 +56,18 @@ from torch import nn
 
 from dare_core.api import DareError
 
-__all__ = ["IMPLS", "KERNELS", "GroupedExperts", "auto_kernel", "check_impl", "groupable", "grouped_linear",
-           "grouped_swiglu", "pack_experts", "sort_by_expert"]
+__all__ = [
+    "IMPLS",
+    "KERNELS",
+    "GroupedExperts",
+    "auto_kernel",
+    "check_impl",
+    "groupable",
+    "grouped_linear",
+    "grouped_swiglu",
+    "pack_experts",
+    "sort_by_expert",
+]
 
 IMPLS = ("grouped", "loop")
 KERNELS = ("auto", "grouped_mm", "segments")
@@ -95,9 +105,15 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
 def _owns_storage(w: torch.Tensor) -> bool:
     """A plain, non-empty tensor alone in its storage (not a view into a buffer someone else
     manages, not in shared CPU memory)."""
-    return (type(w.data) is torch.Tensor and not w.is_meta and w.numel() > 0 and w.storage_offset() == 0
-            and w.is_contiguous() and w.untyped_storage().nbytes() == w.numel() * w.element_size()
-            and not (w.device.type == "cpu" and w.is_shared()))
+    return (
+        type(w.data) is torch.Tensor
+        and not w.is_meta
+        and w.numel() > 0
+        and w.storage_offset() == 0
+        and w.is_contiguous()
+        and w.untyped_storage().nbytes() == w.numel() * w.element_size()
+        and not (w.device.type == "cpu" and w.is_shared())
+    )
 
 
 def _stride_of(parts: Sequence[Sequence[torch.Tensor]]) -> int:
@@ -136,8 +152,10 @@ def _stacked(parts: Sequence[Sequence[torch.Tensor]], dtype: torch.dtype, aligne
     if step:
         view = w0.as_strided((n, rows, w0.shape[1]), (step, w0.shape[1], 1), w0.storage_offset())
         return view if view.dtype == dtype else view.to(dtype)
-    stacks = [torch.stack([w.detach() for w in p], out=torch.empty((n, *p[0].shape), dtype=dtype, device=w0.device))
-              for p in parts]
+    stacks = [
+        torch.stack([w.detach() for w in p], out=torch.empty((n, *p[0].shape), dtype=dtype, device=w0.device))
+        for p in parts
+    ]
     return stacks[0] if len(stacks) == 1 else torch.cat(stacks, dim=1)
 
 
@@ -169,8 +187,8 @@ def pack_experts(experts: Sequence[nn.Module]) -> bool:
             at = 0
             for part in parts:
                 p = part[e]
-                buf[e, at:at + p.shape[0]].copy_(p)
-                p.data = buf[e, at:at + p.shape[0]]
+                buf[e, at : at + p.shape[0]].copy_(p)
+                p.data = buf[e, at : at + p.shape[0]]
                 at += p.shape[0]
     return packed
 
@@ -178,9 +196,15 @@ def pack_experts(experts: Sequence[nn.Module]) -> bool:
 # --------------------------------------------------------------------------- grouped GEMMs
 def auto_kernel(x: torch.Tensor, groups: int, out_features: int, in_features: int) -> str:
     """The kernel ``kernel="auto"`` picks for ``x`` (device, dtype) and ``groups`` weights ``[out, in]``."""
-    fast = (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and groups < 1024
-            and out_features % 8 == 0 and in_features % 8 == 0
-            and torch.cuda.get_device_capability(x.device)[0] in (9, 10))
+    fast = (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and hasattr(torch, "_grouped_mm")
+        and groups < 1024
+        and out_features % 8 == 0
+        and in_features % 8 == 0
+        and torch.cuda.get_device_capability(x.device)[0] in (9, 10)
+    )
     return "grouped_mm" if fast else "segments"
 
 
@@ -203,8 +227,9 @@ def _mm_segments(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, bounds
     return out
 
 
-def _weight_grads(gy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor,
-                  bounds: Optional[list[int]]) -> torch.Tensor:
+def _weight_grads(
+    gy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, bounds: Optional[list[int]]
+) -> torch.Tensor:
     """``[E, out, in]``: ``gy[s:e]ᵀ @ x[s:e]`` per segment, zero for empty segments."""
     if bounds is None:
         gw = torch._grouped_mm(_aligned(gy).t(), _aligned(x), offs=offsets)
@@ -229,7 +254,7 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, offsets, bounds, n_parts, *weights):
         n = len(weights) // n_parts
-        parts = [weights[j * n:(j + 1) * n] for j in range(n_parts)]
+        parts = [weights[j * n : (j + 1) * n] for j in range(n_parts)]
         w = _stacked(parts, x.dtype, aligned=bounds is None)
         with torch.autocast(x.device.type, enabled=False):
             y = _mm_segments(x, w.transpose(1, 2), offsets, bounds)
@@ -242,7 +267,7 @@ class _GroupedLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x, offsets, *weights = ctx.saved_tensors
         n = len(weights) // ctx.n_parts
-        parts = [weights[j * n:(j + 1) * n] for j in range(ctx.n_parts)]
+        parts = [weights[j * n : (j + 1) * n] for j in range(ctx.n_parts)]
         gy = gy.contiguous()
         gx, gws = None, [None] * len(weights)
         with torch.autocast(x.device.type, enabled=False):
@@ -251,13 +276,20 @@ class _GroupedLinear(torch.autograd.Function):
             if any(ctx.needs_input_grad[4:]):
                 gw = _weight_grads(gy, x.to(gy.dtype), offsets, ctx.bounds)
                 blocks = gw.split([p[0].shape[0] for p in parts], dim=1)
-                gws = [blocks[i // n][i % n].to(w.dtype) if ctx.needs_input_grad[4 + i] else None
-                       for i, w in enumerate(weights)]
+                gws = [
+                    blocks[i // n][i % n].to(w.dtype) if ctx.needs_input_grad[4 + i] else None
+                    for i, w in enumerate(weights)
+                ]
         return (gx, None, None, None, *gws)
 
 
-def grouped_linear(x: torch.Tensor, offsets: torch.Tensor, *parts: Sequence[torch.Tensor], kernel: str = "auto",
-                   bounds: Optional[list[int]] = None) -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor,
+    offsets: torch.Tensor,
+    *parts: Sequence[torch.Tensor],
+    kernel: str = "auto",
+    bounds: Optional[list[int]] = None,
+) -> torch.Tensor:
     """``[M, sum out_j]`` in ``x``'s dtype: rows ``offsets[g-1]:offsets[g]`` of ``x`` ``[M, in]``
     times the transposed weights of expert ``g``; each part is a list of per-expert
     ``[out_j, in]`` weights (the ``nn.Linear`` layout) and the parts' outputs are concatenated
@@ -332,8 +364,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.Module],
-                   kernel: str = "auto") -> torch.Tensor:
+def grouped_swiglu(
+    x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.Module], kernel: str = "auto"
+) -> torch.Tensor:
     """Per-slot expert outputs ``[N, k, D]``: ``out[n, j] = modules[experts[n, j]](x[n])`` for
     SwiGLU experts ``down(silu(gate(x)) * up(x))``; ``x`` ``[N, D]``, ``experts`` ``[N, k]``
     (long). Result in the compute dtype (the autocast dtype under autocast, else ``x``'s)."""
@@ -360,8 +393,9 @@ def grouped_swiglu(x: torch.Tensor, experts: torch.Tensor, modules: Sequence[nn.
         gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
         y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel)
     else:
-        y = _SegmentSwiGLU.apply(xs, offsets.tolist(), *weights("gate_proj"), *weights("up_proj"),
-                                 *weights("down_proj"))
+        y = _SegmentSwiGLU.apply(
+            xs, offsets.tolist(), *weights("gate_proj"), *weights("up_proj"), *weights("down_proj")
+        )
     return torch.empty_like(y).index_copy_(0, order, y).view(n, k, out_dim)
 
 

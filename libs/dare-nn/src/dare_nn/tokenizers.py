@@ -24,8 +24,9 @@ def check_texts(texts: Any) -> list[str]:
     return texts
 
 
-def train_byte_bpe(texts: Any, vocab_size: int, special_tokens: Sequence[str], *,
-                   specials_last: bool = False, **fast_kwargs: Any):
+def train_byte_bpe(
+    texts: Any, vocab_size: int, special_tokens: Sequence[str], *, specials_last: bool = False, **fast_kwargs: Any
+):
     """Train a byte-level BPE tokenizer of at most ``vocab_size`` entries on ``texts``.
 
     ``specials_last=False``: ``special_tokens`` take ids ``0 .. n-1`` in their order, then the
@@ -52,10 +53,12 @@ def train_byte_bpe(texts: Any, vocab_size: int, special_tokens: Sequence[str], *
 
     core = Tokenizer(models.BPE())
     core.normalizer = None
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     added = [AddedToken(t, special=True, normalized=False) for t in specials]
     trainer = trainers.BpeTrainer(

@@ -91,12 +91,13 @@ class StratifiedCountMasking:
                 continue
             for g in range(M // self.n_l):
                 k = int(torch.randint(1, L + 1, (1,), generator=generator))
-                counts[g * self.n_l:(g + 1) * self.n_l, b] = cyclic_stratified_counts(k, L, self.n_l, offset=1)
+                counts[g * self.n_l : (g + 1) * self.n_l, b] = cyclic_stratified_counts(k, L, self.n_l, offset=1)
         masked = random_subset(valid[None].expand(M, B, S).cpu(), counts, generator).to(ids.device)
         p = counts.float() / lengths.clamp_min(1).float()[None]
         p_mask = torch.where(valid[None], p.to(ids.device)[:, :, None].expand(M, B, S), torch.zeros(()))
-        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask,
-                         {"counts": counts.to(ids.device)})
+        return Corrupted(
+            wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask, {"counts": counts.to(ids.device)}
+        )
 
 
 # --------------------------------------------------------------------------- Monte-Carlo rows
@@ -149,16 +150,18 @@ class SequenceELBO:
         P = batch.prompt_len
         rows = []
         for m in range(corrupted.num_samples):
-            lp = wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                                        clean_ids=batch.input_ids, prompt_len=P)[:, P:]
+            lp = wrapper.token_logprobs(
+                corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask, clean_ids=batch.input_ids, prompt_len=P
+            )[:, P:]
             masked = corrupted.masked[m, :, P:] & batch.response_mask.bool()
             rows.append(sequence_elbo(lp[None], masked[None], corrupted.p_mask[m, :, P:][None])[0])
         return torch.stack(rows, 0) / self.normaliser(wrapper, batch)[None]
 
 
 # --------------------------------------------------------------------------- clipped surrogate
-def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
-                      dual_clip: Optional[float] = None):
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, dual_clip: Optional[float] = None
+):
     r"""PPO surrogate for an arbitrary ratio ``ρ`` (elementwise):
     ``L = max(-Aρ, -A clip(ρ, 1-ε_low, 1+ε_high))`` and, when ``dual_clip = c`` is given,
     ``min(-A c, L)`` where ``A < 0``.
@@ -178,8 +181,14 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
 
 
 # --------------------------------------------------------------------------- accumulation
-def proxy_backward(estimate: RowEstimate, num_rows: int, objective: Callable, scale: float,
-                   values: Optional[torch.Tensor] = None, backward: Callable = torch.Tensor.backward):
+def proxy_backward(
+    estimate: RowEstimate,
+    num_rows: int,
+    objective: Callable,
+    scale: float,
+    values: Optional[torch.Tensor] = None,
+    backward: Callable = torch.Tensor.backward,
+):
     r"""Exact gradient of an objective of the row-mean ``Ê = (1/M) Σ_m e_m`` with one row's graph
     alive at a time (the "proxy-gradient" trick).
 
@@ -206,8 +215,9 @@ def proxy_backward(estimate: RowEstimate, num_rows: int, objective: Callable, sc
     return loss.detach(), metrics
 
 
-def per_row_backward(estimate: RowEstimate, num_rows: int, row_loss: Callable, scale: float,
-                     backward: Callable = torch.Tensor.backward):
+def per_row_backward(
+    estimate: RowEstimate, num_rows: int, row_loss: Callable, scale: float, backward: Callable = torch.Tensor.backward
+):
     r"""``(1/M) Σ_m row_loss(e_m, m)`` with a backward after each row, so only one row's graph is
     alive at a time and memory does not grow with ``M``. ``row_loss(e_m [B, ...], m) ->
     (loss, metrics)``; metrics are averaged over rows. Returns ``(loss.detach(), metrics)``."""
@@ -299,19 +309,38 @@ class RowMeanObjective:
         """:func:`~dare_core.api.mask_totals` of ``mask`` (``rows``: the sequence count)."""
         return mask_totals(mask)
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp: Optional[torch.Tensor],
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
-        return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask,
-                              totals=totals)
+        return self.objective(logp.mean(0), logp.detach(), old_logp, ref_logp, advantages, mask, totals=totals)
 
     #: ``accumulate`` takes ``old_logp=None`` (policy unchanged since the rollout): the first,
     #: gradient-free pass over all rows then doubles as the old log-likelihoods
     computes_own_old = True
 
-    def accumulate(self, estimate: RowEstimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float, *, extras: Optional[dict] = None,
-                   backward: Callable = torch.Tensor.backward, totals: Optional[dict] = None):
+    def accumulate(
+        self,
+        estimate: RowEstimate,
+        num_rows: int,
+        old_logp,
+        ref_logp,
+        advantages,
+        mask,
+        scale: float,
+        *,
+        extras: Optional[dict] = None,
+        backward: Callable = torch.Tensor.backward,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
         values = None
         if old_logp is None:

@@ -83,8 +83,9 @@ def _corrupt(wrapper: Any, pairs: Sequence[Pair], batch: SequenceBatch, samples:
     p_mask = torch.zeros(M, B, S)
     draw = StratifiedCountMasking(mc_num=M, n_l=M)
     for b, (c, y) in enumerate(pairs):
-        row = SequenceBatch(torch.tensor([[*c, *y]], dtype=torch.long),
-                            torch.ones(1, len(c) + len(y), dtype=torch.long), len(c))
+        row = SequenceBatch(
+            torch.tensor([[*c, *y]], dtype=torch.long), torch.ones(1, len(c) + len(y), dtype=torch.long), len(c)
+        )
         cor = draw(wrapper, row, pair_generator(seed, c))
         masked[:, b, P - len(c) : P + len(y)] = cor.masked[:, 0]
         p_mask[:, b, P - len(c) : P + len(y)] = cor.p_mask[:, 0]
@@ -92,8 +93,15 @@ def _corrupt(wrapper: Any, pairs: Sequence[Pair], batch: SequenceBatch, samples:
 
 
 @torch.no_grad()
-def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32, seed: int = 0,
-                       batch_size: int = 64, return_samples: bool = False) -> torch.Tensor:
+def elbo_loglikelihood(
+    wrapper: Any,
+    pairs: Sequence[Pair],
+    *,
+    samples: int = 32,
+    seed: int = 0,
+    batch_size: int = 64,
+    return_samples: bool = False,
+) -> torch.Tensor:
     """Monte-Carlo ELBO of ``log p(continuation | context)`` (nats, summed over the continuation's
     tokens) for every pair, with ``samples`` corruption rows each (see the module docstring).
 
@@ -108,9 +116,11 @@ def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
     if "absorbing_elbo" not in wrapper.capabilities:
-        raise CapabilityError(f"likelihood scoring (multiple choice, lm-eval loglikelihood) uses the masked-diffusion "
-                              f"ELBO and needs model capability absorbing_elbo which {wrapper.family!r} lacks; "
-                              "evaluate this model on generation tasks")
+        raise CapabilityError(
+            f"likelihood scoring (multiple choice, lm-eval loglikelihood) uses the masked-diffusion "
+            f"ELBO and needs model capability absorbing_elbo which {wrapper.family!r} lacks; "
+            "evaluate this model on generation tasks"
+        )
     out = torch.zeros(len(pairs), samples)
     todo = [i for i, (_, y) in enumerate(pairs) if len(y)]
     todo.sort(key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))  # similar lengths share a batch
@@ -127,8 +137,9 @@ def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32
             cor = _corrupt(wrapper, sub, batch, samples, seed)
             n, S = samples * len(sub), batch.input_ids.shape[1]
             # rows m-major: row m * len(sub) + b is sample m of pair b
-            flat = SequenceBatch(batch.input_ids.repeat(samples, 1), batch.attention_mask.repeat(samples, 1),
-                                 batch.prompt_len)
+            flat = SequenceBatch(
+                batch.input_ids.repeat(samples, 1), batch.attention_mask.repeat(samples, 1), batch.prompt_len
+            )
             noisy, masked, p = (t.reshape(1, n, S) for t in (cor.noisy_ids, cor.masked, cor.p_mask))
             values = []
             for lo in range(0, n, batch_size):
@@ -142,8 +153,9 @@ def elbo_loglikelihood(wrapper: Any, pairs: Sequence[Pair], *, samples: int = 32
     return out if return_samples else out.mean(-1)
 
 
-def choose(ctx_or_wrapper: Any, examples: Sequence[Any], samples: int = 32, seed: int = 0,
-           batch_size: int = 64) -> list[int]:
+def choose(
+    ctx_or_wrapper: Any, examples: Sequence[Any], samples: int = 32, seed: int = 0, batch_size: int = 64
+) -> list[int]:
     """The index of the most likely choice for each multiple-choice example.
 
     ``examples``: :class:`~dare_core.api.Example`\\ s with ``extra_info["choices"]`` (a list of
@@ -158,8 +170,10 @@ def choose(ctx_or_wrapper: Any, examples: Sequence[Any], samples: int = 32, seed
     for ex in examples:
         choices = ex.extra_info.get("choices") if isinstance(ex.extra_info, dict) else None
         if not choices:
-            raise DareError("a multiple-choice example has no extra_info['choices']; use the "
-                            "multiple_choice task (choices and answer fields)")
+            raise DareError(
+                "a multiple-choice example has no extra_info['choices']; use the "
+                "multiple_choice task (choices and answer fields)"
+            )
         context = wrapper.encode(wrapper.render_prompt(ex.prompt))
         pairs += [(context, wrapper.encode(str(c))) for c in choices]
         sizes.append(len(choices))
@@ -170,4 +184,3 @@ def choose(ctx_or_wrapper: Any, examples: Sequence[Any], samples: int = 32, seed
         picks.append(best)
         at += n
     return picks
-

@@ -18,14 +18,20 @@ if TYPE_CHECKING:
     import torch
 
 #: ``kl_type`` choices: :data:`dare_core.components.losses.KL_KINDS` (this module imports no torch).
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2",
-            "dare_log1p_k3")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl", "abs", "dare_log1p_k1", "dare_log1p_abs", "dare_log1p_k2", "dare_log1p_k3")
 
 #: The 8-GPU group-RL recipe most dLLM papers share (16 prompts x 8 rollouts, lr 5e-7, wd 0.01, one
 #: optimizer step per rollout batch, grad clip 1, rollout temperature 0.6). Copy before changing.
 GROUP_RL_RECIPE = {
-    "trainer": {"lr": 5e-7, "weight_decay": 0.01, "batch_size": 16, "group_size": 8,
-                "ppo_epochs": 1, "mini_batch_size": 0, "grad_clip": 1.0},
+    "trainer": {
+        "lr": 5e-7,
+        "weight_decay": 0.01,
+        "batch_size": 16,
+        "group_size": 8,
+        "ppo_epochs": 1,
+        "mini_batch_size": 0,
+        "grad_clip": 1.0,
+    },
     "rollout": {"temperature": 0.6},
 }
 
@@ -37,22 +43,29 @@ class ClipOptions:
 
     clip_ratio_low: float = option(0.2, "PPO clip ε below 1.", in_range(0.0, 1.0, high_open=True))
     clip_ratio_high: float = option(0.2, "PPO clip ε above 1.", non_negative)
-    clip_ratio_c: float = option(3.0, "Dual-clip constant c for negative advantages (> 1).",
-                                 in_range(1.0, float("inf"), low_open=True))
+    clip_ratio_c: float = option(
+        3.0, "Dual-clip constant c for negative advantages (> 1).", in_range(1.0, float("inf"), low_open=True)
+    )
     norm_adv_by_std: bool = option(True, "Divide group-centred rewards by the group std.")
-    kl_coef: float = option(0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipes).",
-                            non_negative)
-    kl_type: str = option("k3", "KL estimator on d = ℓ - ℓ_ref: k3 = e^-d + d - 1 (GRPO's, "
-                          "arXiv:2402.03300), k1, k2, low_var_kl (verl's clamped k3), abs; dare_log1p_* = the DARE "
-                          "reference's rule (raises where ℓ - ℓ_ref <= -1 and A > 0).", one_of(KL_TYPES))
+    kl_coef: float = option(
+        0.0, "Weight of the KL penalty to the initial policy (0 = off, as the recipes).", non_negative
+    )
+    kl_type: str = option(
+        "k3",
+        "KL estimator on d = ℓ - ℓ_ref: k3 = e^-d + d - 1 (GRPO's, "
+        "arXiv:2402.03300), k1, k2, low_var_kl (verl's clamped k3), abs; dare_log1p_* = the DARE "
+        "reference's rule (raises where ℓ - ℓ_ref <= -1 and A > 0).",
+        one_of(KL_TYPES),
+    )
 
 
 @attrs.frozen
 class ClippedObjectiveOptions(ClipOptions):
     """:class:`ClipOptions` plus the token-loss aggregation of the per-token objective."""
 
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = option("token-mean", "Token-loss aggregation.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        option("token-mean", "Token-loss aggregation.")
+    )
 
 
 class PenalizedClippedLoss:
@@ -68,8 +81,7 @@ class PenalizedClippedLoss:
     ``logp``/``old_logp``/``ref_logp``: ``[M, B, R]``; ``advantages``: ``[B]``; ``mask``: ``[B, R]``.
     """
 
-    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3",
-                 agg: str = "token-mean"):
+    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3", agg: str = "token-mean"):
         self.clipped = clipped
         self.kl_coef = kl_coef
         self.kl_type = kl_type
@@ -79,8 +91,17 @@ class PenalizedClippedLoss:
         """The clipped loss's totals (:func:`~dare_core.api.mask_totals` of ``mask``)."""
         return self.clipped.totals(mask, extras)
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp: Optional[torch.Tensor],
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
         loss, metrics = self.clipped(logp, old_logp, ref_logp, advantages, mask, totals=totals)
         if self.kl_coef > 0:
@@ -102,8 +123,11 @@ class PenalizedClippedLoss:
 
 def clip_kwargs(cfg: ClipOptions) -> dict[str, float]:
     """``clip_ratio_low/high/c`` of ``cfg`` as keyword arguments."""
-    return {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high,
-            "clip_ratio_c": cfg.clip_ratio_c}
+    return {
+        "clip_ratio_low": cfg.clip_ratio_low,
+        "clip_ratio_high": cfg.clip_ratio_high,
+        "clip_ratio_c": cfg.clip_ratio_c,
+    }
 
 
 def clipped_from_options(cfg: ClipOptions, lookup: Any) -> Any:
@@ -113,8 +137,7 @@ def clipped_from_options(cfg: ClipOptions, lookup: Any) -> Any:
 
 def build_clipped_objective(cfg: ClippedObjectiveOptions, lookup: Any) -> PenalizedClippedLoss:
     """:class:`PenalizedClippedLoss` around the registered ``clipped_pg`` loss."""
-    return PenalizedClippedLoss(clipped_from_options(cfg, lookup), cfg.kl_coef, cfg.kl_type,
-                                cfg.loss_agg_mode)
+    return PenalizedClippedLoss(clipped_from_options(cfg, lookup), cfg.kl_coef, cfg.kl_type, cfg.loss_agg_mode)
 
 
 def advantage_from_options(cfg: ClipOptions, lookup: Any) -> Any:

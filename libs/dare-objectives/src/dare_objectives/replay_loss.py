@@ -44,8 +44,7 @@ class ReplayClippedLoss:
     :param row_chunk: steps per forward/backward in :meth:`accumulate`.
     """
 
-    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3",
-                 row_chunk: int = 1):
+    def __init__(self, clipped: Any, kl_coef: float = 0.0, kl_type: str = "k3", row_chunk: int = 1):
         if row_chunk < 1:
             raise ValueError(f"row_chunk must be >= 1, got {row_chunk}")
         self.clipped = clipped
@@ -63,8 +62,11 @@ class ReplayClippedLoss:
         """``step_w``: ``W_k`` ``[K]`` (a scalar for ``[B, R]`` weights shared by every step),
         ``rows``: ``B``, ``tokens``: ``Σ w``, float64."""
         w = mask.to(torch.float64)
-        return {"step_w": w.sum((-2, -1)), "tokens": w.sum(),
-                "rows": torch.tensor(float(w.shape[-2]), dtype=torch.float64, device=w.device)}
+        return {
+            "step_w": w.sum((-2, -1)),
+            "tokens": w.sum(),
+            "rows": torch.tensor(float(w.shape[-2]), dtype=torch.float64, device=w.device),
+        }
 
     @staticmethod
     def _reduce(x: torch.Tensor, w: torch.Tensor, mode: str, steps: int, den: torch.Tensor) -> torch.Tensor:
@@ -121,11 +123,26 @@ class ReplayClippedLoss:
 
     @staticmethod
     def _stats() -> dict[str, float]:
-        return {"w": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0,
-                "ratio_sum": 0.0, "ratio_max": 0.0}
+        return {
+            "w": 0.0,
+            "pg_clipfrac": 0.0,
+            "ppo_kl": 0.0,
+            "pg_clipfrac_lower": 0.0,
+            "ratio_sum": 0.0,
+            "ratio_max": 0.0,
+        }
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None,
-                 totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp,
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
         weights = mask.to(logp.dtype)
         if weights.dim() == 2:
@@ -140,9 +157,20 @@ class ReplayClippedLoss:
     #: each chunk's own detached log-likelihoods are then the old ones (ratio 1)
     computes_own_old = True
 
-    def accumulate(self, estimate, num_rows: int, old_logp, ref_logp, advantages, mask,
-                   scale: float, *, extras: Optional[dict] = None,
-                   backward: Callable = torch.Tensor.backward, totals: Optional[dict] = None):
+    def accumulate(
+        self,
+        estimate,
+        num_rows: int,
+        old_logp,
+        ref_logp,
+        advantages,
+        mask,
+        scale: float,
+        *,
+        extras: Optional[dict] = None,
+        backward: Callable = torch.Tensor.backward,
+        totals: Optional[dict] = None,
+    ):
         """Forward and backward ``row_chunk`` steps at a time; returns the (detached) loss."""
         totals = self.totals(mask, extras) if totals is None else totals
         weights = mask.to(torch.float32)
@@ -153,12 +181,12 @@ class ReplayClippedLoss:
         total = torch.zeros(())
         for start in range(0, num_rows, self.row_chunk):
             rows = list(range(start, min(num_rows, start + self.row_chunk)))
-            w = weights[rows[0]: rows[-1] + 1]
+            w = weights[rows[0] : rows[-1] + 1]
             if not bool((w != 0).any()):
                 continue  # no target in this micro-batch: the term is exactly 0
             logp = estimate(rows)
-            ref = ref_logp[rows[0]: rows[-1] + 1] if ref_logp is not None else None
-            old = logp.detach() if old_logp is None else old_logp[rows[0]: rows[-1] + 1]
+            ref = ref_logp[rows[0] : rows[-1] + 1] if ref_logp is not None else None
+            old = logp.detach() if old_logp is None else old_logp[rows[0] : rows[-1] + 1]
             den = self._den(totals, mode, slice(rows[0], rows[-1] + 1), num_rows)
             value = self._chunk(logp, old, ref, advantages, w.to(logp.dtype), mode, steps, den, stats)
             backward(value * scale)
@@ -166,11 +194,17 @@ class ReplayClippedLoss:
         return total, self._metrics(stats)
 
 
-def make_replay_clipped_loss(clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                             clip_ratio_c: float = 3.0, kl_coef: float = 0.0,
-                             kl_type: str = "k3", row_chunk: int = 1) -> ReplayClippedLoss:
+def make_replay_clipped_loss(
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    kl_coef: float = 0.0,
+    kl_type: str = "k3",
+    row_chunk: int = 1,
+) -> ReplayClippedLoss:
     """Registry factory: :class:`ReplayClippedLoss` around a fresh clipped surrogate."""
     from dare_core.api import ClippedPolicyLoss
 
-    return ReplayClippedLoss(ClippedPolicyLoss(clip_ratio_low, clip_ratio_high, clip_ratio_c),
-                             kl_coef, kl_type, row_chunk)
+    return ReplayClippedLoss(
+        ClippedPolicyLoss(clip_ratio_low, clip_ratio_high, clip_ratio_c), kl_coef, kl_type, row_chunk
+    )

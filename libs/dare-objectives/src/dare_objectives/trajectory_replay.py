@@ -19,9 +19,9 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Corrupted, mask_tokens, SequenceBatch
-from dare_objectives import STEP_REPLAY_RECORDS
+from dare_core.api import Corrupted, SequenceBatch, mask_tokens
 from dare_nn.block import block_index, positions_from_mask
+from dare_objectives import STEP_REPLAY_RECORDS
 
 
 def replay_states(
@@ -116,9 +116,11 @@ def transition_weights(local: torch.Tensor, block_ids: torch.Tensor, steps: int)
     nb = int(blk.max()) + 1
     b_idx = torch.arange(B, device=local.device)[:, None].expand(B, R)
     count = torch.zeros(B, nb, steps, dtype=torch.float64, device=local.device)
-    count.index_put_((b_idx[valid], blk[valid], local[valid]),
-                     torch.ones(int(valid.sum()), dtype=torch.float64, device=local.device),
-                     accumulate=True)
+    count.index_put_(
+        (b_idx[valid], blk[valid], local[valid]),
+        torch.ones(int(valid.sum()), dtype=torch.float64, device=local.device),
+        accumulate=True,
+    )
     n_trans = (count > 0).flatten(1).sum(-1).to(torch.float64)  # [B]
     size = count[b_idx[valid], blk[valid], local[valid]]
     w[local[valid], b_idx[valid], torch.arange(R, device=local.device)[None].expand(B, R)[valid]] = (
@@ -160,13 +162,13 @@ class StepReplay:
         self.left_to_right = left_to_right
 
     def rows(self, wrapper, rollout, context):
-        from dare_core.api import TrainingRows
-        from dare_core.api import DareError
+        from dare_core.api import DareError, TrainingRows
 
         if rollout.reveal_step is None:
             raise DareError(
                 "this algorithm replays the denoising order but the rollout did not record "
-                "reveal_step; choose a rollout backend that lists reveal_step in `dare list rollouts`")
+                "reveal_step; choose a rollout backend that lists reveal_step in `dare list rollouts`"
+            )
         batch = rollout.sequences()
         P = batch.prompt_len
         reveal = rollout.reveal_step.to(batch.input_ids.device).long()
@@ -176,7 +178,8 @@ class StepReplay:
             if not bool((reveal == pos)[valid].all()):
                 raise DareError(
                     "this algorithm needs left-to-right decoding, one token per step "
-                    "(rollout.block_length=1, rollout.steps=rollout.gen_length)")
+                    "(rollout.block_length=1, rollout.steps=rollout.gen_length)"
+                )
         block = wrapper.kind == "block"
         reduction = self.reduction if self.reduction != "auto" else ("per_sample" if block else "step_mean")
         if block:
@@ -191,8 +194,9 @@ class StepReplay:
             batch = SequenceBatch(batch.input_ids, att, P)
             order = torch.where(replay, local, torch.full_like(local, -1))
             K = int(order.max()) + 1 if bool(replay.any()) else 0
-            corrupted, _ = replay_states(batch, order, wrapper.mask_token_id,
-                                         steps=torch.arange(K, device=order.device))
+            corrupted, _ = replay_states(
+                batch, order, wrapper.mask_token_id, steps=torch.arange(K, device=order.device)
+            )
             weights = transition_weights(order, blk, K).to(torch.float32)
             num_steps = K
         else:
@@ -203,12 +207,13 @@ class StepReplay:
             # one block: a transition is (row, replayed step); rows of the replay = index in steps
             hit = corrupted.masked[:, :, P:]
             row_of = torch.where(hit.any(0), hit.long().argmax(0), torch.full_like(reveal, -1))
-            weights = transition_weights(row_of, torch.zeros_like(row_of),
-                                         corrupted.num_samples).to(torch.float32)
+            weights = transition_weights(row_of, torch.zeros_like(row_of), corrupted.num_samples).to(torch.float32)
         B = batch.batch_size
         code = {"step_mean": 0, "per_sample": 1, "token_mean": 2}[reduction]
-        extras = {"replay_steps": torch.full((B,), num_steps, dtype=torch.long),
-                  "replay_reduction": torch.full((B,), code, dtype=torch.long)}
-        return TrainingRows(batch, context.advantages, corrupted, weights, extras,
-                            {"replay_rows": float(corrupted.num_samples)})
-
+        extras = {
+            "replay_steps": torch.full((B,), num_steps, dtype=torch.long),
+            "replay_reduction": torch.full((B,), code, dtype=torch.long),
+        }
+        return TrainingRows(
+            batch, context.advantages, corrupted, weights, extras, {"replay_rows": float(corrupted.num_samples)}
+        )

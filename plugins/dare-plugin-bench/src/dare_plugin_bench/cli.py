@@ -11,8 +11,11 @@ import click
 class _LazyGroup(click.Group):
     """Imports a subcommand (and torch) only when it is used or listed."""
 
-    lazy = {"rollout": "dare_plugin_bench.rollout:rollout_cmd", "rl": "dare_plugin_bench.rl:rl_cmd",
-            "engines": "dare_plugin_bench.engines:engines_cmd"}
+    lazy = {
+        "rollout": "dare_plugin_bench.rollout:rollout_cmd",
+        "rl": "dare_plugin_bench.rl:rl_cmd",
+        "engines": "dare_plugin_bench.engines:engines_cmd",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -32,8 +35,9 @@ def bench() -> None:
     training engines."""
 
 
-@bench.command("train", context_settings={"ignore_unknown_options": True,
-                                          "allow_extra_args": True, "help_option_names": []})
+@bench.command(
+    "train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+)
 @click.pass_context
 def train_cmd(ctx: click.Context) -> None:
     """Training step speed (padded vs packed attention, naive vs fused loss); implemented by
@@ -45,8 +49,9 @@ def train_cmd(ctx: click.Context) -> None:
     except ModuleNotFoundError as exc:
         if exc.name not in ("dare_plugin_bench.train",):
             raise
-        raise BenchError("`dare bench train` is not available: the module dare_plugin_bench.train "
-                         "is missing from this installation") from None
+        raise BenchError(
+            "`dare bench train` is not available: the module dare_plugin_bench.train is missing from this installation"
+        ) from None
     main = getattr(module, "main", None)
     if main is None:
         raise BenchError("`dare bench train` is not available: dare_plugin_bench.train has no main()")

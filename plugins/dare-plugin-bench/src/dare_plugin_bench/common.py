@@ -154,7 +154,9 @@ class PeakMemory:
 
 # --------------------------------------------------------------------------- running
 def interleave(
-    runs: dict[str, Callable[[], dict[str, Any]]], repeats: int, device: str,
+    runs: dict[str, Callable[[], dict[str, Any]]],
+    repeats: int,
+    device: str,
     progress: Optional[Callable[[str], None]] = None,
     prepare: Optional[Callable[[str], None]] = None,
 ) -> dict[str, list[dict[str, Any]]]:
@@ -178,8 +180,7 @@ def interleave(
                 sync(device)
                 seconds = time.perf_counter() - t0
                 cpu_seconds = time.process_time() - c0
-            facts.update(seconds=seconds, cpu_seconds=cpu_seconds, peak_memory_bytes=mem.peak,
-                         memory_kind=mem.kind)
+            facts.update(seconds=seconds, cpu_seconds=cpu_seconds, peak_memory_bytes=mem.peak, memory_kind=mem.kind)
             out[name].append(facts)
             if progress is not None:
                 progress(f"[{rep + 1}/{repeats}] {name}: {seconds:.2f} s")
@@ -203,8 +204,17 @@ def _quiet_hf() -> Iterator[None]:
     yield
 
 
-def prepare_model(dare: Any, family_name: str, *, checkpoint: Optional[str], random_sizes: Optional[dict],
-                  tokenizer_task: str, dtype: torch.dtype, device: str, seed: int) -> tuple[Any, str]:
+def prepare_model(
+    dare: Any,
+    family_name: str,
+    *,
+    checkpoint: Optional[str],
+    random_sizes: Optional[dict],
+    tokenizer_task: str,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+) -> tuple[Any, str]:
     """Load ``checkpoint`` (default: the family's bundled one) or, with ``random_sizes``, create
     a randomly initialised checkpoint of the family's architecture (its ``create``, tokenizer
     trained on ``tokenizer_task``'s texts, like ``dare init``) in a temporary directory.
@@ -215,12 +225,13 @@ def prepare_model(dare: Any, family_name: str, *, checkpoint: Optional[str], ran
     with _quiet_hf():
         if random_sizes is not None:
             if family.create is None:
-                raise BenchError(f"model family {family_name!r} cannot create random checkpoints; "
-                                 f"pass --checkpoint DIR instead of --random")
+                raise BenchError(
+                    f"model family {family_name!r} cannot create random checkpoints; "
+                    f"pass --checkpoint DIR instead of --random"
+                )
             from dare_core.api import TaskConfig
 
-            task = dare.registries.tasks.get(tokenizer_task).build(
-                TaskConfig(name=tokenizer_task, seed=seed))
+            task = dare.registries.tasks.get(tokenizer_task).build(TaskConfig(name=tokenizer_task, seed=seed))
             texts: list[str] = []
             for ex in task.examples("train", limit=500, seed=seed):
                 texts.extend(m["content"] for m in ex.prompt)
@@ -229,30 +240,37 @@ def prepare_model(dare: Any, family_name: str, *, checkpoint: Optional[str], ran
             tmp = tempfile.mkdtemp(prefix="dare-bench-")
             torch.manual_seed(seed)
             family.create(tmp, texts, **random_sizes)
-            path, source = tmp, f"random {family_name} ({', '.join(f'{k}={v}' for k, v in random_sizes.items()) or 'default sizes'})"
+            path, source = (
+                tmp,
+                f"random {family_name} ({', '.join(f'{k}={v}' for k, v in random_sizes.items()) or 'default sizes'})",
+            )
         else:
             path = checkpoint or family.default_checkpoint
             if not path:
-                raise BenchError(f"model family {family_name!r} ships no bundled checkpoint; pass "
-                                 f"--checkpoint DIR or --random")
+                raise BenchError(
+                    f"model family {family_name!r} ships no bundled checkpoint; pass --checkpoint DIR or --random"
+                )
             source = path
         wrapper = family.load(path, dtype=dtype, device=device)
     return wrapper, source
 
 
-def random_prompts(wrapper: Any, batch: int, length: int, seed: int,
-                   ragged: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def random_prompts(
+    wrapper: Any, batch: int, length: int, seed: int, ragged: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` prompts of random non-special token ids, left padded.
 
     Row ``i`` has ``length - (i * ragged) % length`` real tokens (``ragged = 0``: all full), so
     ``ragged > 0`` exercises left padding.
     """
-    vocab = int(wrapper.module.get_input_embeddings().num_embeddings) \
-        if hasattr(wrapper.module, "get_input_embeddings") else None
+    vocab = (
+        int(wrapper.module.get_input_embeddings().num_embeddings)
+        if hasattr(wrapper.module, "get_input_embeddings")
+        else None
+    )
     tok_len = len(wrapper.tokenizer) if wrapper.tokenizer is not None else None
     high = min(v for v in (vocab, tok_len) if v is not None)
-    special = {wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id,
-               *wrapper.stop_token_ids}
+    special = {wrapper.mask_token_id, wrapper.eos_token_id, wrapper.pad_token_id, *wrapper.stop_token_ids}
     special |= set(getattr(wrapper.tokenizer, "all_special_ids", []) or [])
     allowed = torch.tensor([i for i in range(high) if i not in special], dtype=torch.long)
     if allowed.numel() == 0:

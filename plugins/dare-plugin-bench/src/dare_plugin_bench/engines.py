@@ -46,8 +46,7 @@ SHARDED = ("fsdp", "deepspeed")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 #: run config fields every engine run uses, whatever the algorithm's defaults
-FIXED = ["eval.before=false", "eval.after=false", "progress=false", "trainer.save_final=false",
-         "model.device=cpu"]
+FIXED = ["eval.before=false", "eval.after=false", "progress=false", "trainer.save_final=false", "model.device=cpu"]
 
 #: overrides an engine needs for the memory measurement (ZeRO-3 shards the parameters too)
 ENGINE_OVERRIDES = {"deepspeed": ["deepspeed.zero_stage=3"]}
@@ -82,14 +81,12 @@ def _train_rank(args: Sequence[str]) -> None:
         sys.argv = argv
 
 
-def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, length: int,
-                 seed: int) -> dict[str, int]:
+def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, length: int, seed: int) -> dict[str, int]:
     """One rank of the memory measurement: the run's context, one optimizer step, the engine's
     ``memory()`` (gradients after the backward, the rest after the step)."""
     import torch
 
     from dare_core.api import get_dare, resolve, setup
-
     from dare_plugin_bench.common import random_prompts
 
     torch.set_num_threads(1)  # torch was imported before run_ranks set OMP_NUM_THREADS
@@ -111,8 +108,12 @@ def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, le
             after_step = engine.memory()
         finally:
             engine.close()
-    return {"parameters": int(after_step["parameters"]), "gradients": int(after_backward["gradients"]),
-            "optimizer": int(after_step["optimizer"]), "precision": engine.precision}
+    return {
+        "parameters": int(after_step["parameters"]),
+        "gradients": int(after_backward["gradients"]),
+        "optimizer": int(after_step["optimizer"]),
+        "precision": engine.precision,
+    }
 
 
 # --------------------------------------------------------------------------- measurements
@@ -137,19 +138,20 @@ def _step_records(path: str) -> list[dict[str, Any]]:
     return [r for r in records if "eval" not in r and "time_rollout" in r]
 
 
-def _scaling_run(nprocs: int, algo: str, family: str, overrides: list[str], out_root: str,
-                 run_name: str) -> list[dict[str, Any]]:
+def _scaling_run(
+    nprocs: int, algo: str, family: str, overrides: list[str], out_root: str, run_name: str
+) -> list[dict[str, Any]]:
     """The step records of one training run on ``nprocs`` processes."""
-    args = ["--algo", algo, "--model", family, *overrides, f"output_dir={out_root}",
-            f"run_name={run_name}"]
+    args = ["--algo", algo, "--model", family, *overrides, f"output_dir={out_root}", f"run_name={run_name}"]
     try:
         _run_groups(nprocs, _train_rank, args)
     except _RunFailed as exc:
         raise BenchError(f"the {nprocs}-process training run failed: {exc}") from None
     records = _step_records(os.path.join(out_root, run_name, "metrics.jsonl"))
     if not records:
-        raise BenchError(f"the {nprocs}-process run logged no RL step timings (time_rollout); "
-                         f"--algo must be an RL algorithm")
+        raise BenchError(
+            f"the {nprocs}-process run logged no RL step timings (time_rollout); --algo must be an RL algorithm"
+        )
     if len(records) < 2:
         raise BenchError(f"the {nprocs}-process run logged {len(records)} steps; --steps must be >= 2")
     return records
@@ -159,25 +161,32 @@ def _step_seconds(record: dict[str, Any]) -> float:
     return record["time_rollout"] + record.get("time_logprob", 0.0) + record["time_update"]
 
 
-def _scaling_summary(nprocs: int, runs: list[list[dict[str, Any]]], rows_per_proc: int,
-                     gen_length: int) -> dict[str, Any]:
+def _scaling_summary(
+    nprocs: int, runs: list[list[dict[str, Any]]], rows_per_proc: int, gen_length: int
+) -> dict[str, Any]:
     """Median over every run's steps but its first (warm-up)."""
     timed = [r for records in runs for r in records[1:]]
     step_s = statistics.median(_step_seconds(r) for r in timed)
     rows = rows_per_proc * nprocs
     tokens = rows * gen_length
     response = statistics.median(r["response_length"] for r in timed) * rows
-    return {"processes": nprocs, "rows_per_step": rows, "tokens_per_step": tokens,
-            "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 2) if step_s else None,
-            "response_tokens_per_s": round(response / step_s, 2) if step_s else None,
-            "rollout_s": round(statistics.median(r["time_rollout"] for r in timed), 4),
-            "logprob_s": round(statistics.median(r.get("time_logprob", 0.0) for r in timed), 4),
-            "update_s": round(statistics.median(r["time_update"] for r in timed), 4),
-            "step_s_each": [[round(_step_seconds(r), 3) for r in records] for records in runs]}
+    return {
+        "processes": nprocs,
+        "rows_per_step": rows,
+        "tokens_per_step": tokens,
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(tokens / step_s, 2) if step_s else None,
+        "response_tokens_per_s": round(response / step_s, 2) if step_s else None,
+        "rollout_s": round(statistics.median(r["time_rollout"] for r in timed), 4),
+        "logprob_s": round(statistics.median(r.get("time_logprob", 0.0) for r in timed), 4),
+        "update_s": round(statistics.median(r["time_update"] for r in timed), 4),
+        "step_s_each": [[round(_step_seconds(r), 3) for r in records] for records in runs],
+    }
 
 
-def _memory_run(name: str, nprocs: int, algo: str, family: str, overrides: list[str], rows: int,
-                length: int, seed: int) -> dict[str, Any]:
+def _memory_run(
+    name: str, nprocs: int, algo: str, family: str, overrides: list[str], rows: int, length: int, seed: int
+) -> dict[str, Any]:
     run = [*overrides, f"engine.name={name}", *ENGINE_OVERRIDES.get(name, [])]
     try:
         per_rank = _run_groups(nprocs, _memory_rank, algo, family, run, rows, length, seed)
@@ -212,8 +221,9 @@ def _memory_engines(dare: Any, text: str) -> list[str]:
         raise BenchError("--engines takes a comma-separated list of engine names (or auto)")
     for name in names:
         if name not in dare.registries.engines:
-            raise BenchError(f"--engines: unknown engine {name!r}; installed: "
-                             f"{', '.join(dare.registries.engines.names())}")
+            raise BenchError(
+                f"--engines: unknown engine {name!r}; installed: {', '.join(dare.registries.engines.names())}"
+            )
     return ["single", *[n for n in dict.fromkeys(names) if n != "single"]]
 
 
@@ -241,53 +251,118 @@ def _mb(n: Optional[int]) -> str:
 # --------------------------------------------------------------------------- command
 @click.command("engines")
 @click.option("--model", "family", default="llada", show_default=True, help="Model family.")
-@click.option("--checkpoint", default=None, type=click.Path(file_okay=False),
-              help="Checkpoint directory (default: the family's bundled checkpoint).")
-@click.option("--algo", default="d1", show_default=True,
-              help="RL algorithm of the scaling runs and of the memory runs' config.")
+@click.option(
+    "--checkpoint",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Checkpoint directory (default: the family's bundled checkpoint).",
+)
+@click.option(
+    "--algo", default="d1", show_default=True, help="RL algorithm of the scaling runs and of the memory runs' config."
+)
 @click.option("--task", default="sudoku", show_default=True, help="Task of the scaling runs.")
-@click.option("--part", default="all", show_default=True, type=click.Choice(["scaling", "memory", "all"]),
-              help="scaling: tokens/s on 1 vs --procs processes; memory: bytes per rank per engine.")
-@click.option("--engine", default="ddp", show_default=True,
-              help="Distributed engine of the scaling runs (`dare list engines`).")
-@click.option("--engines", "memory_engines", default="auto", show_default=True,
-              help="Engines of the memory part, comma separated; single is always measured (the "
-                   "reference). auto = single and every installed sharding engine (fsdp, deepspeed "
-                   "with deepspeed.zero_stage=3).")
-@click.option("--procs", default=2, show_default=True, type=int,
-              help="Processes of the multi-process runs (one thread each).")
-@click.option("--steps", default=6, show_default=True, type=int,
-              help="Training steps per scaling run (the first is a warm-up, not timed).")
-@click.option("--batch", default=2, show_default=True, type=int,
-              help="Prompts per process per step (trainer.batch_size = BATCH × processes).")
+@click.option(
+    "--part",
+    default="all",
+    show_default=True,
+    type=click.Choice(["scaling", "memory", "all"]),
+    help="scaling: tokens/s on 1 vs --procs processes; memory: bytes per rank per engine.",
+)
+@click.option(
+    "--engine", default="ddp", show_default=True, help="Distributed engine of the scaling runs (`dare list engines`)."
+)
+@click.option(
+    "--engines",
+    "memory_engines",
+    default="auto",
+    show_default=True,
+    help="Engines of the memory part, comma separated; single is always measured (the "
+    "reference). auto = single and every installed sharding engine (fsdp, deepspeed "
+    "with deepspeed.zero_stage=3).",
+)
+@click.option(
+    "--procs", default=2, show_default=True, type=int, help="Processes of the multi-process runs (one thread each)."
+)
+@click.option(
+    "--steps",
+    default=6,
+    show_default=True,
+    type=int,
+    help="Training steps per scaling run (the first is a warm-up, not timed).",
+)
+@click.option(
+    "--batch",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Prompts per process per step (trainer.batch_size = BATCH × processes).",
+)
 @click.option("--group-size", default=4, show_default=True, type=int, help="Rollouts per prompt.")
-@click.option("--gen-length", default=0, show_default=True, type=int,
-              help="rollout.gen_length (0 = the run config's; 40 on the bundled LLaDA checkpoint).")
-@click.option("--block-length", default=0, show_default=True, type=int,
-              help="rollout.block_length (0 = the run config's when it divides --gen-length, "
-                   "else --gen-length).")
-@click.option("--repeats", default=2, show_default=True, type=int,
-              help="Scaling runs per process count, interleaved (1, N, 1, N, ...); the median "
-                   "step is taken over all of them.")
+@click.option(
+    "--gen-length",
+    default=0,
+    show_default=True,
+    type=int,
+    help="rollout.gen_length (0 = the run config's; 40 on the bundled LLaDA checkpoint).",
+)
+@click.option(
+    "--block-length",
+    default=0,
+    show_default=True,
+    type=int,
+    help="rollout.block_length (0 = the run config's when it divides --gen-length, else --gen-length).",
+)
+@click.option(
+    "--repeats",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Scaling runs per process count, interleaved (1, N, 1, N, ...); the median step is taken over all of them.",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("-o", "--override", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Run config field of every run (repeatable), e.g. -o rollout.steps=16.")
-def engines_cmd(family: str, checkpoint: Optional[str], algo: str, task: str, part: str, engine: str,
-                memory_engines: str, procs: int, steps: int, batch: int, group_size: int,
-                gen_length: int, block_length: int, repeats: int, seed: int,
-                overrides: tuple[str, ...]) -> None:
+@click.option(
+    "-o",
+    "--override",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Run config field of every run (repeatable), e.g. -o rollout.steps=16.",
+)
+def engines_cmd(
+    family: str,
+    checkpoint: Optional[str],
+    algo: str,
+    task: str,
+    part: str,
+    engine: str,
+    memory_engines: str,
+    procs: int,
+    steps: int,
+    batch: int,
+    group_size: int,
+    gen_length: int,
+    block_length: int,
+    repeats: int,
+    seed: int,
+    overrides: tuple[str, ...],
+) -> None:
     """Engines on this machine: weak scaling (tokens/s of an RL step, 1 vs N processes, fixed
     per-process batch) and memory per rank (parameters, gradients, optimizer state)."""
     from dare_core.api import get_dare
 
-    for key, value, low in (("--procs", procs, 2), ("--steps", steps, 2), ("--batch", batch, 1),
-                            ("--group-size", group_size, 1), ("--gen-length", gen_length, 0),
-                            ("--repeats", repeats, 1), ("--block-length", block_length, 0)):
+    for key, value, low in (
+        ("--procs", procs, 2),
+        ("--steps", steps, 2),
+        ("--batch", batch, 1),
+        ("--group-size", group_size, 1),
+        ("--gen-length", gen_length, 0),
+        ("--repeats", repeats, 1),
+        ("--block-length", block_length, 0),
+    ):
         if value < low:
             raise BenchError(f"{key} must be >= {low}, got {value}")
     if block_length and gen_length and gen_length % block_length:
-        raise BenchError(f"--gen-length ({gen_length}) must be a multiple of --block-length "
-                         f"({block_length})")
+        raise BenchError(f"--gen-length ({gen_length}) must be a multiple of --block-length ({block_length})")
     load_before = _loadavg()
     dare = get_dare()
     dare.registries.models.get(family)  # unknown names: one line, before any work
@@ -305,24 +380,36 @@ def engines_cmd(family: str, checkpoint: Optional[str], algo: str, task: str, pa
     if not hasattr(getattr(base, "rollout", None), "gen_length"):
         raise BenchError(f"--algo {algo} has no rollout with a gen_length; choose an RL algorithm")
     gen_length = gen_length or int(base.rollout.gen_length)
-    sized = [f"trainer.steps={steps}", f"trainer.group_size={group_size}",
-             f"trainer.micro_batch_size={batch * group_size}", "trainer.mini_batch_size=0",
-             "trainer.rollout_batch_size=0", f"rollout.gen_length={gen_length}"]
+    sized = [
+        f"trainer.steps={steps}",
+        f"trainer.group_size={group_size}",
+        f"trainer.micro_batch_size={batch * group_size}",
+        "trainer.mini_batch_size=0",
+        "trainer.rollout_batch_size=0",
+        f"rollout.gen_length={gen_length}",
+    ]
     block = getattr(base.rollout, "block_length", None)
     if block is not None:
         block = block_length or (block if gen_length % block == 0 else gen_length)
         sized.append(f"rollout.block_length={block}")
-    runs = {n: [*common, *sized, f"trainer.batch_size={batch * n}", f"engine.name={engine}", *overrides]
-            for n in (1, procs)}
+    runs = {
+        n: [*common, *sized, f"trainer.batch_size={batch * n}", f"engine.name={engine}", *overrides] for n in (1, procs)
+    }
     memory_config = [*common, *sized, f"trainer.batch_size={batch * procs}", *overrides]
     for n, run in runs.items() if do_scaling else ():
         _resolve(dare, algo, family, run, f"the {n}-process run config")
     for name in names:
-        _resolve(dare, algo, family, [*memory_config, f"engine.name={name}", *ENGINE_OVERRIDES.get(name, [])],
-                 f"the memory run config of engine {name}")
+        _resolve(
+            dare,
+            algo,
+            family,
+            [*memory_config, f"engine.name={name}", *ENGINE_OVERRIDES.get(name, [])],
+            f"the memory run config of engine {name}",
+        )
 
-    click.echo(f"model {family} ({base.model.path}), algo {algo}, task {task}; at most {procs} "
-               f"processes, 1 thread each")
+    click.echo(
+        f"model {family} ({base.model.path}), algo {algo}, task {task}; at most {procs} processes, 1 thread each"
+    )
     ratios: dict[str, Any] = {}
     scaling = memory = None
     if do_scaling:
@@ -330,70 +417,106 @@ def engines_cmd(family: str, checkpoint: Optional[str], algo: str, task: str, pa
         one, many = scaling["runs"]["1"], scaling["runs"][str(procs)]
         ratios["weak_scaling"] = ratio(many["tokens_per_s"] or 0.0, one["tokens_per_s"] or 0.0)
         ratios["weak_scaling_ideal"] = float(procs)
-        scaling["command"] = (f"OMP_NUM_THREADS=1 torchrun --nproc_per_node={procs} -m dare_core train "
-                              + shlex.join(["--algo", algo, "--model", family, *runs[procs]]))
+        scaling["command"] = f"OMP_NUM_THREADS=1 torchrun --nproc_per_node={procs} -m dare_core train " + shlex.join(
+            ["--algo", algo, "--model", family, *runs[procs]]
+        )
     if do_memory:
         memory = {}
         for name in names:
             n = 1 if name == "single" else procs
             click.echo(f"memory: engine {name} on {n} rank(s) ...")
-            memory[name] = _memory_run(name, n, algo, family, memory_config, batch * group_size,
-                                       gen_length, seed)
+            memory[name] = _memory_run(name, n, algo, family, memory_config, batch * group_size, gen_length, seed)
         ref = memory["single"]
         if "error" in ref:
             raise BenchError(f"the single-process memory run failed: {ref['error']}")
         ratios["memory_per_rank"] = {
             name: {key: ratio(r[key], ref[key]) for key in (*PARTS, "total")}
-            for name, r in memory.items() if name != "single" and "error" not in r}
+            for name, r in memory.items()
+            if name != "single" and "error" not in r
+        }
 
     click.echo("")
     if scaling is not None:
         _print_scaling(scaling, ratios, procs)
     if memory is not None:
         _print_memory(memory, ratios)
-    emit_json({
-        "bench": "engines",
-        "model": {"family": family, "checkpoint": base.model.path},
-        "setup": {"algo": algo, "task": task, "part": part, "procs": procs, "threads_per_process": 1,
-                  "steps": steps, "repeats": repeats, "batch_per_process": batch, "group_size": group_size,
-                  "gen_length": gen_length, "block_length": block, "seed": seed,
-                  "overrides": list(overrides)},
-        "scaling": scaling,
-        "memory": memory,
-        "ratios": ratios,
-        "machine": {**machine_info("cpu"), "loadavg_before": load_before},
-    })
+    emit_json(
+        {
+            "bench": "engines",
+            "model": {"family": family, "checkpoint": base.model.path},
+            "setup": {
+                "algo": algo,
+                "task": task,
+                "part": part,
+                "procs": procs,
+                "threads_per_process": 1,
+                "steps": steps,
+                "repeats": repeats,
+                "batch_per_process": batch,
+                "group_size": group_size,
+                "gen_length": gen_length,
+                "block_length": block,
+                "seed": seed,
+                "overrides": list(overrides),
+            },
+            "scaling": scaling,
+            "memory": memory,
+            "ratios": ratios,
+            "machine": {**machine_info("cpu"), "loadavg_before": load_before},
+        }
+    )
 
 
 def _check_scaling_engine(dare: Any, engine: str) -> None:
     if engine not in dare.registries.engines:
-        raise BenchError(f"--engine: unknown engine {engine!r}; installed: "
-                         f"{', '.join(dare.registries.engines.names())}")
+        raise BenchError(
+            f"--engine: unknown engine {engine!r}; installed: {', '.join(dare.registries.engines.names())}"
+        )
     if not dare.registries.engines.get(engine).distributed:
-        raise BenchError(f"--engine {engine} runs one process; the scaling part needs a distributed "
-                         f"engine (e.g. ddp, fsdp)")
+        raise BenchError(
+            f"--engine {engine} runs one process; the scaling part needs a distributed engine (e.g. ddp, fsdp)"
+        )
 
 
-def _measure_scaling(runs: dict[int, list[str]], algo: str, family: str, engine: str, steps: int,
-                     repeats: int, rows_per_proc: int, gen_length: int) -> dict[str, Any]:
+def _measure_scaling(
+    runs: dict[int, list[str]],
+    algo: str,
+    family: str,
+    engine: str,
+    steps: int,
+    repeats: int,
+    rows_per_proc: int,
+    gen_length: int,
+) -> dict[str, Any]:
     """Every run of ``runs`` (processes → overrides) ``repeats`` times, interleaved."""
     records: dict[int, list] = {n: [] for n in runs}
     with tempfile.TemporaryDirectory(prefix="dare-bench-engines-") as out_root:
         for rep in range(repeats):
             for n, run in runs.items():
-                click.echo(f"[{rep + 1}/{repeats}] scaling: {n} process(es), engine {engine}, "
-                           f"{steps} steps ...")
+                click.echo(f"[{rep + 1}/{repeats}] scaling: {n} process(es), engine {engine}, {steps} steps ...")
                 records[n].append(_scaling_run(n, algo, family, run, out_root, f"procs{n}-{rep}"))
-    return {"engine": engine,
-            "runs": {str(n): _scaling_summary(n, rs, rows_per_proc, gen_length) for n, rs in records.items()}}
+    return {
+        "engine": engine,
+        "runs": {str(n): _scaling_summary(n, rs, rows_per_proc, gen_length) for n, rs in records.items()},
+    }
 
 
 def _print_scaling(scaling: dict[str, Any], ratios: dict[str, Any], procs: int) -> None:
-    print_table(["processes", "engine", "rows/step", "tokens/step", "step s (median)", "tokens/s"],
-                [[r["processes"], scaling["engine"], r["rows_per_step"], r["tokens_per_step"], r["step_s"],
-                  r["tokens_per_s"]] for r in scaling["runs"].values()])
-    click.echo(f"weak scaling: {ratios['weak_scaling']}x tokens/s on {procs} processes "
-               f"(ideal {float(procs)})")
+    print_table(
+        ["processes", "engine", "rows/step", "tokens/step", "step s (median)", "tokens/s"],
+        [
+            [
+                r["processes"],
+                scaling["engine"],
+                r["rows_per_step"],
+                r["tokens_per_step"],
+                r["step_s"],
+                r["tokens_per_s"],
+            ]
+            for r in scaling["runs"].values()
+        ],
+    )
+    click.echo(f"weak scaling: {ratios['weak_scaling']}x tokens/s on {procs} processes (ideal {float(procs)})")
     click.echo("")
 
 
@@ -404,10 +527,30 @@ def _print_memory(memory: dict[str, Any], ratios: dict[str, Any]) -> None:
             table.append([name, r["ranks"], "-", "-", "-", "-", "-", "-", f"error: {r['error']}"])
             continue
         rel = ratios["memory_per_rank"].get(name, {}) if name != "single" else {"parameters": 1.0, "total": 1.0}
-        table.append([name, r["ranks"], r["precision"], *(_mb(r[k]) for k in (*PARTS, "total")),
-                      rel.get("parameters"), rel.get("total")])
-    print_table(["engine", "ranks", "precision", "parameters MiB", "gradients MiB", "optimizer MiB",
-                 "total MiB / rank", "parameters vs single", "total vs single"], table)
+        table.append(
+            [
+                name,
+                r["ranks"],
+                r["precision"],
+                *(_mb(r[k]) for k in (*PARTS, "total")),
+                rel.get("parameters"),
+                rel.get("total"),
+            ]
+        )
+    print_table(
+        [
+            "engine",
+            "ranks",
+            "precision",
+            "parameters MiB",
+            "gradients MiB",
+            "optimizer MiB",
+            "total MiB / rank",
+            "parameters vs single",
+            "total vs single",
+        ],
+        table,
+    )
 
 
 __all__ = ["engines_cmd"]

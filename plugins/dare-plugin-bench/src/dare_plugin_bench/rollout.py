@@ -31,8 +31,11 @@ def graphs_twin(specs: dict[str, Any], device: str) -> dict[str, Any]:
     graphs = attrs.asdict(cfg).get("graphs")
     if graphs in (None, "eager") or (graphs == "auto" and not str(device).startswith("cuda")):
         return specs
-    return {"baseline": specs["baseline"], "cached": (spec, attrs.evolve(cfg, graphs="eager")),
-            "accelerated": specs["accelerated"]}
+    return {
+        "baseline": specs["baseline"],
+        "cached": (spec, attrs.evolve(cfg, graphs="eager")),
+        "accelerated": specs["accelerated"],
+    }
 
 
 def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
@@ -51,8 +54,7 @@ def _generate_all(setup: Any, backend: Any, seed: int) -> dict[str, Any]:
 
             texts = decode_responses(wrapper, out.response_ids.cpu(), out.response_mask.cpu())
             correct += sum(setup.task.score(ex, t).acc for ex, t in zip(examples, texts))
-    facts: dict[str, Any] = {"nfe": nfe, "tokens": tokens, "rows": rows,
-                             "responses": torch.cat(responses)}
+    facts: dict[str, Any] = {"nfe": nfe, "tokens": tokens, "rows": rows, "responses": torch.cat(responses)}
     if setup.task is not None:
         facts["accuracy"] = correct / max(1, rows)
     return facts
@@ -73,7 +75,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_seconds_per_run": round(cpu / len(runs), 4),
         "nfe_per_run": nfe // len(runs),
         "step_time_s": round(seconds / nfe, 5) if nfe else None,
-        "tokens_per_forward": round(tokens / (nfe * rows / len(runs)) , 3) if nfe else None,
+        "tokens_per_forward": round(tokens / (nfe * rows / len(runs)), 3) if nfe else None,
         "peak_memory_mb": round(max(r["peak_memory_bytes"] for r in runs) / 2**20, 1),
         "memory_kind": runs[0]["memory_kind"],
     }
@@ -84,9 +86,14 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 @click.command("rollout")
 @model_options
-@click.option("--warmup", default=0, show_default=True, type=int,
-              help="Untimed runs of every side before the timed ones (one-time costs such as "
-                   "capturing CUDA graphs stay out of the timing).")
+@click.option(
+    "--warmup",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Untimed runs of every side before the timed ones (one-time costs such as "
+    "capturing CUDA graphs stay out of the timing).",
+)
 def rollout_cmd(warmup: int, **kw: Any) -> None:
     """Rollout speed: baseline vs accelerated backend on one checkpoint, interleaved.
 
@@ -94,7 +101,6 @@ def rollout_cmd(warmup: int, **kw: Any) -> None:
     dare bench rollout --model FAMILY --random --size d_model=512 --size n_layers=15 ...
     """
     from dare_core.api import get_dare
-
     from dare_plugin_bench.common import BenchError
 
     if warmup < 0:
@@ -105,9 +111,11 @@ def rollout_cmd(warmup: int, **kw: Any) -> None:
     specs = graphs_twin(setup.specs, setup.device)
     backends = {side: spec.build(cfg) for side, (spec, cfg) in specs.items()}
     seed = kw["seed"]
-    click.echo(f"model: {setup.source}, {n_params / 1e6:.1f}M parameters, {kw['dtype']}, "
-               f"{setup.device}; {sum(p[0].shape[0] for p in setup.prompts)} prompts of "
-               f"{setup.prompts[0][0].shape[1]} tokens (padded), batch {kw['batch']}")
+    click.echo(
+        f"model: {setup.source}, {n_params / 1e6:.1f}M parameters, {kw['dtype']}, "
+        f"{setup.device}; {sum(p[0].shape[0] for p in setup.prompts)} prompts of "
+        f"{setup.prompts[0][0].shape[1]} tokens (padded), batch {kw['batch']}"
+    )
     for side, (spec, cfg) in specs.items():
         click.echo(f"{side}: {spec.name} {config_text(cfg)}")
     runs = {side: (lambda b=b: _generate_all(setup, b, seed)) for side, b in backends.items()}
@@ -117,52 +125,80 @@ def rollout_cmd(warmup: int, **kw: Any) -> None:
 
     summary = {side: summarise(rs) for side, rs in results.items()}
     base, acc = summary["baseline"], summary["accelerated"]
-    same = (results["baseline"][-1]["responses"] == results["accelerated"][-1]["responses"])
+    same = results["baseline"][-1]["responses"] == results["accelerated"][-1]["responses"]
     agreement = round(float(same.float().mean()), 4)
     ratios = _ratios(acc, base)
     if "cached" in summary:
         cached = summary["cached"]
-        ratios.update({f"{k}_cached": v for k, v in _ratios(cached, base).items()
-                       if k in ("tokens_per_s", "tokens_per_cpu_s")})
-        ratios.update({f"{k}_graphs": v for k, v in _ratios(acc, cached).items()
-                       if k in ("tokens_per_s", "step_time")})
+        ratios.update(
+            {f"{k}_cached": v for k, v in _ratios(cached, base).items() if k in ("tokens_per_s", "tokens_per_cpu_s")}
+        )
+        ratios.update({f"{k}_graphs": v for k, v in _ratios(acc, cached).items() if k in ("tokens_per_s", "step_time")})
         same_cached = results["cached"][-1]["responses"] == results["accelerated"][-1]["responses"]
         ratios["token_agreement_graphs"] = round(float(same_cached.float().mean()), 4)
-    header = ["config", "backend", "tok/s", "tok/cpu-s", "s/run", "nfe", "s/forward", "tok/forward",
-              f"peak MB ({base['memory_kind']})"]
+    header = [
+        "config",
+        "backend",
+        "tok/s",
+        "tok/cpu-s",
+        "s/run",
+        "nfe",
+        "s/forward",
+        "tok/forward",
+        f"peak MB ({base['memory_kind']})",
+    ]
     if setup.task is not None:
         header.append("accuracy")
     rows = []
     for side, s in summary.items():
-        row = [side, specs[side][0].name, s["tokens_per_s"], s["tokens_per_cpu_s"],
-               s["seconds_per_run"],
-               s["nfe_per_run"], s["step_time_s"], s["tokens_per_forward"], s["peak_memory_mb"]]
+        row = [
+            side,
+            specs[side][0].name,
+            s["tokens_per_s"],
+            s["tokens_per_cpu_s"],
+            s["seconds_per_run"],
+            s["nfe_per_run"],
+            s["step_time_s"],
+            s["tokens_per_forward"],
+            s["peak_memory_mb"],
+        ]
         if setup.task is not None:
             row.append(s["accuracy"])
         rows.append(row)
     click.echo("")
     print_table(header, rows)
-    click.echo(f"speed-up {ratios['tokens_per_s']}x tokens/s (wall), {ratios['tokens_per_cpu_s']}x "
-               f"tokens per CPU second; identical response tokens: {agreement:.1%}")
+    click.echo(
+        f"speed-up {ratios['tokens_per_s']}x tokens/s (wall), {ratios['tokens_per_cpu_s']}x "
+        f"tokens per CPU second; identical response tokens: {agreement:.1%}"
+    )
     if "cached" in summary:
-        click.echo(f"cached without graphs {ratios['tokens_per_s_cached']}x; static steps over it "
-                   f"{ratios['tokens_per_s_graphs']}x tokens/s (identical tokens "
-                   f"{ratios['token_agreement_graphs']:.1%})")
-    emit_json({
-        "bench": "rollout",
-        "model": {"source": setup.source, "family": wrapper.family, "parameters": n_params,
-                  "dtype": kw["dtype"]},
-        "setup": {"batch": kw["batch"], "prompt_length": int(setup.prompts[0][0].shape[1]),
-                  "gen_length": kw["gen_length"], "block_length": kw["block_length"],
-                  "num_prompts": sum(p[0].shape[0] for p in setup.prompts),
-                  "task": kw["task"], "repeats": kw["repeats"], "warmup": warmup, "seed": seed},
-        "configs": {side: {"backend": spec.name, "config": _plain(cfg)}
-                    for side, (spec, cfg) in specs.items()},
-        **summary,
-        "ratios": ratios,
-        "token_agreement": agreement,
-        "machine": machine_info(setup.device),
-    })
+        click.echo(
+            f"cached without graphs {ratios['tokens_per_s_cached']}x; static steps over it "
+            f"{ratios['tokens_per_s_graphs']}x tokens/s (identical tokens "
+            f"{ratios['token_agreement_graphs']:.1%})"
+        )
+    emit_json(
+        {
+            "bench": "rollout",
+            "model": {"source": setup.source, "family": wrapper.family, "parameters": n_params, "dtype": kw["dtype"]},
+            "setup": {
+                "batch": kw["batch"],
+                "prompt_length": int(setup.prompts[0][0].shape[1]),
+                "gen_length": kw["gen_length"],
+                "block_length": kw["block_length"],
+                "num_prompts": sum(p[0].shape[0] for p in setup.prompts),
+                "task": kw["task"],
+                "repeats": kw["repeats"],
+                "warmup": warmup,
+                "seed": seed,
+            },
+            "configs": {side: {"backend": spec.name, "config": _plain(cfg)} for side, (spec, cfg) in specs.items()},
+            **summary,
+            "ratios": ratios,
+            "token_agreement": agreement,
+            "machine": machine_info(setup.device),
+        }
+    )
 
 
 def _ratios(acc: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

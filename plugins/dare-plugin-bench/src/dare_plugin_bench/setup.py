@@ -9,8 +9,8 @@ import attrs
 import click
 import torch
 
-from dare_plugin_bench.common import BenchError, prepare_model, random_prompts
 from dare_core.api import misfit, parse_overrides, structure
+from dare_plugin_bench.common import BenchError, prepare_model, random_prompts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -19,46 +19,109 @@ def model_options(fn):
     """Options selecting the checkpoint, the prompts and the rollout settings both sides share."""
     opts = [
         click.option("--model", "family", required=True, help="Model family (see `dare list models`)."),
-        click.option("--checkpoint", default=None, type=click.Path(file_okay=False),
-                     help="Checkpoint directory (default: the family's bundled checkpoint)."),
-        click.option("--random", "random_model", is_flag=True,
-                     help="Benchmark a randomly initialised checkpoint of the family's architecture "
-                          "(sizes from --size)."),
-        click.option("--size", "sizes", multiple=True, metavar="KEY=VALUE",
-                     help="Architecture field of the --random model, e.g. d_model=512 (repeatable)."),
-        click.option("--tokenizer-task", default="sudoku", show_default=True,
-                     help="Task whose texts train the --random model's tokenizer."),
-        click.option("--task", default=None,
-                     help="Use this task's held-out prompts (and report accuracy) instead of random "
-                          "prompts."),
-        click.option("--num-prompts", default=0, show_default=True, type=int,
-                     help="--task: number of held-out prompts (0 = --batch)."),
-        click.option("--prompt-length", default=64, show_default=True, type=int,
-                     help="Length of the random prompts."),
-        click.option("--ragged", default=0, show_default=True, type=int,
-                     help="Random prompts: row i is left padded by (i * RAGGED) % prompt-length."),
+        click.option(
+            "--checkpoint",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Checkpoint directory (default: the family's bundled checkpoint).",
+        ),
+        click.option(
+            "--random",
+            "random_model",
+            is_flag=True,
+            help="Benchmark a randomly initialised checkpoint of the family's architecture (sizes from --size).",
+        ),
+        click.option(
+            "--size",
+            "sizes",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Architecture field of the --random model, e.g. d_model=512 (repeatable).",
+        ),
+        click.option(
+            "--tokenizer-task",
+            default="sudoku",
+            show_default=True,
+            help="Task whose texts train the --random model's tokenizer.",
+        ),
+        click.option(
+            "--task",
+            default=None,
+            help="Use this task's held-out prompts (and report accuracy) instead of random prompts.",
+        ),
+        click.option(
+            "--num-prompts",
+            default=0,
+            show_default=True,
+            type=int,
+            help="--task: number of held-out prompts (0 = --batch).",
+        ),
+        click.option("--prompt-length", default=64, show_default=True, type=int, help="Length of the random prompts."),
+        click.option(
+            "--ragged",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Random prompts: row i is left padded by (i * RAGGED) % prompt-length.",
+        ),
         click.option("--batch", default=4, show_default=True, type=int, help="Rows per rollout."),
         click.option("--gen-length", default=256, show_default=True, type=int, help="Response length."),
         click.option("--block-length", default=32, show_default=True, type=int, help="Block length."),
-        click.option("--steps", default=0, show_default=True, type=int,
-                     help="Denoising steps where a backend uses a step count (0 = gen-length: one "
-                          "token per step)."),
-        click.option("--temperature", default=0.0, show_default=True, type=float,
-                     help="Sampling temperature of both sides (0 = greedy)."),
-        click.option("--baseline-backend", default="low_confidence", show_default=True,
-                     help="Rollout backend of the baseline."),
-        click.option("--accelerated-backend", default="fast", show_default=True,
-                     help="Rollout backend of the accelerated configuration."),
-        click.option("-b", "--baseline", "baseline_overrides", multiple=True, metavar="KEY=VALUE",
-                     help="Baseline rollout config field (repeatable)."),
-        click.option("-a", "--accelerated", "accelerated_overrides", multiple=True, metavar="KEY=VALUE",
-                     help="Accelerated rollout config field (repeatable), e.g. -a decoding=threshold."),
-        click.option("--repeats", default=2, show_default=True, type=int,
-                     help="Timed runs per configuration (interleaved A, B, A, B, ...)."),
+        click.option(
+            "--steps",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Denoising steps where a backend uses a step count (0 = gen-length: one token per step).",
+        ),
+        click.option(
+            "--temperature",
+            default=0.0,
+            show_default=True,
+            type=float,
+            help="Sampling temperature of both sides (0 = greedy).",
+        ),
+        click.option(
+            "--baseline-backend", default="low_confidence", show_default=True, help="Rollout backend of the baseline."
+        ),
+        click.option(
+            "--accelerated-backend",
+            default="fast",
+            show_default=True,
+            help="Rollout backend of the accelerated configuration.",
+        ),
+        click.option(
+            "-b",
+            "--baseline",
+            "baseline_overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Baseline rollout config field (repeatable).",
+        ),
+        click.option(
+            "-a",
+            "--accelerated",
+            "accelerated_overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Accelerated rollout config field (repeatable), e.g. -a decoding=threshold.",
+        ),
+        click.option(
+            "--repeats",
+            default=2,
+            show_default=True,
+            type=int,
+            help="Timed runs per configuration (interleaved A, B, A, B, ...).",
+        ),
         click.option("--dtype", default="float32", show_default=True, type=click.Choice(sorted(DTYPES))),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
-        click.option("--threads", default=0, show_default=True, type=int,
-                     help="torch.set_num_threads (0 = leave torch's default)."),
+        click.option(
+            "--threads",
+            default=0,
+            show_default=True,
+            type=int,
+            help="torch.set_num_threads (0 = leave torch's default).",
+        ),
         click.option("--seed", default=0, show_default=True, type=int),
     ]
     for opt in reversed(opts):
@@ -87,8 +150,14 @@ def _sizes(items: Sequence[str]) -> dict[str, Any]:
     return sizes
 
 
-def rollout_config(dare: Any, name: str, backend: str, common: dict[str, Any],
-                   overrides: Sequence[str], defaults: Optional[dict[str, Any]] = None):
+def rollout_config(
+    dare: Any,
+    name: str,
+    backend: str,
+    common: dict[str, Any],
+    overrides: Sequence[str],
+    defaults: Optional[dict[str, Any]] = None,
+):
     """``(spec, config)`` of one side: ``common`` (where the backend has the field), then
     ``defaults``, then ``overrides``; unknown keys and invalid values are one-line errors."""
     spec = dare.registries.rollouts.get(backend)
@@ -126,8 +195,9 @@ def validate(kw: dict[str, Any]) -> None:
         if kw[key] < 0:
             raise BenchError(f"--{key.replace('_', '-')} must be >= 0, got {kw[key]}")
     if kw["gen_length"] % kw["block_length"]:
-        raise BenchError(f"--gen-length ({kw['gen_length']}) must be a multiple of --block-length "
-                         f"({kw['block_length']})")
+        raise BenchError(
+            f"--gen-length ({kw['gen_length']}) must be a multiple of --block-length ({kw['block_length']})"
+        )
     if kw["checkpoint"] and kw["random_model"]:
         raise BenchError("pass either --checkpoint or --random, not both")
     if kw["sizes"] and not kw["random_model"]:
@@ -145,26 +215,34 @@ def build(dare: Any, kw: dict[str, Any], extra_defaults: Optional[dict[str, Any]
         dare.registries.tasks.get(kw["task"])
     if kw["threads"]:
         torch.set_num_threads(kw["threads"])
-    common = {"gen_length": kw["gen_length"], "block_length": kw["block_length"],
-              "steps": kw["steps"] or kw["gen_length"], "temperature": kw["temperature"]}
+    common = {
+        "gen_length": kw["gen_length"],
+        "block_length": kw["block_length"],
+        "steps": kw["steps"] or kw["gen_length"],
+        "temperature": kw["temperature"],
+    }
     specs = {
-        "baseline": rollout_config(dare, "baseline", kw["baseline_backend"], common,
-                                   kw["baseline_overrides"]),
-        "accelerated": rollout_config(dare, "accelerated", kw["accelerated_backend"], common,
-                                      kw["accelerated_overrides"], ACCELERATED_DEFAULTS),
+        "baseline": rollout_config(dare, "baseline", kw["baseline_backend"], common, kw["baseline_overrides"]),
+        "accelerated": rollout_config(
+            dare, "accelerated", kw["accelerated_backend"], common, kw["accelerated_overrides"], ACCELERATED_DEFAULTS
+        ),
     }
     wrapper, source = prepare_model(
-        dare, kw["family"], checkpoint=kw["checkpoint"],
+        dare,
+        kw["family"],
+        checkpoint=kw["checkpoint"],
         random_sizes=_sizes(kw["sizes"]) if kw["random_model"] else None,
-        tokenizer_task=kw["tokenizer_task"], dtype=DTYPES[kw["dtype"]], device=kw["device"],
-        seed=kw["seed"])
+        tokenizer_task=kw["tokenizer_task"],
+        dtype=DTYPES[kw["dtype"]],
+        device=kw["device"],
+        seed=kw["seed"],
+    )
     for side, (spec, _cfg) in specs.items():
         check_backend(spec, wrapper, side)
     task = None
     prompts = []
     if kw["task"]:
-        from dare_core.api import TaskConfig
-        from dare_core.api import left_pad
+        from dare_core.api import TaskConfig, left_pad
 
         task = dare.registries.tasks.get(kw["task"]).build(TaskConfig(name=kw["task"], seed=kw["seed"]))
         n = kw["num_prompts"] or kw["batch"]
@@ -188,5 +266,14 @@ def config_text(cfg: Any, keys: Sequence[str] = ()) -> str:
     return " ".join(f"{k}={d[k]}" for k in shown if k in d)
 
 
-__all__ = ["ACCELERATED_DEFAULTS", "DTYPES", "Setup", "build", "check_backend", "config_text",
-           "model_options", "rollout_config", "validate"]
+__all__ = [
+    "ACCELERATED_DEFAULTS",
+    "DTYPES",
+    "Setup",
+    "build",
+    "check_backend",
+    "config_text",
+    "model_options",
+    "rollout_config",
+    "validate",
+]

@@ -50,40 +50,70 @@ from dare_plugin_bench.common import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PACKED_TARGET = 1.5      # packed tokens/s over padded
-MEMORY_TARGET = 0.30     # fused peak memory / naive peak memory
-EQUAL_TARGET = 1e-5      # relative difference of loss and gradients
+PACKED_TARGET = 1.5  # packed tokens/s over padded
+MEMORY_TARGET = 0.30  # fused peak memory / naive peak memory
+EQUAL_TARGET = 1e-5  # relative difference of loss and gradients
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dare bench train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("all", "packing", "ce", "moe"), default="all",
-                   help="Which comparison to run (default: all = packing and ce).")
-    p.add_argument("--model", dest="family", default=None,
-                   help="Model family for the packing part (see `dare list models`).")
+    p.add_argument(
+        "--part",
+        choices=("all", "packing", "ce", "moe"),
+        default="all",
+        help="Which comparison to run (default: all = packing and ce).",
+    )
+    p.add_argument(
+        "--model", dest="family", default=None, help="Model family for the packing part (see `dare list models`)."
+    )
     p.add_argument("--checkpoint", default=None, help="Checkpoint directory (default: the family's bundled one).")
-    p.add_argument("--random", dest="random_model", action="store_true",
-                   help="Use a randomly initialised checkpoint of the family's architecture (sizes from --size).")
-    p.add_argument("--size", dest="sizes", action="append", default=[], metavar="KEY=VALUE",
-                   help="Architecture field of the --random model, e.g. d_model=256 (repeatable).")
+    p.add_argument(
+        "--random",
+        dest="random_model",
+        action="store_true",
+        help="Use a randomly initialised checkpoint of the family's architecture (sizes from --size).",
+    )
+    p.add_argument(
+        "--size",
+        dest="sizes",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Architecture field of the --random model, e.g. d_model=256 (repeatable).",
+    )
     p.add_argument("--tokenizer-task", default="sudoku", help="Task whose texts train the --random tokenizer.")
     p.add_argument("--batch", type=int, default=8, help="Packing: sequences per step (default 8).")
     p.add_argument("--prompt-length", type=int, default=64, help="Packing: longest prompt (default 64).")
-    p.add_argument("--ragged", type=int, default=7,
-                   help="Packing: prompt of row i is left padded by (i * RAGGED) %% prompt-length (default 7).")
+    p.add_argument(
+        "--ragged",
+        type=int,
+        default=7,
+        help="Packing: prompt of row i is left padded by (i * RAGGED) %% prompt-length (default 7).",
+    )
     p.add_argument("--min-response", type=int, default=32, help="Packing: shortest response (default 32).")
     p.add_argument("--max-response", type=int, default=512, help="Packing: longest response (default 512).")
-    p.add_argument("--pack-cross-entropy", choices=("naive", "fused"), default="naive",
-                   help="Packing: cross entropy used on both sides (default naive, to isolate the attention path).")
-    p.add_argument("--kernels", default="auto",
-                   help="Packing: packed-attention kernel(s) to run against padded: auto (the one "
-                        "training picks), all (every one the device and dtype run), or a comma list "
-                        "of sdpa_mask, flex, varlen, flash_attn (default auto).")
+    p.add_argument(
+        "--pack-cross-entropy",
+        choices=("naive", "fused"),
+        default="naive",
+        help="Packing: cross entropy used on both sides (default naive, to isolate the attention path).",
+    )
+    p.add_argument(
+        "--kernels",
+        default="auto",
+        help="Packing: packed-attention kernel(s) to run against padded: auto (the one "
+        "training picks), all (every one the device and dtype run), or a comma list "
+        "of sdpa_mask, flex, varlen, flash_attn (default auto).",
+    )
     p.add_argument("--tokens", type=int, default=4096, help="CE: hidden rows N (default 4096).")
     p.add_argument("--vocab", type=int, default=126464, help="CE: vocabulary V (default 126464).")
     p.add_argument("--hidden", type=int, default=256, help="CE: hidden size D (default 256).")
-    p.add_argument("--ce-dtype", choices=sorted(DTYPES), default="float32",
-                   help="CE: dtype of hidden states and head (default float32).")
+    p.add_argument(
+        "--ce-dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="CE: dtype of hidden states and head (default float32).",
+    )
     p.add_argument("--chunk", type=int, default=0, help="CE: rows per chunk (0 = from the 2**24-logit budget).")
     p.add_argument("--moe-tokens", type=int, default=512, help="MoE: tokens through the block (default 512).")
     p.add_argument("--moe-hidden", type=int, default=256, help="MoE: hidden size (default 256).")
@@ -101,8 +131,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(a: argparse.Namespace) -> None:
-    for key in ("batch", "prompt_length", "min_response", "max_response", "tokens", "vocab", "hidden",
-                "repeats", "moe_tokens", "moe_hidden", "moe_intermediate", "moe_top_k"):
+    for key in (
+        "batch",
+        "prompt_length",
+        "min_response",
+        "max_response",
+        "tokens",
+        "vocab",
+        "hidden",
+        "repeats",
+        "moe_tokens",
+        "moe_hidden",
+        "moe_intermediate",
+        "moe_top_k",
+    ):
         if getattr(a, key) <= 0:
             raise BenchError(f"--{key.replace('_', '-')} must be positive, got {getattr(a, key)}")
     for key in ("ragged", "chunk", "warmup", "threads"):
@@ -118,8 +160,9 @@ def _validate(a: argparse.Namespace) -> None:
         raise BenchError("--size only applies to --random models; add --random")
     counts = a.moe_experts.replace(",", " ").split()
     if not counts or not all(c.isdigit() and int(c) >= a.moe_top_k for c in counts):
-        raise BenchError(f"--moe-experts must be a comma list of expert counts >= --moe-top-k ({a.moe_top_k}), "
-                         f"got {a.moe_experts!r}")
+        raise BenchError(
+            f"--moe-experts must be a comma list of expert counts >= --moe-top-k ({a.moe_top_k}), got {a.moe_experts!r}"
+        )
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise BenchError(f"--device {a.device} but no CUDA device is available; use --device cpu")
 
@@ -178,10 +221,10 @@ def _interleaved(sides: dict[str, Any], repeats: int, warmup: int, device: str) 
             if out[name]:  # keep tensors of the last run only (memory is measured per run)
                 out[name][-1]["result"] = {"loss": out[name][-1]["result"]["loss"]}
             result, seconds, cpu, peak, delta, kind = _measure(fn, device)
-            out[name].append({"result": result, "seconds": seconds, "cpu": cpu, "peak": peak,
-                              "delta": delta, "kind": kind})
-            print(f"[{rep + 1}/{repeats}] {name}: {seconds:.3f} s wall, {cpu:.3f} s cpu",
-                  file=sys.stderr, flush=True)
+            out[name].append(
+                {"result": result, "seconds": seconds, "cpu": cpu, "peak": peak, "delta": delta, "kind": kind}
+            )
+            print(f"[{rep + 1}/{repeats}] {name}: {seconds:.3f} s wall, {cpu:.3f} s cpu", file=sys.stderr, flush=True)
     return out
 
 
@@ -204,8 +247,7 @@ def _training_batch(wrapper: Any, a: argparse.Namespace):
     for i, n in enumerate(lengths.tolist()):
         resp[i, n:] = wrapper.pad_token_id
         rmask[i, :n] = 1
-    batch = SequenceBatch(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, rmask], 1),
-                          prompt_ids.shape[1])
+    batch = SequenceBatch(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, rmask], 1), prompt_ids.shape[1])
     return batch.to(a.device), lengths
 
 
@@ -225,19 +267,23 @@ def _nelbo_step(wrapper: Any, batch: Any, corrupted: Any) -> dict[str, Any]:
 
 
 def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
-    from dare_core.api import RandomRatioMasking
-    from dare_core.api import parse_overrides
-    from dare_core.api import plan_packing
-    from dare_core.api import configure_training_paths
+    from dare_core.api import RandomRatioMasking, configure_training_paths, parse_overrides, plan_packing
 
     sizes = None
     if a.random_model:
         sizes, problems = parse_overrides(a.sizes)
         if problems:
             raise BenchError("; ".join(problems))
-    wrapper, source = prepare_model(dare, a.family, checkpoint=a.checkpoint, random_sizes=sizes,
-                                    tokenizer_task=a.tokenizer_task, dtype=DTYPES[a.dtype],
-                                    device=a.device, seed=a.seed)
+    wrapper, source = prepare_model(
+        dare,
+        a.family,
+        checkpoint=a.checkpoint,
+        random_sizes=sizes,
+        tokenizer_task=a.tokenizer_task,
+        dtype=DTYPES[a.dtype],
+        device=a.device,
+        seed=a.seed,
+    )
     wrapper.module.train()
     batch, lengths = _training_batch(wrapper, a)
     corrupted = RandomRatioMasking(mc_num=1)(wrapper, batch, torch.Generator().manual_seed(a.seed + 3))
@@ -258,10 +304,12 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
 
     def side(name: str, attention: str, kernel: str = "auto"):
         def fn():
-            paths[name] = configure_training_paths(wrapper, attention, a.pack_cross_entropy, a.device,
-                                                   attention_kernel=kernel).describe()
+            paths[name] = configure_training_paths(
+                wrapper, attention, a.pack_cross_entropy, a.device, attention_kernel=kernel
+            ).describe()
             current[0] = name
             return _nelbo_step(wrapper, batch, corrupted)
+
         return fn
 
     sides = {"padded": side("padded", "padded")}
@@ -284,8 +332,16 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
             "loss": rs[-1]["result"]["loss"],
             "path": paths[name],
         }
-        rows.append((name, f"{t:.3f}", f"{valid / t:.0f}", f"{c:.3f}", f"{out[name]['peak_memory_mb']:.0f}",
-                     f"{out[name]['loss']:.6f}"))
+        rows.append(
+            (
+                name,
+                f"{t:.3f}",
+                f"{valid / t:.0f}",
+                f"{c:.3f}",
+                f"{out[name]['peak_memory_mb']:.0f}",
+                f"{out[name]['loss']:.6f}",
+            )
+        )
     for k, name in names.items():
         o = out[name]
         o["kernel"] = k
@@ -296,18 +352,24 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
     speedup = ratio(out["packed"]["tokens_per_s"], out["padded"]["tokens_per_s"])
     cpu_speedup = ratio(out["padded"]["cpu_s"], out["packed"]["cpu_s"])
     (pr, pw), (kr, kw) = shapes["padded"], shapes["packed"]
-    print(f"\npacking: {a.batch} sequences, prompts <= {a.prompt_length} (ragged {a.ragged}), responses "
-          f"{a.min_response}-{a.max_response}; model {source}; {valid} valid tokens in "
-          f"{tuple(batch.input_ids.shape)} = {padded_slots} slots; model input padded {pr}x{pw} = "
-          f"{pr * pw} slots, packed {kr}x{kw} = {kr * kw} slots; cross entropy {a.pack_cross_entropy} "
-          f"on both sides")
+    print(
+        f"\npacking: {a.batch} sequences, prompts <= {a.prompt_length} (ragged {a.ragged}), responses "
+        f"{a.min_response}-{a.max_response}; model {source}; {valid} valid tokens in "
+        f"{tuple(batch.input_ids.shape)} = {padded_slots} slots; model input padded {pr}x{pw} = "
+        f"{pr * pw} slots, packed {kr}x{kw} = {kr * kw} slots; cross entropy {a.pack_cross_entropy} "
+        f"on both sides"
+    )
     print_table(("attention", "step s (median)", "valid tok/s", "cpu s (median)", "peak MB", "loss"), rows)
-    print(f"packed ({kernels[0]})/padded tokens/s = {speedup}x (wall), {cpu_speedup}x (process CPU time); "
-          f"loss rel. diff {loss_rel:.2e}, gradient rel. diff {grad_rel:.2e}")
+    print(
+        f"packed ({kernels[0]})/padded tokens/s = {speedup}x (wall), {cpu_speedup}x (process CPU time); "
+        f"loss rel. diff {loss_rel:.2e}, gradient rel. diff {grad_rel:.2e}"
+    )
     for k, name in list(names.items())[1:]:
         o = out[name]
-        print(f"packed ({k})/padded tokens/s = {o['over_padded_tokens_per_s']}x; loss rel. diff "
-              f"{o['loss_rel_diff']:.2e}, gradient rel. diff {o['grad_rel_diff']:.2e}")
+        print(
+            f"packed ({k})/padded tokens/s = {o['over_padded_tokens_per_s']}x; loss rel. diff "
+            f"{o['loss_rel_diff']:.2e}, gradient rel. diff {o['grad_rel_diff']:.2e}"
+        )
     return {
         "model": source,
         "batch": a.batch,
@@ -330,8 +392,7 @@ def run_packing(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
 
 def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
     """The packed-attention kernels of ``--kernels``, the one training would pick first."""
-    from dare_core.api import available_kernels
-    from dare_core.api import param_dtype, select_training_paths
+    from dare_core.api import available_kernels, param_dtype, select_training_paths
 
     dtype = param_dtype(wrapper)
     runnable = list(available_kernels(a.device, dtype))
@@ -343,8 +404,10 @@ def _packed_kernels(a: argparse.Namespace, wrapper: Any) -> list[str]:
     wanted = [k.strip() for k in a.kernels.split(",") if k.strip()]
     bad = [k for k in wanted if k not in runnable]
     if bad or not wanted:
-        raise BenchError(f"--kernels {a.kernels}: {', '.join(bad) or 'none given'} cannot run on {a.device} with "
-                         f"{str(dtype).replace('torch.', '')} weights; runnable: {', '.join(runnable)} (or auto, all)")
+        raise BenchError(
+            f"--kernels {a.kernels}: {', '.join(bad) or 'none given'} cannot run on {a.device} with "
+            f"{str(dtype).replace('torch.', '')} weights; runnable: {', '.join(runnable)} (or auto, all)"
+        )
     return list(dict.fromkeys(wanted))
 
 
@@ -360,7 +423,7 @@ def run_ce(a: argparse.Namespace) -> dict[str, Any]:
     dtype = DTYPES[a.ce_dtype]
     g = torch.Generator().manual_seed(a.seed)
     hidden = torch.randn(a.tokens, a.hidden, generator=g).to(dtype).to(a.device)
-    weight = (torch.randn(a.vocab, a.hidden, generator=g) / a.hidden ** 0.5).to(dtype).to(a.device)
+    weight = (torch.randn(a.vocab, a.hidden, generator=g) / a.hidden**0.5).to(dtype).to(a.device)
     targets = torch.randint(0, a.vocab, (a.tokens,), generator=g).to(a.device)
     p_mask = (torch.rand(a.tokens, generator=g) * 0.999 + 1e-3).to(a.device)
     chunk = a.chunk or chunk_rows(a.vocab, DEFAULT_CHUNK_ELEMENTS)
@@ -373,6 +436,7 @@ def run_ce(a: argparse.Namespace) -> dict[str, Any]:
             loss = (-logp / p_mask).sum()
             loss.backward()
             return {"loss": loss.detach(), "grad_h": h.grad, "grad_w": w.grad}
+
         return run
 
     naive = side(lambda h, w: naive_token_logprobs(h, w, targets))
@@ -391,40 +455,62 @@ def run_ce(a: argparse.Namespace) -> dict[str, Any]:
             "memory_kind": rs[0]["kind"],
             "loss": float(rs[-1]["result"]["loss"]),
         }
-        rows.append((name, f"{t:.3f}", f"{out[name]['peak_above_inputs_mb']:.0f}",
-                     f"{out[name]['peak_memory_mb']:.0f}", f"{out[name]['loss']:.6f}"))
+        rows.append(
+            (
+                name,
+                f"{t:.3f}",
+                f"{out[name]['peak_above_inputs_mb']:.0f}",
+                f"{out[name]['peak_memory_mb']:.0f}",
+                f"{out[name]['loss']:.6f}",
+            )
+        )
     rn, rf = runs["naive"][-1]["result"], runs["fused"][-1]["result"]
-    diffs = {"loss": _rel(rf["loss"], rn["loss"]), "grad_hidden": _rel(rf["grad_h"], rn["grad_h"]),
-             "grad_weight": _rel(rf["grad_w"], rn["grad_w"])}
+    diffs = {
+        "loss": _rel(rf["loss"], rn["loss"]),
+        "grad_hidden": _rel(rf["grad_h"], rn["grad_h"]),
+        "grad_weight": _rel(rf["grad_w"], rn["grad_w"]),
+    }
     reference = None
     if dtype != torch.float32:
         # where does each side's low-precision rounding leave it? float64 on the same (rounded)
         # inputs, chunked so that it fits; logits are not rounded here
         ref = side(lambda h, w: fused_token_logprobs(h.double(), w.double(), targets, chunk=chunk))()
-        reference = {f"{name}_{key}": _rel(res[key].double(), ref[key].double())
-                     for name, res in (("naive", rn), ("fused", rf))
-                     for key in ("loss", "grad_h", "grad_w")}
+        reference = {
+            f"{name}_{key}": _rel(res[key].double(), ref[key].double())
+            for name, res in (("naive", rn), ("fused", rf))
+            for key in ("loss", "grad_h", "grad_w")
+        }
         del ref
     mem = ratio(out["fused"]["peak_above_inputs_mb"], out["naive"]["peak_above_inputs_mb"])
     logits_mb = a.tokens * a.vocab * 4 / 2**20
-    print(f"\ncross entropy: N={a.tokens} V={a.vocab} D={a.hidden} {a.ce_dtype}, chunk {chunk} rows "
-          f"({chunk * a.vocab * 4 / 2**20:.0f} MiB of float32 logits; full logits would be {logits_mb:.0f} MiB); "
-          f"forward + backward of sum(-log p / p_mask)")
+    print(
+        f"\ncross entropy: N={a.tokens} V={a.vocab} D={a.hidden} {a.ce_dtype}, chunk {chunk} rows "
+        f"({chunk * a.vocab * 4 / 2**20:.0f} MiB of float32 logits; full logits would be {logits_mb:.0f} MiB); "
+        f"forward + backward of sum(-log p / p_mask)"
+    )
     print_table(("head", "s (median)", "peak above inputs MB", "peak MB", "loss"), rows)
-    print(f"fused/naive peak memory = {mem}; rel. diff loss {diffs['loss']:.2e}, grad hidden "
-          f"{diffs['grad_hidden']:.2e}, grad weight {diffs['grad_weight']:.2e}")
+    print(
+        f"fused/naive peak memory = {mem}; rel. diff loss {diffs['loss']:.2e}, grad hidden "
+        f"{diffs['grad_hidden']:.2e}, grad weight {diffs['grad_weight']:.2e}"
+    )
     if reference is not None:
-        print("rel. diff to a float64 reference on the same inputs: " +
-              ", ".join(f"{k} {v:.2e}" for k, v in reference.items()))
+        print(
+            "rel. diff to a float64 reference on the same inputs: "
+            + ", ".join(f"{k} {v:.2e}" for k, v in reference.items())
+        )
     return {
-        "tokens": a.tokens, "vocab": a.vocab, "hidden": a.hidden, "dtype": a.ce_dtype, "chunk_rows": chunk,
-        "naive": out["naive"], "fused": out["fused"],
+        "tokens": a.tokens,
+        "vocab": a.vocab,
+        "hidden": a.hidden,
+        "dtype": a.ce_dtype,
+        "chunk_rows": chunk,
+        "naive": out["naive"],
+        "fused": out["fused"],
         "fused_over_naive_peak_memory": mem,
         "fused_over_naive_time": ratio(out["fused"]["seconds"], out["naive"]["seconds"]),
         "rel_diff": diffs,
         "rel_diff_to_float64": reference,
-        "target_met": bool(mem is not None and mem <= MEMORY_TARGET
-                           and max(diffs.values()) <= EQUAL_TARGET),
+        "target_met": bool(mem is not None and mem <= MEMORY_TARGET and max(diffs.values()) <= EQUAL_TARGET),
     }
 
 
@@ -439,13 +525,17 @@ def run_moe(a: argparse.Namespace) -> dict[str, Any]:
     dtype, out, rows = DTYPES[a.moe_dtype], {}, []
     for n_exp in [int(c) for c in a.moe_experts.replace(",", " ").split()]:
         torch.manual_seed(a.seed)
-        cfg = SDARMoeConfig(hidden_size=a.moe_hidden, num_experts=n_exp, num_experts_per_tok=a.moe_top_k,
-                            moe_intermediate_size=a.moe_intermediate)
+        cfg = SDARMoeConfig(
+            hidden_size=a.moe_hidden,
+            num_experts=n_exp,
+            num_experts_per_tok=a.moe_top_k,
+            moe_intermediate_size=a.moe_intermediate,
+        )
         block = SDARMoeSparseMoeBlock(cfg).to(device=a.device, dtype=dtype)
         g = torch.Generator().manual_seed(a.seed + 1)
         x, probe = (torch.randn(1, a.moe_tokens, a.moe_hidden, generator=g).to(a.device, dtype) for _ in range(2))
 
-        def side(impl: str):
+        def side(impl: str, block: torch.nn.Module = block, x: torch.Tensor = x, probe: torch.Tensor = probe):
             def fn():
                 block.experts_impl = impl
                 block.zero_grad(set_to_none=True)
@@ -454,33 +544,70 @@ def run_moe(a: argparse.Namespace) -> dict[str, Any]:
                 loss = (y.float() * probe).sum()
                 loss.backward()
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in block.parameters()]
-                return {"loss": loss.detach(), "out": y.detach(), "grad_x": h.grad,
-                        "grads": torch.cat([q.reshape(-1) for q in grads])}
+                return {
+                    "loss": loss.detach(),
+                    "out": y.detach(),
+                    "grad_x": h.grad,
+                    "grads": torch.cat([q.reshape(-1) for q in grads]),
+                }
+
             return fn
 
         runs = _interleaved({"loop": side("loop"), "grouped": side("grouped")}, a.repeats, a.warmup, a.device)
-        res = {name: {"seconds": round(_median([r["seconds"] for r in rs]), 4),
-                      "cpu_s": round(_median([r["cpu"] for r in rs]), 4),
-                      "seconds_each": [round(r["seconds"], 4) for r in rs],
-                      "peak_memory_mb": round(max(r["peak"] for r in rs) / 2**20, 1)} for name, rs in runs.items()}
+        res = {
+            name: {
+                "seconds": round(_median([r["seconds"] for r in rs]), 4),
+                "cpu_s": round(_median([r["cpu"] for r in rs]), 4),
+                "seconds_each": [round(r["seconds"], 4) for r in rs],
+                "peak_memory_mb": round(max(r["peak"] for r in rs) / 2**20, 1),
+            }
+            for name, rs in runs.items()
+        }
         rl, rg = runs["loop"][-1]["result"], runs["grouped"][-1]["result"]
         res["rel_diff"] = {k: _rel(rg[k], rl[k]) for k in ("out", "grad_x", "grads")}
         res["loop_over_grouped_time"] = ratio(res["loop"]["seconds"], res["grouped"]["seconds"])
         res["loop_over_grouped_cpu_time"] = ratio(res["loop"]["cpu_s"], res["grouped"]["cpu_s"])
         res["grouped_kernel"] = moe.auto_kernel(x, n_exp, 2 * a.moe_intermediate, a.moe_hidden)
         out[str(n_exp)] = res
-        rows.append((n_exp, f"{res['loop']['seconds']:.4f}", f"{res['grouped']['seconds']:.4f}",
-                     f"{res['loop_over_grouped_time']}x", f"{res['loop_over_grouped_cpu_time']}x",
-                     f"{res['loop']['peak_memory_mb']:.0f}", f"{res['grouped']['peak_memory_mb']:.0f}",
-                     f"{max(res['rel_diff'].values()):.1e}"))
+        rows.append(
+            (
+                n_exp,
+                f"{res['loop']['seconds']:.4f}",
+                f"{res['grouped']['seconds']:.4f}",
+                f"{res['loop_over_grouped_time']}x",
+                f"{res['loop_over_grouped_cpu_time']}x",
+                f"{res['loop']['peak_memory_mb']:.0f}",
+                f"{res['grouped']['peak_memory_mb']:.0f}",
+                f"{max(res['rel_diff'].values()):.1e}",
+            )
+        )
         del block, runs, rl, rg
-    print(f"\nMoE experts: one SDAR-MoE block, {a.moe_tokens} tokens, hidden {a.moe_hidden}, expert width "
-          f"{a.moe_intermediate}, top-{a.moe_top_k}, {a.moe_dtype}, forward + backward; grouped kernel "
-          f"{next(iter(out.values()))['grouped_kernel']}")
-    print_table(("experts", "loop s", "grouped s", "loop/grouped", "cpu loop/grouped", "loop peak MB",
-                 "grouped peak MB", "max rel. diff"), rows)
-    return {"tokens": a.moe_tokens, "hidden": a.moe_hidden, "intermediate": a.moe_intermediate,
-            "top_k": a.moe_top_k, "dtype": a.moe_dtype, "by_experts": out}
+    print(
+        f"\nMoE experts: one SDAR-MoE block, {a.moe_tokens} tokens, hidden {a.moe_hidden}, expert width "
+        f"{a.moe_intermediate}, top-{a.moe_top_k}, {a.moe_dtype}, forward + backward; grouped kernel "
+        f"{next(iter(out.values()))['grouped_kernel']}"
+    )
+    print_table(
+        (
+            "experts",
+            "loop s",
+            "grouped s",
+            "loop/grouped",
+            "cpu loop/grouped",
+            "loop peak MB",
+            "grouped peak MB",
+            "max rel. diff",
+        ),
+        rows,
+    )
+    return {
+        "tokens": a.moe_tokens,
+        "hidden": a.moe_hidden,
+        "intermediate": a.moe_intermediate,
+        "top_k": a.moe_top_k,
+        "dtype": a.moe_dtype,
+        "by_experts": out,
+    }
 
 
 def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
@@ -508,12 +635,15 @@ def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
         ratios["fused_over_naive_peak_memory"] = payload["cross_entropy"]["fused_over_naive_peak_memory"]
     if a.part == "moe":
         payload["moe"] = run_moe(a)
-        ratios["moe_loop_over_grouped_time"] = {e: r["loop_over_grouped_time"]
-                                                for e, r in payload["moe"]["by_experts"].items()}
+        ratios["moe_loop_over_grouped_time"] = {
+            e: r["loop_over_grouped_time"] for e, r in payload["moe"]["by_experts"].items()
+        }
     payload["ratios"] = ratios
-    payload["targets"] = {"packed_over_padded_tokens_per_s": f">= {PACKED_TARGET}",
-                          "fused_over_naive_peak_memory": f"<= {MEMORY_TARGET}",
-                          "rel_diff": f"<= {EQUAL_TARGET}"}
+    payload["targets"] = {
+        "packed_over_padded_tokens_per_s": f">= {PACKED_TARGET}",
+        "fused_over_naive_peak_memory": f"<= {MEMORY_TARGET}",
+        "rel_diff": f"<= {EQUAL_TARGET}",
+    }
     payload["machine"] = machine_info(a.device)
     emit_json(payload)
     return 0

@@ -13,19 +13,29 @@ from typing import Callable, Optional
 
 import torch
 
+from dare_core.api import Components, agg_loss, kl_penalty, mask_totals, masked_mean
 from dare_objectives.elbo import (
     clipped_surrogate,
     mc_diagnostics,
     per_row_backward,
     ratio_diagnostics,
 )
-from dare_core.api import agg_loss, Components, kl_penalty, mask_totals, masked_mean
 from dare_plugin_bgpo.config import BGPOConfig
 
 
-def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *,
-                   eps_low: float = 0.2, eps_high: float = 0.2, c: float = 3.0,
-                   nan_guard: bool = True, agg: str = "token-mean", totals: Optional[dict] = None):
+def bgpo_surrogate(
+    new: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    c: float = 3.0,
+    nan_guard: bool = True,
+    agg: str = "token-mean",
+    totals: Optional[dict] = None,
+):
     r"""BGPO clipped objective on same-shaped tensors (per token or per row broadcast).
 
     .. math::
@@ -49,8 +59,7 @@ def bgpo_surrogate(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask
         m = mask.to(loss_tok.dtype)
         bad = pos & (1.0 + delta <= 0) & (m > 0)
         ok = (ratio > 0) & torch.isfinite(ratio)
-        neg_log = torch.where(ok, -torch.log(torch.where(ok, ratio, torch.ones_like(ratio))),
-                              torch.zeros_like(ratio))
+        neg_log = torch.where(ok, -torch.log(torch.where(ok, ratio, torch.ones_like(ratio))), torch.zeros_like(ratio))
         metrics = {
             "pg_clipfrac": float(masked_mean(clipped.to(m.dtype), m)),
             "pg_clipfrac_lower": float(masked_mean(dual.to(m.dtype), m)),
@@ -70,19 +79,32 @@ class BGPOLoss:
     of the mini-batch. ``accumulate`` computes the same gradient with a backward per row
     (constant memory in ``M``)."""
 
-    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                 clip_ratio_c: float = 3.0, nan_guard: bool = True, agg: str = "token-mean",
-                 kl_coef: float = 0.0, kl_type: str = "k3"):
-        self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c,
-                       nan_guard=nan_guard, agg=agg)
+    def __init__(
+        self,
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        clip_ratio_c: float = 3.0,
+        nan_guard: bool = True,
+        agg: str = "token-mean",
+        kl_coef: float = 0.0,
+        kl_type: str = "k3",
+    ):
+        self.kw = dict(eps_low=clip_ratio_low, eps_high=clip_ratio_high, c=clip_ratio_c, nan_guard=nan_guard, agg=agg)
         self.kl_coef = kl_coef
         self.kl_type = kl_type
 
     def totals(self, mask: torch.Tensor, extras: Optional[dict] = None) -> dict[str, torch.Tensor]:
         return mask_totals(mask)
 
-    def row(self, l_row: torch.Tensor, old_row: torch.Tensor, ref_mean: Optional[torch.Tensor],
-            advantages: torch.Tensor, mask: torch.Tensor, totals: dict):
+    def row(
+        self,
+        l_row: torch.Tensor,
+        old_row: torch.Tensor,
+        ref_mean: Optional[torch.Tensor],
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        totals: dict,
+    ):
         shape = mask.shape
         new = l_row[:, None].expand(shape)
         old = old_row[:, None].to(new.dtype).expand(shape)
@@ -92,14 +114,27 @@ class BGPOLoss:
         if self.kl_coef > 0:
             if ref_mean is None:
                 raise ValueError("kl_coef > 0 needs reference ELBOs")
-            kl = agg_loss(kl_penalty(new, ref_mean[:, None].to(new.dtype).expand(shape), adv, self.kl_type),
-                          mask, self.kw["agg"], totals)
+            kl = agg_loss(
+                kl_penalty(new, ref_mean[:, None].to(new.dtype).expand(shape), adv, self.kl_type),
+                mask,
+                self.kw["agg"],
+                totals,
+            )
             loss = loss + self.kl_coef * kl
             metrics["kl_loss"] = float(kl.detach())
         return loss, metrics
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None, totals: Optional[dict] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp: Optional[torch.Tensor],
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
         M = logp.shape[0]
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
@@ -116,9 +151,20 @@ class BGPOLoss:
     #: detached ELBO is then its old value (ratio 1)
     computes_own_old = True
 
-    def accumulate(self, estimate, num_rows, old_logp, ref_logp, advantages, mask, scale, *,
-                   extras: Optional[dict] = None, backward: Callable = torch.Tensor.backward,
-                   totals: Optional[dict] = None):
+    def accumulate(
+        self,
+        estimate,
+        num_rows,
+        old_logp,
+        ref_logp,
+        advantages,
+        mask,
+        scale,
+        *,
+        extras: Optional[dict] = None,
+        backward: Callable = torch.Tensor.backward,
+        totals: Optional[dict] = None,
+    ):
         totals = self.totals(mask, extras) if totals is None else totals
         ref_mean = ref_logp.mean(0) if ref_logp is not None else None
         seen = []
@@ -134,9 +180,16 @@ class BGPOLoss:
 
 
 def build(cfg: BGPOConfig, lookup) -> Components:
-    loss = lookup.loss("bgpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                       clip_ratio_c=cfg.clip_ratio_c, nan_guard=cfg.nan_guard, agg=cfg.loss_agg_mode,
-                       kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
+    loss = lookup.loss(
+        "bgpo",
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        nan_guard=cfg.nan_guard,
+        agg=cfg.loss_agg_mode,
+        kl_coef=cfg.kl_coef,
+        kl_type=cfg.kl_type,
+    )
     return Components(
         corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l),
         trajectory=lookup.trajectory("final_sequence"),

@@ -23,13 +23,13 @@ from typing import Literal
 
 import attrs
 
+from dare_core.api import Components, option, positive
 from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClipOptions,
     advantage_from_options,
     clip_kwargs,
 )
-from dare_core.api import Components, option, positive
 
 
 @attrs.frozen
@@ -41,15 +41,17 @@ class CJConfig(ClipOptions):
         "How the per-step losses are combined: auto = step_mean for masked-diffusion models "
         "(the reference MDLM path: (1/K) Σ_k token-mean of step k) and per_sample for block "
         "models (paper Eq. 11: mean over samples of the mean over their (block, local step) "
-        "transitions of the mean token loss).")
+        "transitions of the mean token loss).",
+    )
     row_chunk: int = option(
-        1, "Replayed steps per forward/backward (memory grows with it; the loss does not change).",
-        positive)
+        1, "Replayed steps per forward/backward (memory grows with it; the loss does not change).", positive
+    )
 
 
 def build(cfg: CJConfig, lookup) -> Components:
-    loss = lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-                       row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
+    loss = lookup.loss(
+        "replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg)
+    )
     return Components(
         trajectory=lookup.trajectory("step_replay", reduction=cfg.reduction),
         estimator=lookup.estimator("response_token_logprob"),

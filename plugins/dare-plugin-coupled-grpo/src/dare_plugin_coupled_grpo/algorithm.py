@@ -45,8 +45,7 @@ class CoupledMasking:
     random stream (a uniform-noise family's random tokens come from that private generator too).
     """
 
-    def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "stream",
-                 seed: int = 42):
+    def __init__(self, t_low: float = 0.2, t_high: float = 0.8, seed_mode: str = "stream", seed: int = 42):
         if not 0.0 < t_low < t_high < 1.0:
             raise ValueError(f"need 0 < t_low < t_high < 1, got {t_low}, {t_high}")
         if seed_mode not in ("fixed", "stream"):
@@ -58,8 +57,7 @@ class CoupledMasking:
     def draw(self, B: int, S: int, generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(t [B], u [B, S])`` on the CPU."""
         if self.seed_mode == "fixed":
-            t = torch.full((B,), random.Random(self.seed).uniform(self.t_low, self.t_high),
-                           dtype=torch.float64)
+            t = torch.full((B,), random.Random(self.seed).uniform(self.t_low, self.t_high), dtype=torch.float64)
             u = torch.rand((1, S), generator=torch.Generator().manual_seed(self.seed)).expand(B, S)
             return t, u
         t = self.t_low + (self.t_high - self.t_low) * torch.rand(B, generator=generator, dtype=torch.float64)
@@ -71,7 +69,7 @@ class CoupledMasking:
         B, S = ids.shape
         dev = ids.device
         completion = torch.zeros(B, S, dtype=torch.bool, device=dev)
-        completion[:, batch.prompt_len:] = batch.response_mask.bool()
+        completion[:, batch.prompt_len :] = batch.response_mask.bool()
         t, u = self.draw(B, S, generator)
         t, u = t.to(dev), u.to(dev)
         below = u < t[:, None].to(u.dtype)
@@ -116,8 +114,11 @@ class CoupledTokenLogProb:
         P = batch.prompt_len
         rep = lambda x: x.repeat(M, 1)  # noqa: E731 - row-major stacking of the three rows
         logp = wrapper.token_logprobs(
-            corrupted.noisy_ids.reshape(M * B, S), rep(batch.input_ids), rep(batch.attention_mask),
-            clean_ids=rep(batch.input_ids), prompt_len=P,
+            corrupted.noisy_ids.reshape(M * B, S),
+            rep(batch.input_ids),
+            rep(batch.attention_mask),
+            clean_ids=rep(batch.input_ids),
+            prompt_len=P,
         ).reshape(M, B, S)[:, :, P:]
         masked = corrupted.masked[:, :, P:]
         t = corrupted.extras["t"][0].to(logp.dtype)[:, None]
@@ -128,8 +129,9 @@ class CoupledTokenLogProb:
 
 def build(cfg: CoupledConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption("coupled_masking", t_low=cfg.t_low, t_high=cfg.t_high,
-                                     seed_mode=cfg.seed_mode, seed=cfg.seed),
+        corruption=lookup.corruption(
+            "coupled_masking", t_low=cfg.t_low, t_high=cfg.t_high, seed_mode=cfg.seed_mode, seed=cfg.seed
+        ),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("coupled_token_logprob"),
         loss=build_clipped_objective(cfg, lookup),

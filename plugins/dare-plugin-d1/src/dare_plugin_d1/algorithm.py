@@ -74,8 +74,11 @@ class CompletionRows:
     def rows(self, wrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows:
         seq = rollout.sequences()
         canvas = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.response_mask)], 1).long()
-        return TrainingRows(SequenceBatch(seq.input_ids, canvas, seq.prompt_len), context.advantages,
-                            weights=rollout.response_mask.float())
+        return TrainingRows(
+            SequenceBatch(seq.input_ids, canvas, seq.prompt_len),
+            context.advantages,
+            weights=rollout.response_mask.float(),
+        )
 
 
 #: d1's objective is the core's clipped surrogate per Monte-Carlo draw plus the optional dLLM KL
@@ -84,9 +87,13 @@ D1Loss = PenalizedClippedLoss
 
 
 def build(cfg: D1Config, lookup) -> Components:
-    clipped = lookup.loss("clipped_pg", clip_ratio_low=cfg.clip_ratio_low,
-                          clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                          agg=cfg.loss_agg_mode)
+    clipped = lookup.loss(
+        "clipped_pg",
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        agg=cfg.loss_agg_mode,
+    )
     return Components(
         corruption=lookup.corruption("d1_masking", p_mask_prompt=cfg.p_mask_prompt, mc_num=cfg.mc_num),
         trajectory=lookup.trajectory("d1_completion"),

@@ -43,9 +43,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from dare_core.api import (DareError, ProcessGroupEngine, adamw, cast_for_precision, set_lr,
-                           trainable_parameters)
-
+from dare_core.api import DareError, ProcessGroupEngine, adamw, cast_for_precision, set_lr, trainable_parameters
 from dare_plugin_deepspeed.config import SECTION, DeepSpeedConfig, deepspeed_config
 
 #: the tag of the DeepSpeed checkpoint inside the state directory the core gives
@@ -63,15 +61,21 @@ def import_deepspeed(device: torch.device) -> Any:
         from deepspeed.accelerator import get_accelerator
         from deepspeed.runtime.engine import DeepSpeedEngine as _Engine
     except ImportError as exc:
-        raise DareError(f"engine.name=deepspeed needs the deepspeed package, which cannot be imported "
-                        f"({' '.join(str(exc).split())}); pip install deepspeed") from None
+        raise DareError(
+            f"engine.name=deepspeed needs the deepspeed package, which cannot be imported "
+            f"({' '.join(str(exc).split())}); pip install deepspeed"
+        ) from None
     if not hasattr(_Engine, "managed_gradient_accumulation"):
-        raise DareError(f"engine.name=deepspeed needs deepspeed>=0.19.8 (managed_gradient_accumulation); "
-                        f"installed: {deepspeed.__version__}; pip install -U deepspeed")
+        raise DareError(
+            f"engine.name=deepspeed needs deepspeed>=0.19.8 (managed_gradient_accumulation); "
+            f"installed: {deepspeed.__version__}; pip install -U deepspeed"
+        )
     have = get_accelerator().device_name()
     if have != device.type:
-        raise DareError(f"DeepSpeed's accelerator is {have} but this run computes on {device.type} "
-                        f"(model.device); set DS_ACCELERATOR={device.type} before starting the run")
+        raise DareError(
+            f"DeepSpeed's accelerator is {have} but this run computes on {device.type} "
+            f"(model.device); set DS_ACCELERATOR={device.type} before starting the run"
+        )
     return deepspeed
 
 
@@ -82,19 +86,24 @@ class DeepSpeedEngine(ProcessGroupEngine):
 
     def __init__(self, config: Any):
         if config.engine.precision == "bf16":
-            raise DareError("engine.name=deepspeed does not run engine.precision=bf16: DeepSpeed keeps "
-                            "fp32 master weights of bf16 parameters; use engine.precision=bf16-mixed")
+            raise DareError(
+                "engine.name=deepspeed does not run engine.precision=bf16: DeepSpeed keeps "
+                "fp32 master weights of bf16 parameters; use engine.precision=bf16-mixed"
+            )
         self.section: DeepSpeedConfig = config.plugin_section(SECTION, DeepSpeedConfig)
         #: ZeRO-3 partitions the parameters: every forward gathers them
         self.collective_forwards = self.section.zero_stage == 3
         if self.section.zero_stage == 3 and config.model.cross_entropy == "fused":
-            raise DareError("model.cross_entropy=fused reads the output head outside the module's "
-                            "forward, where ZeRO-3 keeps it partitioned; use model.cross_entropy=naive "
-                            "(or auto) with deepspeed.zero_stage=3, or zero_stage 1 or 2")
+            raise DareError(
+                "model.cross_entropy=fused reads the output head outside the module's "
+                "forward, where ZeRO-3 keeps it partitioned; use model.cross_entropy=naive "
+                "(or auto) with deepspeed.zero_stage=3, or zero_stage 1 or 2"
+            )
         super().__init__(config)
         try:
-            self.ds_config = deepspeed_config(self.section, config.trainer, self.precision,
-                                              self.world_size, self.device.type)
+            self.ds_config = deepspeed_config(
+                self.section, config.trainer, self.precision, self.world_size, self.device.type
+            )
             self.deepspeed = import_deepspeed(self.device)
             self.deepspeed.init_distributed(dist_backend=dist.get_backend())
         except BaseException:
@@ -119,14 +128,19 @@ class DeepSpeedEngine(ProcessGroupEngine):
             if paths is not None and attrs.has(type(paths)):
                 wrapper.training_paths = attrs.evolve(paths, fused_ce=False)
             if self.is_main:
-                print("deepspeed ZeRO-3: training cross entropy runs naive (full logits): the fused "
-                      "path reads the partitioned output head outside the module's forward",
-                      file=sys.stderr, flush=True)
+                print(
+                    "deepspeed ZeRO-3: training cross entropy runs naive (full logits): the fused "
+                    "path reads the partitioned output head outside the module's forward",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def reference(self, wrapper: Any) -> Any:
         if self.ds is not None:
-            raise DareError("engine.name=deepspeed copies the reference policy before setup_optimizer "
-                            "(the core's workflows do); a workflow asked for it afterwards")
+            raise DareError(
+                "engine.name=deepspeed copies the reference policy before setup_optimizer "
+                "(the core's workflows do); a workflow asked for it afterwards"
+            )
         ref = super().reference(wrapper)
         if self.precision == "bf16-mixed":  # computed like the policy: bf16 parameters
             cast_for_precision(ref.module, "bf16", trainable=True)
@@ -148,8 +162,8 @@ class DeepSpeedEngine(ProcessGroupEngine):
         # the trainer's AdamW unless the config names DeepSpeed's (CPU Adam with offloading)
         client = None if "optimizer" in self.ds_config else adamw(self.params, trainer)
         self.ds, self.optimizer, _, _ = self.deepspeed.initialize(
-            model=wrapper.module, optimizer=client, model_parameters=self.params,
-            config=copy.deepcopy(self.ds_config))
+            model=wrapper.module, optimizer=client, model_parameters=self.params, config=copy.deepcopy(self.ds_config)
+        )
         self.clip = float(trainer.grad_clip)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -170,8 +184,13 @@ class DeepSpeedEngine(ProcessGroupEngine):
         attach to outputs other than tensors, tuples and dicts (HF ``ModelOutput`` is a dict)."""
         if self.section.zero_stage != 3:
             return contextlib.nullcontext()
-        params = [p for m in self.module.modules() if hasattr(m, "ds_external_parameters")
-                  for _, p in m.ds_external_parameters() if not getattr(p, "ds_persist", False)]
+        params = [
+            p
+            for m in self.module.modules()
+            if hasattr(m, "ds_external_parameters")
+            for _, p in m.ds_external_parameters()
+            if not getattr(p, "ds_persist", False)
+        ]
         return self.deepspeed.zero.GatheredParameters(params) if params else contextlib.nullcontext()
 
     def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
@@ -187,6 +206,7 @@ class DeepSpeedEngine(ProcessGroupEngine):
         """This rank's bytes: its parameter partitions (ZeRO-3 ``ds_tensor``, else the module's
         tensors), the ZeRO optimizer's gradient partitions, and its optimizer state: the fp32
         master partitions and the moments of the optimizer that steps them."""
+
         def size(*objs: Any) -> int:
             total = 0
             for obj in objs:
@@ -201,23 +221,32 @@ class DeepSpeedEngine(ProcessGroupEngine):
         params = sum(size(getattr(p, "ds_tensor", p.data)) for p in self.module.parameters())
         zero = self.ds.optimizer if self.ds is not None else None
         masters = [getattr(zero, n, None) for n in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")]
-        grads = [getattr(zero, n, None) for n in ("averaged_gradients", "grads_in_partition",
-                                                   "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")]
+        grads = [
+            getattr(zero, n, None)
+            for n in (
+                "averaged_gradients",
+                "grads_in_partition",
+                "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+            )
+        ]
         inner = getattr(zero, "optimizer", None)
         state = list(inner.state.values()) if inner is not None else []
-        return {"parameters": params, "gradients": size(*[g for g in grads if g is not None]),
-                "optimizer": size(*[m for m in masters if m is not None], *state)}
+        return {
+            "parameters": params,
+            "gradients": size(*[g for g in grads if g is not None]),
+            "optimizer": size(*[m for m in masters if m is not None], *state),
+        }
 
     # -- state --------------------------------------------------------------------------------
     def save_state(self, path: str) -> None:
         self.ds.save_checkpoint(path, tag=TAG, save_latest=False, exclude_frozen_parameters=True)
 
     def load_state(self, path: str) -> None:
-        loaded, _ = self.ds.load_checkpoint(path, tag=TAG, load_module_strict=False,
-                                            load_optimizer_states=True, load_lr_scheduler_states=False)
+        loaded, _ = self.ds.load_checkpoint(
+            path, tag=TAG, load_module_strict=False, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
         if loaded is None:
-            raise DareError(f"{path} holds no DeepSpeed checkpoint (tag {TAG!r}); it was written by "
-                            f"another engine")
+            raise DareError(f"{path} holds no DeepSpeed checkpoint (tag {TAG!r}); it was written by another engine")
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
         if self.ds is None or (self.precision == "fp32" and self.section.zero_stage < 3):

@@ -10,21 +10,28 @@ listing and configuring cost nothing.
 """
 
 from dare_core.api import ConfigSection, EngineSpec, hookimpl, lazy
-
 from dare_plugin_deepspeed.config import SECTION, DeepSpeedConfig
 
 
 @hookimpl
 def dare_register_engines(register):
-    register(EngineSpec(
-        "deepspeed", lazy("dare_plugin_deepspeed.engine:build"),
-        "DeepSpeed ZeRO stage 1/2/3 (deepspeed.zero_stage), bf16 with fp32 master weights, optional "
-        "CPU offload; one process per device (deepspeed or torchrun launcher)",
-        distributed=True))
+    register(
+        EngineSpec(
+            "deepspeed",
+            lazy("dare_plugin_deepspeed.engine:build"),
+            "DeepSpeed ZeRO stage 1/2/3 (deepspeed.zero_stage), bf16 with fp32 master weights, optional "
+            "CPU offload; one process per device (deepspeed or torchrun launcher)",
+            distributed=True,
+        )
+    )
 
 
 @hookimpl
 def dare_register_config_sections(register):
-    register(ConfigSection(SECTION, DeepSpeedConfig,
-                           "The deepspeed engine: ZeRO stage, CPU offload, a DeepSpeed JSON config "
-                           "(dare-plugin-deepspeed)."))
+    register(
+        ConfigSection(
+            SECTION,
+            DeepSpeedConfig,
+            "The deepspeed engine: ZeRO stage, CPU offload, a DeepSpeed JSON config (dare-plugin-deepspeed).",
+        )
+    )

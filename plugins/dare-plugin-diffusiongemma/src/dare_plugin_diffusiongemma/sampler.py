@@ -35,9 +35,9 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import DareError, RolloutBatch, collective_generation
+from dare_plugin_diffusiongemma.config import RECORDS, EntropyBoundConfig
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
 from dare_plugin_samplers.low_confidence import mask_through_first_stop
-from dare_plugin_diffusiongemma.config import RECORDS, EntropyBoundConfig
 
 
 class ArgmaxProposals:
@@ -118,17 +118,28 @@ class EntropyBoundSampler(ConfiguredSampler):
             return None
         return LogitsProcessorList([TemperatureLogitsWarper(t) if t > 0 else ArgmaxProposals()])
 
-    def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         record = check_records("the entropy_bound rollout", record, RECORDS)
         if "uniform_noise" not in wrapper.capabilities:
-            raise ValueError(f"the entropy_bound rollout drives DiffusionGemma (uniform_noise) models, got the "
-                             f"{wrapper.family!r} family; choose a rollout backend that supports it")
+            raise ValueError(
+                f"the entropy_bound rollout drives DiffusionGemma (uniform_noise) models, got the "
+                f"{wrapper.family!r} family; choose a rollout backend that supports it"
+            )
         if collective_generation():
-            raise DareError("the entropy_bound rollout decodes through transformers' DiffusionGemma generate, "
-                            "which calls the encoder and decoder outside the module's forward and cannot step "
-                            "in lockstep where forwards are collective (engine.name=fsdp, deepspeed.zero_stage=3); "
-                            "use engine.name=ddp or deepspeed.zero_stage 1 or 2")
+            raise DareError(
+                "the entropy_bound rollout decodes through transformers' DiffusionGemma generate, "
+                "which calls the encoder and decoder outside the module's forward and cannot step "
+                "in lockstep where forwards are collective (engine.name=fsdp, deepspeed.zero_stage=3); "
+                "use engine.name=ddp or deepspeed.zero_stage 1 or 2"
+            )
         check_prompt_shapes(prompt_ids, prompt_mask)
         B, P = prompt_ids.shape
         R = self.config.gen_length
@@ -136,19 +147,26 @@ class EntropyBoundSampler(ConfiguredSampler):
         recorder = DraftRecorder()
         device = prompt_ids.device
         with eval_mode(wrapper.module), _forked_rng(generator):
-            out = wrapper.module.generate(input_ids=prompt_ids.long(), attention_mask=prompt_mask.long(),
-                                          generation_config=gen, logits_processor=self.logits_processor(),
-                                          streamer=recorder)
-        response = out.sequences[:, P:P + R]
+            out = wrapper.module.generate(
+                input_ids=prompt_ids.long(),
+                attention_mask=prompt_mask.long(),
+                generation_config=gen,
+                logits_processor=self.logits_processor(),
+                streamer=recorder,
+            )
+        response = out.sequences[:, P : P + R]
         if response.shape[1] < R:
             fill = torch.full((B, R - response.shape[1]), wrapper.pad_token_id, dtype=response.dtype, device=device)
             response = torch.cat([response, fill], 1)
         reveal, steps = recorder.reveal_steps(B, R)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response,
             response_mask=mask_through_first_stop(response, wrapper.stop_token_ids),
             reveal_step=reveal.to(device) if "reveal_step" in record else None,
-            num_steps=steps, nfe=steps + len(recorder.canvases),
+            num_steps=steps,
+            nfe=steps + len(recorder.canvases),
         )
 
 

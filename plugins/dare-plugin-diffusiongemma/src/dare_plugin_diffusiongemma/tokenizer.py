@@ -28,8 +28,21 @@ CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 IMAGE_START, IMAGE_END, IMAGE = "<|image>", "<image|>", "<|image|>"
 
 # Order fixes the ids (0 pad, 1 eos, 2 bos, 3 unk as in Gemma and DiffusionGemmaTextConfig's defaults).
-SPECIAL_TOKENS = (PAD, EOS, BOS, UNK, MASK, TURN_START, TURN_END, THINK, CHANNEL_START, CHANNEL_END,
-                  IMAGE_START, IMAGE_END, IMAGE)
+SPECIAL_TOKENS = (
+    PAD,
+    EOS,
+    BOS,
+    UNK,
+    MASK,
+    TURN_START,
+    TURN_END,
+    THINK,
+    CHANNEL_START,
+    CHANNEL_END,
+    IMAGE_START,
+    IMAGE_END,
+    IMAGE,
+)
 
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
@@ -55,9 +68,15 @@ CHAT_TEMPLATE = (
 def build_tokenizer(texts: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` (deterministic for a given input)."""
     return train_byte_bpe(
-        texts, vocab_size, SPECIAL_TOKENS,
-        pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK, mask_token=MASK,
-        extra_special_tokens=[TURN_START, TURN_END, THINK, CHANNEL_START, CHANNEL_END, IMAGE_START,
-                              IMAGE_END, IMAGE],
-        model_max_length=131072, chat_template=CHAT_TEMPLATE,
+        texts,
+        vocab_size,
+        SPECIAL_TOKENS,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token=UNK,
+        mask_token=MASK,
+        extra_special_tokens=[TURN_START, TURN_END, THINK, CHANNEL_START, CHANNEL_END, IMAGE_START, IMAGE_END, IMAGE],
+        model_max_length=131072,
+        chat_template=CHAT_TEMPLATE,
     )

@@ -37,9 +37,14 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import DareError, HFDiffusionWrapper, gather_logprobs
-from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
-
+from dare_nn.checkpoints import (
+    config_or_tokenizer_id,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
+)
 from dare_plugin_diffusiongemma.config import BUNDLED, CAPABILITIES, MODEL_TYPE  # noqa: F401 (BUNDLED: re-exported)
 
 #: DiffusionGemma has no MASK token; the wrapper's ``mask_token_id`` is this sentinel (not a
@@ -94,14 +99,21 @@ class DiffusionGemmaWrapper(HFDiffusionWrapper):
             return {k: torch.where(m, 0.0, low).to(self.module.dtype)[:, None] for k, m in masks.items()}
         return {k: m[:, None] for k, m in masks.items()}
 
-    def _response_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                         clean_ids: Optional[torch.Tensor], prompt_len: Optional[int]) -> torch.Tensor:
+    def _response_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        clean_ids: Optional[torch.Tensor],
+        prompt_len: Optional[int],
+    ) -> torch.Tensor:
         """``[B, R, V]`` float32 logits of the response columns (module docstring)."""
         from transformers import DynamicCache
 
         if prompt_len is None:
-            raise DareError("the diffusiongemma family denoises the response as canvases after the prompt "
-                            "and needs prompt_len (the first response column); pass prompt_len=P")
+            raise DareError(
+                "the diffusiongemma family denoises the response as canvases after the prompt "
+                "and needs prompt_len (the first response column); pass prompt_len=P"
+            )
         clean = noisy_ids if clean_ids is None else clean_ids
         B, S = noisy_ids.shape
         P = int(prompt_len)
@@ -109,30 +121,47 @@ class DiffusionGemmaWrapper(HFDiffusionWrapper):
             raise ValueError(f"prompt_len must be in [0, {S}], got {P}")
         if P == S:
             return torch.zeros(B, 0, self.vocab_size, device=noisy_ids.device)
-        valid = (torch.ones(B, S, dtype=torch.bool, device=noisy_ids.device) if attention_mask is None
-                 else attention_mask.bool())
+        valid = (
+            torch.ones(B, S, dtype=torch.bool, device=noisy_ids.device)
+            if attention_mask is None
+            else attention_mask.bool()
+        )
         pos = torch.arange(S, device=noisy_ids.device)[None].expand(B, S)
         out = self.module(
-            input_ids=clean, attention_mask=self._padding_mask(attention_mask), position_ids=pos,
+            input_ids=clean,
+            attention_mask=self._padding_mask(attention_mask),
+            position_ids=pos,
             cache=DynamicCache(),  # full layers: every encoder key is kept, the masks select them
-            decoder_input_ids=noisy_ids[:, P:], decoder_attention_mask=self._decoder_masks(valid, P),
+            decoder_input_ids=noisy_ids[:, P:],
+            decoder_attention_mask=self._decoder_masks(valid, P),
             decoder_position_ids=pos[:, P:],
         )
         return out.logits
 
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """``[B, S, V]``: the decoder's logits of the response canvases (module docstring); 0 on the
         prompt columns. Without ``clean_ids`` the encoder reads ``noisy_ids``."""
         logits = self._response_logits(noisy_ids, attention_mask, clean_ids, prompt_len)
         B, P = noisy_ids.shape[0], int(prompt_len)
         return torch.cat([logits.new_zeros(B, P, logits.shape[-1]), logits], 1)
 
-    def token_logprobs(self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def token_logprobs(
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """``[B, S]`` float32 ``log p(targets | noisy)`` on the response columns, 0 on the prompt's."""
         logits = self._response_logits(noisy_ids, attention_mask, clean_ids, prompt_len)
-        lp = gather_logprobs(logits, targets[:, int(prompt_len):])
+        lp = gather_logprobs(logits, targets[:, int(prompt_len) :])
         return torch.cat([lp.new_zeros(lp.shape[0], int(prompt_len)), lp], 1)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -165,42 +194,79 @@ def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
     stops = [int(t) for t in (g if isinstance(g, list) else [g] if g is not None else [])]
     if not stops:
         stops = [t for t in (eos, tokenizer_token_id(tokenizer, TURN_END)) if t is not None]
-    pad = next((int(p) for p in (text.pad_token_id, gen.get("pad_token_id"), tokenizer.pad_token_id, eos)
-                if p is not None))
-    return {"mask_token_id": NO_MASK_TOKEN, "eos_token_id": int(eos), "pad_token_id": pad,
-            "stop_token_ids": tuple(dict.fromkeys(stops))}
+    pad = next(
+        (int(p) for p in (text.pad_token_id, gen.get("pad_token_id"), tokenizer.pad_token_id, eos) if p is not None)
+    )
+    return {
+        "mask_token_id": NO_MASK_TOKEN,
+        "eos_token_id": int(eos),
+        "pad_token_id": pad,
+        "stop_token_ids": tuple(dict.fromkeys(stops)),
+    }
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None) -> DiffusionGemmaWrapper:
+def load(
+    path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", attn_implementation: Optional[str] = None
+) -> DiffusionGemmaWrapper:
     """Load a ``diffusion_gemma`` checkpoint (``DiffusionGemmaForBlockDiffusion.from_pretrained``,
     single file or sharded safetensors), its tokenizer and its generation config."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     if attn_implementation not in (None, *ATTENTION):
-        raise DareError(f"model.attn_implementation={attn_implementation}: the diffusiongemma family runs "
-                        f"{' or '.join(ATTENTION)}; choose one of them")
-    module, tokenizer = load_module(DiffusionGemmaForBlockDiffusion, path, dtype, device, attn_implementation,
-                                    model_type=MODEL_TYPE)
+        raise DareError(
+            f"model.attn_implementation={attn_implementation}: the diffusiongemma family runs "
+            f"{' or '.join(ATTENTION)}; choose one of them"
+        )
+    module, tokenizer = load_module(
+        DiffusionGemmaForBlockDiffusion, path, dtype, device, attn_implementation, model_type=MODEL_TYPE
+    )
     canvas = module.config.canvas_length or 256
-    return DiffusionGemmaWrapper(family="diffusiongemma", module=module, tokenizer=tokenizer, kind="block",
-                                 capabilities=CAPABILITIES, block_size=int(canvas),
-                                 **token_ids(path, module.config, tokenizer))
+    return DiffusionGemmaWrapper(
+        family="diffusiongemma",
+        module=module,
+        tokenizer=tokenizer,
+        kind="block",
+        capabilities=CAPABILITIES,
+        block_size=int(canvas),
+        **token_ids(path, module.config, tokenizer),
+    )
 
 
 #: tiny text stack: 2 layers (sliding then full attention), 4 experts top-2, Gemma 4's
 #: per-layer-type head sizes (sliding head_dim / full global_head_dim, one global KV head)
-TINY_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-                 sliding_window=64, max_position_embeddings=2048, num_experts=4, top_k_experts=2,
-                 moe_intermediate_size=32, vocab_size=512)
+TINY_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    sliding_window=64,
+    max_position_embeddings=2048,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+    vocab_size=512,
+)
 #: the vision tower transformers requires, as small as it builds (1 layer, hidden 16)
-TINY_VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                   num_attention_heads=2, num_key_value_heads=2, head_dim=8, patch_size=4,
-                   position_embedding_size=16, pooling_kernel_size=1)
+TINY_VISION = dict(
+    model_type="gemma4_vision",
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=8,
+    patch_size=4,
+    position_embedding_size=16,
+    pooling_kernel_size=1,
+)
 #: the sampler defaults transformers applies when a checkpoint sets none
-GENERATION = dict(max_denoising_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, stability_threshold=1,
-                  confidence_threshold=0.005)
+GENERATION = dict(
+    max_denoising_steps=48, t_min=0.4, t_max=0.8, entropy_bound=0.1, stability_threshold=1, confidence_threshold=0.005
+)
 
 
 def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
@@ -216,7 +282,9 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
     from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
-        DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig)
+        DiffusionGemmaGenerationConfig,
+        EntropyBoundSamplerConfig,
+    )
 
     from dare_plugin_diffusiongemma import tokenizer as tok
 
@@ -228,17 +296,33 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     n = int(text["num_hidden_layers"])
     text.setdefault("layer_types", ["sliding_attention"] * (n - 1) + ["full_attention"])
     tokenizer = tok.build_tokenizer(texts, vocab_size=int(text.pop("vocab_size")))
-    ids = {name: tokenizer.convert_tokens_to_ids(t) for name, t in
-           (("boi_token_id", tok.IMAGE_START), ("eoi_token_id", tok.IMAGE_END), ("image_token_id", tok.IMAGE))}
-    text.update(vocab_size=padded_vocab_size(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(t)
+        for name, t in (
+            ("boi_token_id", tok.IMAGE_START),
+            ("eoi_token_id", tok.IMAGE_END),
+            ("image_token_id", tok.IMAGE),
+        )
+    }
+    text.update(
+        vocab_size=padded_vocab_size(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     config = DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION), canvas_length=canvas, **ids)
     module = DiffusionGemmaForBlockDiffusion(config)
     stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(tok.TURN_END)]
     module.generation_config = DiffusionGemmaGenerationConfig(
-        max_denoising_steps=int(gen["max_denoising_steps"]), t_min=float(gen["t_min"]), t_max=float(gen["t_max"]),
+        max_denoising_steps=int(gen["max_denoising_steps"]),
+        t_min=float(gen["t_min"]),
+        t_max=float(gen["t_max"]),
         sampler_config=EntropyBoundSamplerConfig(entropy_bound=float(gen["entropy_bound"])),
-        stability_threshold=int(gen["stability_threshold"]), confidence_threshold=float(gen["confidence_threshold"]),
-        eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
+        stability_threshold=int(gen["stability_threshold"]),
+        confidence_threshold=float(gen["confidence_threshold"]),
+        eos_token_id=stops,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     save_new_checkpoint(out_dir, module, tokenizer)
     module.generation_config.save_pretrained(out_dir)

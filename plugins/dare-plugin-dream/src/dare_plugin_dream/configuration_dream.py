@@ -76,11 +76,23 @@ class DreamConfig(PretrainedConfig):
         """Raise ``ValueError`` for any setting this implementation does not honour."""
 
         bad = layers.config_error("DreamConfig")
-        layers.check_positive_ints(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                          "num_attention_heads", "num_key_value_heads", "vocab_size"), bad)
+        layers.check_positive_ints(
+            self,
+            (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "vocab_size",
+            ),
+            bad,
+        )
         if self.hidden_size % self.num_attention_heads:
-            bad(f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})")
+            bad(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
         layers.check_heads(self.num_attention_heads, self.num_key_value_heads, bad, rotary_dim=self.head_dim)
         if self.hidden_act != "silu":
             bad(f"hidden_act={self.hidden_act!r} is not supported (only 'silu', the SwiGLU MLP)")
@@ -91,6 +103,5 @@ class DreamConfig(PretrainedConfig):
             bad("use_sliding_window=True is not supported (Dream attends over the whole sequence)")
         layers.check_no_dropout(self, ("attention_dropout",), bad)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            bad(f"pad_token_id ({self.pad_token_id}) must be a row of the embedding (< vocab_size "
-                f"{self.vocab_size})")
+            bad(f"pad_token_id ({self.pad_token_id}) must be a row of the embedding (< vocab_size {self.vocab_size})")
         layers.check_attn_implementation(self, SUPPORTED_ATTN_IMPLEMENTATIONS, bad)

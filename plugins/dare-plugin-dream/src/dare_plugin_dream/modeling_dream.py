@@ -67,8 +67,17 @@ __all__ = [
 
 # Arguments of the original code (or of HF training loops) that would change the result if they
 # were honoured; refusing them is safer than silently computing something else.
-_REJECTED_IF_SET = ("labels", "cu_seqlens", "max_seqlen", "replace_position", "dual_cache",
-                    "cache_position", "num_logits_to_keep", "logits_to_keep", "output_attentions")
+_REJECTED_IF_SET = (
+    "labels",
+    "cu_seqlens",
+    "max_seqlen",
+    "replace_position",
+    "dual_cache",
+    "cache_position",
+    "num_logits_to_keep",
+    "logits_to_keep",
+    "output_attentions",
+)
 
 KVCache = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -122,14 +131,26 @@ class DreamAttention(nn.Module):
         self.v_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
-                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         q = layers.apply_rotary(layers.split_heads(self.q_proj(x), self.num_heads, self.head_dim), cos, sin)
         k = layers.apply_rotary(layers.split_heads(self.k_proj(x), self.num_key_value_heads, self.head_dim), cos, sin)
         v = layers.split_heads(self.v_proj(x), self.num_key_value_heads, self.head_dim)
-        out, present = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
-                                     implementation=self.config._attn_implementation)
+        out, present = layers.attend(
+            q,
+            k,
+            v,
+            mask,
+            scale=1.0 / math.sqrt(self.head_dim),
+            past=past,
+            implementation=self.config._attn_implementation,
+        )
         return self.o_proj(out), present
 
 
@@ -150,12 +171,25 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = DreamRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = DreamRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention_mask: Optional[torch.Tensor] = None,
-                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
-                                        self.post_attention_layernorm, self.mlp, cos, sin, attention_mask, past)
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return layers.pre_norm_residual(
+            hidden_states,
+            self.input_layernorm,
+            self.self_attn,
+            self.post_attention_layernorm,
+            self.mlp,
+            cos,
+            sin,
+            attention_mask,
+            past,
+        )
 
 
 class DreamBaseModel(nn.Module):
@@ -169,24 +203,44 @@ class DreamBaseModel(nn.Module):
         self.layers = nn.ModuleList(DreamDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = DreamRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Any = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, output_hidden_states: bool = False,
-                use_cache: bool = True
-                ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[KVCache]]:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Any = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[KVCache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        output_hidden_states: bool = False,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, ...]], Optional[KVCache]]:
         """``(final-norm hidden, hidden states or None, per-layer (k, v) or None without use_cache)``."""
         cfg = self.config
         x, past, past_len, position_ids = layers.decoder_inputs(
-            self.embed_tokens, input_ids, inputs_embeds, position_ids, past_key_values,
-            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+            self.embed_tokens,
+            input_ids,
+            inputs_embeds,
+            position_ids,
+            past_key_values,
+            n_layers=len(self.layers),
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+        )
         bsz, length, _ = x.shape
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
-        mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length,
-                                             cfg.num_attention_heads)
+        mask = layers.prepare_attention_mask(attention_mask, bsz, length, past_len + length, cfg.num_attention_heads)
         if mask is not None:
             mask = mask.to(x.device)
-        return layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
-                                 output_hidden_states=output_hidden_states, use_cache=use_cache)
+        return layers.run_layers(
+            self.layers,
+            x,
+            cos,
+            sin,
+            mask,
+            past=past,
+            final_norm=self.norm,
+            output_hidden_states=output_hidden_states,
+            use_cache=use_cache,
+        )
 
 
 class DreamPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
@@ -211,18 +265,27 @@ class DreamModel(layers.EmbeddingAccessors, DreamPreTrainedModel):
     input_embeddings_path = "model.embed_tokens"
     output_embeddings_path = "lm_head"
 
-    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Any = None,
-                       position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_hidden(
+        self, input_ids: torch.Tensor, attention_mask: Any = None, position_ids: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Final hidden states ``[B, L, d]`` (final norm applied, LM head not applied)."""
-        hidden, _, _ = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False)
+        hidden, _, _ = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         return hidden
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Any = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
-                use_cache: bool | None = False, inputs_embeds: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs: Any) -> DreamOutput | tuple:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Any = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[KVCache] = None,
+        use_cache: bool | None = False,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> DreamOutput | tuple:
         """Bidirectional forward.
 
         Args:
@@ -240,9 +303,14 @@ class DreamModel(layers.EmbeddingAccessors, DreamPreTrainedModel):
         if return_dict is None:
             return_dict = self.config.return_dict if self.config.return_dict is not None else True
         hidden, all_hidden, presents = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states, use_cache=bool(use_cache))
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            use_cache=bool(use_cache),
+        )
         logits = self.lm_head(hidden)
         cache = presents
         if not return_dict:

@@ -47,11 +47,16 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import for_device, RolloutBatch
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
-from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records
-from dare_plugin_samplers.common import join_micro_batches, run_micro_batches
+from dare_core.api import RolloutBatch, for_device
 from dare_plugin_dream.config import ALGORITHMS, SUPPORTED_RECORDS, DreamSamplerConfig
+from dare_plugin_samplers.common import (
+    ConfiguredSampler,
+    check_prompt_shapes,
+    check_records,
+    join_micro_batches,
+    run_micro_batches,
+)
+from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 __all__ = [
     "ALGORITHMS",
@@ -91,9 +96,15 @@ def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits: torch.Tensor, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                  confidence: str = "maskgit_plus",
-                  generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    confidence: str = "maskgit_plus",
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates and confidences for ``logits`` ``[N, V]`` (float32) -> ``(conf [N], x0 [N])``.
 
     ``confidence``: ``maskgit_plus`` (probability of ``x0``), ``topk_margin`` (top-1 minus top-2
@@ -145,9 +156,15 @@ class DreamSampler(ConfiguredSampler):
 
     config_cls = DreamSamplerConfig
 
-    def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(),
-                 generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         """Generate ``gen_length`` tokens after every (left-padded) prompt.
 
         :param wrapper: a masked-diffusion :class:`~dare_core.interfaces.ModelWrapper` (its
@@ -165,23 +182,33 @@ class DreamSampler(ConfiguredSampler):
         record = check_records("the dream_generate rollout", record, SUPPORTED_RECORDS)
         kind = getattr(wrapper, "kind", None)
         if kind != "masked":
-            raise ValueError(f"the dream_generate rollout drives bidirectional masked-diffusion models "
-                             f"(wrapper.kind 'masked'), got kind {kind!r}")
+            raise ValueError(
+                f"the dream_generate rollout drives bidirectional masked-diffusion models "
+                f"(wrapper.kind 'masked'), got kind {kind!r}"
+            )
         check_prompt_shapes(prompt_ids, prompt_mask)
-        parts = run_micro_batches(wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
-                                  lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator))
+        parts = run_micro_batches(
+            wrapper,
+            prompt_ids,
+            prompt_mask,
+            cfg.micro_batch_size,
+            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator),
+        )
         response, reveal, nfe = join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response,
-            response_mask=mask_through_first_stop(response, [wrapper.eos_token_id],
-                                                  self.config.truncate_at_eos),
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response,
+            response_mask=mask_through_first_stop(response, [wrapper.eos_token_id], self.config.truncate_at_eos),
             reveal_step=reveal if "reveal_step" in record else None,
-            num_steps=cfg.steps, nfe=nfe,
+            num_steps=cfg.steps,
+            nfe=nfe,
         )
 
     # ------------------------------------------------------------------ internals
-    def _generate_chunk(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                        generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _generate_chunk(
+        self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, generator: Optional[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         cfg = self.config
         device = prompt_ids.device
         b, p = prompt_ids.shape
@@ -221,23 +248,32 @@ class DreamSampler(ConfiguredSampler):
         response = x[:, p:].masked_fill(pending, eos_id)
         return response, reveal, nfe
 
-    def _origin_step(self, logits: torch.Tensor, pending: torch.Tensor, p_transfer: float,
-                     generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _origin_step(
+        self, logits: torch.Tensor, pending: torch.Tensor, p_transfer: float, generator: Optional[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         u = torch.rand(pending.shape, generator=for_device(generator, pending.device), device=pending.device)
         commit = pending & (u < p_transfer)
         tokens = torch.zeros_like(pending, dtype=torch.long)
         if bool(commit.any()):
-            _, x0 = sample_tokens(logits[commit], temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                  generator=generator)
+            _, x0 = sample_tokens(
+                logits[commit], temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, generator=generator
+            )
             tokens[commit] = x0
         return commit, tokens
 
-    def _confidence_step(self, logits: torch.Tensor, pending: torch.Tensor, n: int,
-                         generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _confidence_step(
+        self, logits: torch.Tensor, pending: torch.Tensor, n: int, generator: Optional[torch.Generator]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        conf, x0 = sample_tokens(logits[pending], temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                 confidence=cfg.alg, generator=generator)
+        conf, x0 = sample_tokens(
+            logits[pending],
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            confidence=cfg.alg,
+            generator=generator,
+        )
         full = torch.full(pending.shape, -math.inf, dtype=torch.float32, device=pending.device)
         full[pending] = conf.float()
         tokens = torch.zeros_like(pending, dtype=torch.long)

@@ -44,8 +44,13 @@ def _content(token: Any) -> str:
 class DreamTokenizer(Qwen2Tokenizer):
     """Qwen2's byte-level BPE tokenizer under the published Dream class name (see the module)."""
 
-    def __init__(self, vocab: Any = None, merges: Any = None,
-                 added_tokens_decoder: Optional[Mapping[Any, Any]] = None, **kwargs: Any):
+    def __init__(
+        self,
+        vocab: Any = None,
+        merges: Any = None,
+        added_tokens_decoder: Optional[Mapping[Any, Any]] = None,
+        **kwargs: Any,
+    ):
         kwargs.pop("auto_map", None)
         if isinstance(vocab, str) and isinstance(merges, str):  # the paths of vocab.json / merges.txt
             vocab, merges = BPE.read_file(vocab, merges)
@@ -55,14 +60,18 @@ class DreamTokenizer(Qwen2Tokenizer):
             owner = {tid: text for text, tid in vocab.items()}
             for tid, text in pinned.items():
                 if owner.get(tid, text) != text:
-                    raise DareError(f"tokenizer_config.json gives id {tid} to {text!r} but the vocabulary already "
-                                    f"uses it for {owner[tid]!r}; re-download or re-export the checkpoint")
+                    raise DareError(
+                        f"tokenizer_config.json gives id {tid} to {text!r} but the vocabulary already "
+                        f"uses it for {owner[tid]!r}; re-download or re-export the checkpoint"
+                    )
                 vocab.setdefault(text, tid)
         super().__init__(vocab=vocab, merges=merges, added_tokens_decoder=added_tokens_decoder, **kwargs)
         for tid, text in pinned.items():
             if (got := self.convert_tokens_to_ids(text)) != tid:
-                raise DareError(f"tokenizer_config.json gives {text!r} id {tid} but the tokenizer built from "
-                                f"the vocabulary gives it {got}; re-download or re-export the checkpoint")
+                raise DareError(
+                    f"tokenizer_config.json gives {text!r} id {tid} but the tokenizer built from "
+                    f"the vocabulary gives it {got}; re-download or re-export the checkpoint"
+                )
 
 
 def load_tokenizer(path: str) -> Any:

@@ -60,8 +60,15 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     five Dream special tokens.
     """
     return train_byte_bpe(
-        texts, vocab_size, SPECIAL_TOKENS, specials_last=True,
-        bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
-        extra_special_tokens=[IM_START, IM_END], model_max_length=131072,
+        texts,
+        vocab_size,
+        SPECIAL_TOKENS,
+        specials_last=True,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        extra_special_tokens=[IM_START, IM_END],
+        model_max_length=131072,
         chat_template=DREAM_CHAT_TEMPLATE,
     )

@@ -23,13 +23,18 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import DareError, HFDiffusionWrapper
-from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
-
+from dare_nn.checkpoints import (
+    config_or_tokenizer_id,
+    load_module,
+    padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
+)
+from dare_plugin_dream.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 from dare_plugin_dream.configuration_dream import DreamConfig
 from dare_plugin_dream.hf import register_auto_classes
 from dare_plugin_dream.modeling_dream import DreamModel
-from dare_plugin_dream.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
 IM_END_TOKEN = "<|im_end|>"
 
@@ -66,8 +71,12 @@ class DreamWrapper(HFDiffusionWrapper):
         mask = self._padding_mask(attention_mask)
         return self.align(self._raw_logits(input_ids, mask), mask)
 
-    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def denoise_hidden(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Aligned final hidden states (fused cross entropy): the same shift as :meth:`logits`."""
         mask = self._padding_mask(attention_mask)
         return self.align(self.module.forward_hidden(noisy_ids, attention_mask=mask), mask)
@@ -76,8 +85,9 @@ class DreamWrapper(HFDiffusionWrapper):
     # ``[:, :Q-1]``, i.e. the aligned logits of ``input_ids[:, 1:]``.
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None) -> DreamWrapper:
+def load(
+    path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", attn_implementation: Optional[str] = None
+) -> DreamWrapper:
     """Load a Dream checkpoint (single file or sharded safetensors) and its tokenizer."""
     register_auto_classes()
     module, tokenizer = load_module(DreamModel, path, dtype, device, attn_implementation, DreamConfig.model_type)
@@ -96,15 +106,28 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     if im_end is not None and im_end not in stops:
         stops.append(im_end)
     return DreamWrapper(
-        family="dream", module=module, tokenizer=tokenizer, kind="masked",
-        mask_token_id=int(mask), eos_token_id=int(eos), pad_token_id=int(pad),
-        stop_token_ids=tuple(stops), capabilities=CAPABILITIES,
+        family="dream",
+        module=module,
+        tokenizer=tokenizer,
+        kind="masked",
+        mask_token_id=int(mask),
+        eos_token_id=int(eos),
+        pad_token_id=int(pad),
+        stop_token_ids=tuple(stops),
+        capabilities=CAPABILITIES,
     )
 
 
-TINY_DEFAULTS = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0,
-                     vocab_size=1024)
+TINY_DEFAULTS = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rope_theta=10000.0,
+    vocab_size=1024,
+)
 
 
 def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
@@ -121,9 +144,12 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     vocab = padded_vocab_size(tokenizer)
     try:
         config = DreamConfig(
-            **params, vocab_size=vocab,
-            mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+            **params,
+            vocab_size=vocab,
+            mask_token_id=tokenizer.mask_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.eos_token_id,
         )
     except (ValueError, TypeError) as exc:
         raise DareError(f"invalid Dream size overrides: {exc}") from None

@@ -27,19 +27,29 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import (
-    Components, Corrupted, DareError, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext, kl_penalty,
+    Components,
+    Corrupted,
+    DareError,
+    RolloutBatch,
+    SequenceBatch,
+    TrainingRows,
+    TrajectoryContext,
+    kl_penalty,
 )
 from dare_plugin_dtreerpo.config import RESUMABLE, DTreeConfig
 
 
 def branch_points(total_steps: int, contraction: int) -> list[int]:
     """Remaining-step counts where the tree branches: ``{T} ∪ {T − int(kT/s)}``, descending."""
-    return sorted({total_steps} | {total_steps - int(k * total_steps / contraction)
-                                   for k in range(1, contraction + 1)}, reverse=True)
+    return sorted(
+        {total_steps} | {total_steps - int(k * total_steps / contraction) for k in range(1, contraction + 1)},
+        reverse=True,
+    )
 
 
-def sd_schedule(step: int, max_steps: int, lambda_max: float, gamma: float, tau_max: float,
-                beta: float) -> tuple[float, float]:
+def sd_schedule(
+    step: int, max_steps: int, lambda_max: float, gamma: float, tau_max: float, beta: float
+) -> tuple[float, float]:
     """``(λ_t, τ_t)`` of the self-distillation term at training step ``step``."""
     p = min(1.0, max(0.0, step / max(1, max_steps)))
     lam = lambda_max * (math.exp(gamma * p) - 1.0) / (math.exp(gamma) - 1.0)
@@ -59,9 +69,11 @@ class TreeRollout:
 
     def __init__(self, backend: Any, num_tree_samples: int, branch_factor: int, contraction: int):
         if not all(callable(getattr(backend, m, None)) for m in RESUMABLE):
-            raise DareError("dtreerpo branches partial denoising runs and needs a rollout backend "
-                            "with continue_from and total_steps (the core low_confidence and "
-                            "block samplers)")
+            raise DareError(
+                "dtreerpo branches partial denoising runs and needs a rollout backend "
+                "with continue_from and total_steps (the core low_confidence and "
+                "block samplers)"
+            )
         self.backend = backend
         self.widths = [num_tree_samples] + [branch_factor] * (contraction - 1)
         self.contraction = contraction
@@ -70,8 +82,10 @@ class TreeRollout:
     def generate(self, wrapper, prompt_ids, prompt_mask, *, record=frozenset(), generator=None) -> RolloutBatch:
         B = prompt_ids.shape[0]
         if B % self.leaves:
-            raise DareError(f"the tree has {self.leaves} leaves per prompt but the batch has {B} "
-                            f"rows; set trainer.group_size={self.leaves}")
+            raise DareError(
+                f"the tree has {self.leaves} leaves per prompt but the batch has {B} "
+                f"rows; set trainer.group_size={self.leaves}"
+            )
         R = self.backend.config.gen_length
         pid, pmask = prompt_ids[:: self.leaves], prompt_mask[:: self.leaves]
         T = self.backend.total_steps(wrapper, pmask)  # e.g. steps x blocks of a block sampler
@@ -83,14 +97,23 @@ class TreeRollout:
         for level, width in enumerate(self.widths):
             pid, pmask = pid.repeat_interleave(width, 0), pmask.repeat_interleave(width, 0)
             state, reveal = state.repeat_interleave(width, 0), reveal.repeat_interleave(width, 0)
-            out = self.backend.continue_from(wrapper, pid, pmask, state, start_step=bounds[level],
-                                             stop_step=bounds[level + 1], generator=generator)
+            out = self.backend.continue_from(
+                wrapper, pid, pmask, state, start_step=bounds[level], stop_step=bounds[level + 1], generator=generator
+            )
             state = out.response_ids
             reveal = torch.where(out.reveal_step >= 0, out.reveal_step, reveal)
             states.append(state)
             nfe += out.nfe
-        return RolloutBatch(pid, pmask, state, out.response_mask, reveal_step=reveal, num_steps=T,
-                            nfe=nfe, extras={"tree_states": states, "tree_widths": list(self.widths)})
+        return RolloutBatch(
+            pid,
+            pmask,
+            state,
+            out.response_mask,
+            reveal_step=reveal,
+            num_steps=T,
+            nfe=nfe,
+            extras={"tree_states": states, "tree_widths": list(self.widths)},
+        )
 
 
 def tree_values_and_advantages(leaf_rewards: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
@@ -134,16 +157,17 @@ class TreeTransitions:
 
     def rows(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
         if "tree_states" not in rollout.extras:
-            raise DareError("dtreerpo trains tree transitions; the training rollout must be its "
-                            "tree rollout (Components.wrap_rollout)")
+            raise DareError(
+                "dtreerpo trains tree transitions; the training rollout must be its "
+                "tree rollout (Components.wrap_rollout)"
+            )
         states, widths = rollout.extras["tree_states"], rollout.extras["tree_widths"]
         advs = tree_values_and_advantages(context.rewards, widths)
         mask_id, eos_id = wrapper.mask_token_id, wrapper.eos_token_id
         leaves = math.prod(widths)
         P = rollout.prompt_ids.shape[1]
         n_groups = rollout.prompt_ids.shape[0] // leaves
-        root = torch.full((n_groups, states[0].shape[1]), mask_id, dtype=torch.long,
-                          device=states[0].device)
+        root = torch.full((n_groups, states[0].shape[1]), mask_id, dtype=torch.long, device=states[0].device)
         parents, children, prompts, pmasks, parent_ids, adv = [], [], [], [], [], []
         offset = 0
         prev = root
@@ -163,7 +187,9 @@ class TreeTransitions:
         prompt, pmask = torch.cat(prompts), torch.cat(pmasks)
         moved = (parent == mask_id) & (child != mask_id)
         is_eos = child == eos_id
-        first = torch.where(is_eos.any(1), is_eos.long().argmax(1), torch.full_like(is_eos[:, 0], child.shape[1], dtype=torch.long))
+        first = torch.where(
+            is_eos.any(1), is_eos.long().argmax(1), torch.full_like(is_eos[:, 0], child.shape[1], dtype=torch.long)
+        )
         upto = torch.arange(child.shape[1], device=child.device)[None] <= first[:, None]
         active = moved & upto
         attention = torch.cat([pmask, torch.ones_like(child)], 1)
@@ -176,16 +202,24 @@ class TreeTransitions:
         N = child.shape[0]
         parent_id = torch.cat(parent_ids).to(child.device)
         advantages = torch.cat(adv)
-        extras = {"parent_id": parent_id,
-                  "sd_lambda": torch.full((N,), lam, dtype=torch.float64),
-                  "sd_tau": torch.full((N,), tau, dtype=torch.float64),
-                  **sibling_distillation(active.float(), advantages, parent_id, child, tau)}
+        extras = {
+            "parent_id": parent_id,
+            "sd_lambda": torch.full((N,), lam, dtype=torch.float64),
+            "sd_tau": torch.full((N,), tau, dtype=torch.float64),
+            **sibling_distillation(active.float(), advantages, parent_id, child, tau),
+        }
         metrics = {"tree_rows": float(N), "sd_lambda": lam}
         return TrainingRows(batch, advantages, corrupted, active.float(), extras, metrics)
 
 
-def sibling_distillation(active: torch.Tensor, advantages: torch.Tensor, parent_id: torch.Tensor,
-                         tokens: torch.Tensor, tau: float, eps: float = 1e-8) -> dict[str, torch.Tensor]:
+def sibling_distillation(
+    active: torch.Tensor,
+    advantages: torch.Tensor,
+    parent_id: torch.Tensor,
+    tokens: torch.Tensor,
+    tau: float,
+    eps: float = 1e-8,
+) -> dict[str, torch.Tensor]:
     r"""The self-distillation targets of every sibling group (rows sharing ``parent_id``), as
     row-aligned statistics, so a subset of the rows carries its exact share of the term.
 
@@ -259,8 +293,17 @@ class TreeLoss:
         cells = extras["sd_cells"].to(**f64).sum() if extras and "sd_cells" in extras else torch.zeros((), **f64)
         return {"rows": torch.tensor(float(mask.shape[0]), **f64), "sd_cells": cells}
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras: Optional[dict] = None,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp,
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         if logp.dim() == 3:
             logp, old_logp = logp[0], old_logp[0]
             ref_logp = ref_logp[0] if ref_logp is not None else None
@@ -291,7 +334,9 @@ class TreeLoss:
                 metrics["sd_loss"] = float(sd.detach())
         with torch.no_grad():
             denom = a.sum() + 1e-8
-            metrics["pg_clipfrac"] = float((((ratio > 1 + self.eps) | (ratio < 1 - self.eps)).to(a.dtype) * a).sum() / denom)
+            metrics["pg_clipfrac"] = float(
+                (((ratio > 1 + self.eps) | (ratio < 1 - self.eps)).to(a.dtype) * a).sum() / denom
+            )
             metrics["ppo_kl"] = float(((torch.exp(old_logp - logp) - (old_logp - logp) - 1) * a).sum() / denom)
             metrics["ratio_mean"] = float((ratio * a).sum() / denom) if a.sum() > 0 else 1.0
             metrics["ratio_max"] = float(ratio[a > 0].max()) if a.sum() > 0 else 1.0
@@ -299,8 +344,13 @@ class TreeLoss:
 
 
 def build(cfg: DTreeConfig, lookup) -> Components:
-    schedule = dict(max_steps=cfg.sd_max_steps, lambda_max=cfg.sd_lambda_max, gamma=cfg.sd_gamma,
-                    tau_max=cfg.sd_tau_max, beta=cfg.sd_beta)
+    schedule = dict(
+        max_steps=cfg.sd_max_steps,
+        lambda_max=cfg.sd_lambda_max,
+        gamma=cfg.sd_gamma,
+        tau_max=cfg.sd_tau_max,
+        beta=cfg.sd_beta,
+    )
 
     def wrap(backend: Any, run_config: Any) -> TreeRollout:
         group = run_config.trainer.group_size if run_config is not None else None
@@ -309,8 +359,9 @@ def build(cfg: DTreeConfig, lookup) -> Components:
     return Components(
         trajectory=lookup.trajectory("tree_transitions", schedule=schedule),
         estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss("tree_loss", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef,
-                         self_distillation=cfg.self_distillation),
+        loss=lookup.loss(
+            "tree_loss", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, self_distillation=cfg.self_distillation
+        ),
         needs_ref=cfg.kl_coef > 0,
         wrap_rollout=wrap,
     )

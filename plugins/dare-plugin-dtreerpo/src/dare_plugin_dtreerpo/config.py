@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Optional
+
 import attrs
 
 from dare_core.api import DareError, in_range, non_negative, option, optional, positive
@@ -13,16 +14,23 @@ class DTreeConfig:
     """d-TreeRPO options with the recipe defaults (8B math recipe)."""
 
     num_tree_samples: Optional[int] = option(
-        None, "Children of the root (first branching); null = trainer.group_size / "
+        None,
+        "Children of the root (first branching); null = trainer.group_size / "
         "branch_factor^(contraction-1), so the leaves are the run's rollouts per prompt (the "
-        "recipe: 16 leaves = 4 x 4).", optional(positive))
+        "recipe: 16 leaves = 4 x 4).",
+        optional(positive),
+    )
     branch_factor: int = option(4, "Children of every deeper node.", positive)
     contraction: int = option(
-        2, "Number of tree levels s: branch points T - int(k T / s), k = 0..s, over the T "
+        2,
+        "Number of tree levels s: branch points T - int(k T / s), k = 0..s, over the T "
         "denoising steps (s = 2: [T, T/2, 0]). Leaves per prompt = num_tree_samples * "
-        "branch_factor^(s-1).", positive)
-    clip_ratio: float = option(0.4, "Clip ε of the transition ratio (no dual clip).",
-                               in_range(0.0, 1.0, low_open=True, high_open=True))
+        "branch_factor^(s-1).",
+        positive,
+    )
+    clip_ratio: float = option(
+        0.4, "Clip ε of the transition ratio (no dual clip).", in_range(0.0, 1.0, low_open=True, high_open=True)
+    )
     kl_coef: float = option(0.01, "Weight of the k3 KL to the reference (initial) policy.", non_negative)
     self_distillation: bool = option(True, "Add the time-scheduled self-distillation term.")
     sd_lambda_max: float = option(3e-3, "λ_max of the self-distillation weight schedule.", non_negative)
@@ -39,12 +47,15 @@ class DTreeConfig:
                 raise DareError(
                     f"dtreerpo's tree has {self.num_tree_samples * below} leaves per prompt "
                     f"(num_tree_samples x branch_factor^(contraction-1)); set "
-                    f"trainer.group_size={self.num_tree_samples * below}")
+                    f"trainer.group_size={self.num_tree_samples * below}"
+                )
             return self.num_tree_samples
         if group_size is None or group_size % below:
-            raise DareError(f"trainer.group_size ({group_size}) must be a multiple of "
-                            f"branch_factor^(contraction-1) = {below} (the leaves below each "
-                            f"child of the root); or set algorithm.num_tree_samples")
+            raise DareError(
+                f"trainer.group_size ({group_size}) must be a multiple of "
+                f"branch_factor^(contraction-1) = {below} (the leaves below each "
+                f"child of the root); or set algorithm.num_tree_samples"
+            )
         return group_size // below
 
 
@@ -56,7 +67,15 @@ RESUMABLE = frozenset({"continue_from", "total_steps"})
 # Recipe (8B masked-diffusion model, LoRA r128 α64): lr 3e-5, wd 0.1, betas (0.9, 0.99), grad clip 0.2,
 # 12 PPO epochs per rollout batch, 16 prompts x 16 leaves, rollout temperature 0.9.
 RECIPE = {
-    "trainer": {"lr": 3e-5, "weight_decay": 0.1, "beta2": 0.99, "grad_clip": 0.2, "ppo_epochs": 12,
-                "batch_size": 16, "group_size": 16, "mini_batch_size": 0},
+    "trainer": {
+        "lr": 3e-5,
+        "weight_decay": 0.1,
+        "beta2": 0.99,
+        "grad_clip": 0.2,
+        "ppo_epochs": 12,
+        "batch_size": 16,
+        "group_size": 16,
+        "mini_batch_size": 0,
+    },
     "rollout": {"temperature": 0.9},
 }

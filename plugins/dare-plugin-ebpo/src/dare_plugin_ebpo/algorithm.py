@@ -58,8 +58,10 @@ class BlockELBOMasking:
     def block_size(self, wrapper) -> int:
         bl = self.block_length or getattr(wrapper, "block_size", None)
         if not bl:
-            raise DareError("the block ELBO corruption needs a block size; the model has none, so set "
-                            "algorithm.block_length (or use a block-diffusion model)")
+            raise DareError(
+                "the block ELBO corruption needs a block size; the model has none, so set "
+                "algorithm.block_length (or use a block-diffusion model)"
+            )
         return int(bl)
 
     def response_blocks(self, batch: SequenceBatch, block_size: int) -> torch.Tensor:
@@ -98,21 +100,30 @@ class BlockELBOMasking:
                         levels[i, b, pos] = float(tau[r, j])
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask.to(dev),
-                         {"levels": levels.to(dev)})
+        return Corrupted(
+            wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask.to(dev), {"levels": levels.to(dev)}
+        )
 
 
 def _check_sequence_inputs(elbo, old_elbo, advantages, rows) -> None:
     """One-line refusal of inputs that are not one value per sequence ``[B]``."""
     shapes = [tuple(t.shape) for t in (elbo, old_elbo, advantages, rows)]
     if elbo.dim() != 1 or len(set(shapes)) != 1:
-        raise DareError(f"EBPO's sequence loss takes one composite ELBO, old ELBO, advantage and "
-                        f"valid flag per sequence (all [B]); got shapes {shapes}")
+        raise DareError(
+            f"EBPO's sequence loss takes one composite ELBO, old ELBO, advantage and "
+            f"valid flag per sequence (all [B]); got shapes {shapes}"
+        )
 
 
-def ebpo_sequence_loss(elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: torch.Tensor,
-                       rows: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
-                       num_rows: Optional[torch.Tensor] = None):
+def ebpo_sequence_loss(
+    elbo: torch.Tensor,
+    old_elbo: torch.Tensor,
+    advantages: torch.Tensor,
+    rows: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    num_rows: Optional[torch.Tensor] = None,
+):
     r"""Sequence-level clipped objective in log space over the valid sequences ``rows`` (bool ``[B]``):
 
     .. math::
@@ -131,8 +142,10 @@ def ebpo_sequence_loss(elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: t
     rows = rows.bool()
     n = rows.sum() if num_rows is None else num_rows
     if not float(n) > 0:
-        raise DareError("EBPO needs at least one sequence with a response token in the mini-batch; "
-                        "check the rollout's response mask (every response here is empty)")
+        raise DareError(
+            "EBPO needs at least one sequence with a response token in the mini-batch; "
+            "check the rollout's response mask (every response here is empty)"
+        )
     work = torch.float32 if elbo.dtype in (torch.float16, torch.bfloat16) else elbo.dtype
     delta = elbo[rows].to(work) - old_elbo[rows].to(work)
     adv = advantages[rows].to(work)
@@ -159,8 +172,9 @@ class EBPOLoss(RowMeanObjective):
     world size. The workflow's ``accumulate`` path uses the exact proxy gradient (one row's graph
     at a time)."""
 
-    def __init__(self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                 kl_coef: float = 0.0, kl_type: str = "k3"):
+    def __init__(
+        self, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, kl_coef: float = 0.0, kl_type: str = "k3"
+    ):
         self.eps_low = clip_ratio_low
         self.eps_high = clip_ratio_high
         self.kl_coef = kl_coef
@@ -173,8 +187,9 @@ class EBPOLoss(RowMeanObjective):
     def objective(self, elbo, rows, old_rows, ref_rows, advantages, mask, *, totals):
         valid = mask.sum(-1) > 0
         n = totals["rows"]
-        loss, metrics = ebpo_sequence_loss(elbo, old_rows.mean(0), advantages, valid,
-                                           self.eps_low, self.eps_high, num_rows=n)
+        loss, metrics = ebpo_sequence_loss(
+            elbo, old_rows.mean(0), advantages, valid, self.eps_low, self.eps_high, num_rows=n
+        )
         if self.kl_coef > 0:
             if ref_rows is None:
                 raise DareError("EBPO with kl_coef > 0 needs reference ELBOs; the loop passed none")
@@ -187,11 +202,17 @@ class EBPOLoss(RowMeanObjective):
 
 
 def build(cfg: EBPOConfig, lookup) -> Components:
-    loss = lookup.loss("ebpo", clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
-                       kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
+    loss = lookup.loss(
+        "ebpo",
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        kl_coef=cfg.kl_coef,
+        kl_type=cfg.kl_type,
+    )
     return Components(
-        corruption=lookup.corruption("block_elbo_masking", mc_num=cfg.mc_num, n_l=cfg.n_l,
-                                     block_length=cfg.block_length),
+        corruption=lookup.corruption(
+            "block_elbo_masking", mc_num=cfg.mc_num, n_l=cfg.n_l, block_length=cfg.block_length
+        ),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("sequence_elbo", norm="none"),
         loss=loss,

@@ -8,7 +8,6 @@ leave-one-out (RLOO).
 
 from __future__ import annotations
 
-
 import torch
 
 from dare_core.api import Components, Corrupted, DareError, SequenceBatch
@@ -64,14 +63,20 @@ class ComplementMasking:
         p_mask = torch.where(valid[None], p, torch.zeros(()))
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(wrapper.noise(ids.expand(masked.shape), masked, generator), masked, p_mask.to(dev),
-                         {"counts": torch.stack(counts, 0).to(dev)})
+        return Corrupted(
+            wrapper.noise(ids.expand(masked.shape), masked, generator),
+            masked,
+            p_mask.to(dev),
+            {"counts": torch.stack(counts, 0).to(dev)},
+        )
 
 
 def _check_length(length: float) -> None:
     if not length > 0:
-        raise DareError(f"ESPO normalises by the response length R, which is {length}; "
-                        "generate at least one response token (rollout length > 0)")
+        raise DareError(
+            f"ESPO normalises by the response length R, which is {length}; "
+            "generate at least one response token (rollout length > 0)"
+        )
 
 
 def espo_kl(elbo: torch.Tensor, ref_elbo: torch.Tensor, length: float, kind: str = "k2") -> torch.Tensor:
@@ -118,8 +123,7 @@ class ESPOLoss(RowMeanObjective):
         loss = per_row.sum() / n
         with torch.no_grad():
             d = (ell - old).detach()
-            metrics = {"pg_clipfrac": float(clipped.float().mean()),
-                       "ppo_kl": float((torch.exp(-d) + d - 1.0).mean())}
+            metrics = {"pg_clipfrac": float(clipped.float().mean()), "ppo_kl": float((torch.exp(-d) + d - 1.0).mean())}
             metrics.update(ratio_diagnostics(ratio))
             pairs = rows[: rows.shape[0] // 2 * 2].reshape(-1, 2, rows.shape[-1]).mean(1)
             metrics.update(mc_diagnostics(pairs, "elbo"))

@@ -49,17 +49,21 @@ def summarise(records: Sequence[dict[str, Any]], samples: int, ks: Sequence[int]
     ``ks`` (a sample is correct when its ``acc`` is 1); ``maj@k`` for each k > 1 of ``ks`` when
     any sample has an extracted answer (``maj@1`` is ``accuracy``); ``kinds``, the count of each
     failure kind over all samples, when any sample has one."""
-    items = [records[i:i + samples] for i in range(0, len(records), samples)]
+    items = [records[i : i + samples] for i in range(0, len(records), samples)]
     n = len(items)
-    out: dict[str, Any] = {"n": n, "samples": samples,
-                           "accuracy": sum(it[0]["acc"] for it in items) / max(1, n),
-                           "reward": sum(it[0]["score"] for it in items) / max(1, n)}
+    out: dict[str, Any] = {
+        "n": n,
+        "samples": samples,
+        "accuracy": sum(it[0]["acc"] for it in items) / max(1, n),
+        "reward": sum(it[0]["score"] for it in items) / max(1, n),
+    }
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(samples, sum(r["acc"] >= 1.0 for r in it), k) for it in items) / max(1, n)
     if any(r["pred"] for r in records):
         for k in (k for k in ks if k > 1):
-            out[f"maj@{k}"] = sum(maj_at_k([r["pred"] for r in it], [r["acc"] for r in it], k)
-                                  for it in items) / max(1, n)
+            out[f"maj@{k}"] = sum(maj_at_k([r["pred"] for r in it], [r["acc"] for r in it], k) for it in items) / max(
+                1, n
+            )
     if any(r["kind"] for r in records):
         out["kinds"] = dict(sorted(Counter(r["kind"] for r in records if r["kind"]).items()))
     return out

@@ -23,10 +23,15 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-import yaml
-
 from dare_core.api import (
-    DareError, RunDir, atomic_write_text, eval_context, evaluate, preflight, resolve, to_dict,
+    DareError,
+    RunDir,
+    atomic_write_text,
+    eval_context,
+    evaluate,
+    preflight,
+    resolve,
+    to_dict,
 )
 from dare_plugin_eval.metrics import summarise
 
@@ -55,9 +60,18 @@ def parse_ks(text: Optional[str], samples: int) -> list[int]:
         raise DareError(f"--k {text!r} is not a comma-separated list of whole numbers, e.g. 1,8") from None
 
 
-def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples: int = 1,
-              ks: Sequence[int] = (1,), config_file: Optional[str] = None, overrides: Sequence[str] = (),
-              overwrite: bool = False, mc_samples: int = 32) -> dict[str, Any]:
+def run_suite(
+    dare: Any,
+    model: str,
+    tasks: Sequence[Optional[str]],
+    *,
+    samples: int = 1,
+    ks: Sequence[int] = (1,),
+    config_file: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    overwrite: bool = False,
+    mc_samples: int = 32,
+) -> dict[str, Any]:
     """Evaluate ``model`` on ``tasks`` (``None``: the config's task.name) and write the eval
     directory (module docstring); returns the results (results.json plus ``eval_dir``) on
     every rank."""
@@ -65,20 +79,33 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
         if value < 1:
             raise DareError(f"{flag} must be at least 1, got {value}")
     if bad := [k for k in ks if not 1 <= k <= samples]:
-        raise DareError(f"--k {bad[0]} is outside 1..{samples}: pass@k and maj@k need k <= --samples; "
-                        f"raise --samples or lower --k")
-    configs = [resolve(dare, model=model, config_file=config_file, need_algo=False,
-                       overrides=[*overrides, *([f"task.name={t}"] if t else [])]) for t in tasks]
+        raise DareError(
+            f"--k {bad[0]} is outside 1..{samples}: pass@k and maj@k need k <= --samples; raise --samples or lower --k"
+        )
+    configs = [
+        resolve(
+            dare,
+            model=model,
+            config_file=config_file,
+            need_algo=False,
+            overrides=[*overrides, *([f"task.name={t}"] if t else [])],
+        )
+        for t in tasks
+    ]
     first = configs[0]
     if samples > 1 and first.eval.temperature <= 0:
-        raise DareError(f"--samples {samples} with eval.temperature={first.eval.temperature:g} would repeat the "
-                        f"same greedy answer; set eval.temperature above 0 (e.g. eval.temperature=1.0)")
+        raise DareError(
+            f"--samples {samples} with eval.temperature={first.eval.temperature:g} would repeat the "
+            f"same greedy answer; set eval.temperature above 0 (e.g. eval.temperature=1.0)"
+        )
     if len(configs) > 1 and first.task.eval_path:
         raise DareError("task.eval_path names one task's data, and --tasks names several; evaluate that task alone")
     checked = [preflight(dare, cfg) for cfg in configs]  # every task's data and prompts, the checkpoint
     main = os.environ.get("RANK", "0") == "0"
     model_name = first.model.family
-    rundir = RunDir.create(first.output_dir, first.run_name, f"eval-{model_name}", overwrite=overwrite) if main else None
+    rundir = (
+        RunDir.create(first.output_dir, first.run_name, f"eval-{model_name}", overwrite=overwrite) if main else None
+    )
     try:
         ctx = eval_context(dare, first, task=checked[0])
     except BaseException:
@@ -92,8 +119,14 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
     metrics: dict[str, Any] = {}
     lines: list[str] = []
     try:
-        bar = tqdm(configs, desc="tasks", unit="task", file=sys.stderr, dynamic_ncols=True,
-                   disable=None if first.progress and ctx.engine.is_main else True)  # None: TTY only
+        bar = tqdm(
+            configs,
+            desc="tasks",
+            unit="task",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None if first.progress and ctx.engine.is_main else True,
+        )  # None: TTY only
         for cfg, task in zip(bar, checked):
             name = cfg.task.name
             bar.set_postfix_str(name)
@@ -114,8 +147,14 @@ def run_suite(dare: Any, model: str, tasks: Sequence[Optional[str]], *, samples:
         bar.close()
     finally:
         ctx.engine.close()
-    results = {"model": model_name, "model_path": first.model.path, "samples": samples, "k": list(ks),
-               "tasks": metrics, "config": to_dict(first)}
+    results = {
+        "model": model_name,
+        "model_path": first.model.path,
+        "samples": samples,
+        "k": list(ks),
+        "tasks": metrics,
+        "config": to_dict(first),
+    }
     if rundir is not None:
         rundir.write_json("results.json", results)
         atomic_write_text(rundir.path("samples.jsonl"), "".join(line + "\n" for line in lines))
@@ -135,8 +174,9 @@ def choice_records(ctx: Any, task: Any, examples: Sequence[Any], mc_samples: int
     for i, (ex, pick) in enumerate(zip(shard, choose(ctx.wrapper, shard, samples=mc_samples, seed=seed))):
         text = ex.extra_info["choices"][pick]
         s = task.score(ex, text)
-        mine.append((rank + world * i, {"response": text, "pred": str(pick), "score": s.score, "acc": s.acc,
-                                        "kind": s.kind}))
+        mine.append(
+            (rank + world * i, {"response": text, "pred": str(pick), "score": s.score, "acc": s.acc, "kind": s.kind})
+        )
     return [rec for _, rec in sorted(ctx.engine.gather(mine), key=lambda item: item[0])]
 
 
@@ -156,11 +196,15 @@ def table(results: dict[str, Any]) -> list[str]:
     for metrics in rows.values():
         columns += [c for c in metrics if c not in columns and c != "samples"]
     order = ["n", "accuracy", "reward"]
-    columns = order + sorted((c for c in columns if "@" in c), key=lambda c: (c.split("@")[0] != "pass", int(
-        c.split("@")[1]))) + [c for c in ("nfe", "seconds", "kinds") if c in columns]
-    cells = [["task", *columns]] + [[task, *(("-" if c not in m else str(m[c]) if c == "seconds" else _cell(m[c]))
-                                              for c in columns)]
-                                    for task, m in rows.items()]
+    columns = (
+        order
+        + sorted((c for c in columns if "@" in c), key=lambda c: (c.split("@")[0] != "pass", int(c.split("@")[1])))
+        + [c for c in ("nfe", "seconds", "kinds") if c in columns]
+    )
+    cells = [["task", *columns]] + [
+        [task, *(("-" if c not in m else str(m[c]) if c == "seconds" else _cell(m[c])) for c in columns)]
+        for task, m in rows.items()
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     out.insert(1, "  ".join("-" * w for w in widths))

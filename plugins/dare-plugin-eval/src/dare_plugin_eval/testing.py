@@ -15,12 +15,24 @@ from dare_core.testing.registries import build_for
 __all__ = ["FirstDigitPlugin", "FirstDigitTask", "PLUGINS", "TINY", "suite_on"]
 
 #: the toy family (untrained), the reference samplers, ``digits``, ``first_digit`` and ``dare eval``
-PLUGINS = ("dare_plugin_samplers", "dare_core.testing.toy", "dare_core.testing.digits:DigitsPlugin",
-           "dare_plugin_eval.testing:FirstDigitPlugin", "dare_plugin_eval")
+PLUGINS = (
+    "dare_plugin_samplers",
+    "dare_core.testing.toy",
+    "dare_core.testing.digits:DigitsPlugin",
+    "dare_plugin_eval.testing:FirstDigitPlugin",
+    "dare_plugin_eval",
+)
 
 #: a tiny evaluation of the toy model: 5 prompts, 4-token responses in 2 denoising steps
-TINY = ("rollout.gen_length=4", "rollout.block_length=4", "eval.steps=2", "eval.batch_size=3",
-        "task.num_eval=5", "progress=false", "model.device=cpu")
+TINY = (
+    "rollout.gen_length=4",
+    "rollout.block_length=4",
+    "eval.steps=2",
+    "eval.batch_size=3",
+    "task.num_eval=5",
+    "progress=false",
+    "model.device=cpu",
+)
 
 
 class FirstDigitTask(DigitsTask):
@@ -49,8 +61,14 @@ def plugin(spec: str) -> Any:
     return getattr(mod, attr)() if attr else mod
 
 
-def suite_on(plugins: Sequence[str], model: str, tasks: Sequence[Optional[str]], overrides: Sequence[str],
-             samples: int = 1, ks: Sequence[int] = (1,)) -> dict[str, Any]:
+def suite_on(
+    plugins: Sequence[str],
+    model: str,
+    tasks: Sequence[Optional[str]],
+    overrides: Sequence[str],
+    samples: int = 1,
+    ks: Sequence[int] = (1,),
+) -> dict[str, Any]:
     """The results of ``run_suite`` with the registries of ``plugins`` (import paths)."""
     from dare_plugin_eval.suite import run_suite
 

@@ -29,13 +29,21 @@ from typing import Any, Optional
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict)
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
-    CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method)
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from dare_core.api import DareError, ProcessGroupEngine, SingleProcessEngine
-
 from dare_plugin_fsdp.config import SECTION, FSDPConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -63,7 +71,8 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
     and everything else are copied. Tied parameters stay tied."""
     memo: dict[int, Any] = {
         id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-        for p in module.parameters()}
+        for p in module.parameters()
+    }
     return copy.deepcopy(module, memo)
 
 
@@ -84,9 +93,11 @@ class FSDPEngine(ProcessGroupEngine):
 
     def __init__(self, config: Any):
         if config.engine.precision == "bf16" and config.engine.bf16_update == "stochastic":
-            raise DareError("engine.name=fsdp implements engine.precision=bf16 with "
-                            "engine.bf16_update=kahan only (stochastic rounding does not run on "
-                            "sharded DTensor weights); set engine.bf16_update=kahan")
+            raise DareError(
+                "engine.name=fsdp implements engine.precision=bf16 with "
+                "engine.bf16_update=kahan only (stochastic rounding does not run on "
+                "sharded DTensor weights); set engine.bf16_update=kahan"
+            )
         self.options: FSDPConfig = config.plugin_section(SECTION, FSDPConfig)
         super().__init__(config)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -97,7 +108,8 @@ class FSDPEngine(ProcessGroupEngine):
         """The ``fully_shard`` arguments every unit shares: mesh, precision, offloading."""
         mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if self.precision == "bf16-mixed" else None,
-            reduce_dtype=DTYPES[self.options.reduce_dtype])
+            reduce_dtype=DTYPES[self.options.reduce_dtype],
+        )
         kwargs: dict[str, Any] = dict(mesh=self.mesh, mp_policy=mp)
         if self.options.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
@@ -127,8 +139,10 @@ class FSDPEngine(ProcessGroupEngine):
         """A frozen copy of the policy, sharded like it: built from the module's structure
         before sharding, its shards copied from the policy's (no communication)."""
         if self._skeleton is None:
-            raise DareError("the fsdp engine builds the reference model from the policy prepared "
-                            "with trainable=True; prepare the policy first")
+            raise DareError(
+                "the fsdp engine builds the reference model from the policy prepared "
+                "with trainable=True; prepare the policy first"
+            )
         reshard(wrapper.module)
         ref = copy.copy(wrapper)
         ref.module = copy.deepcopy(self._skeleton)
@@ -163,8 +177,7 @@ class FSDPEngine(ProcessGroupEngine):
 
     # -- state --------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        model, optim = get_state_dict(self.module, self.optimizer,
-                                      options=StateDictOptions(ignore_frozen_params=True))
+        model, optim = get_state_dict(self.module, self.optimizer, options=StateDictOptions(ignore_frozen_params=True))
         return dict(zip(STATE_KEYS, (model, optim)))
 
     def save_state(self, path: str) -> None:
@@ -174,26 +187,33 @@ class FSDPEngine(ProcessGroupEngine):
 
     def load_state(self, path: str) -> None:
         if not os.path.isfile(os.path.join(path, ".metadata")):
-            raise DareError(f"{path} holds no torch.distributed.checkpoint state (.metadata): it "
-                            f"was not written by engine.name=fsdp; resume with the engine that "
-                            f"wrote it")
+            raise DareError(
+                f"{path} holds no torch.distributed.checkpoint state (.metadata): it "
+                f"was not written by engine.name=fsdp; resume with the engine that "
+                f"wrote it"
+            )
         state = self._state()
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         missing = sorted(k for k in state["model"] if f"model.{k}" not in saved)
         if missing:
-            raise DareError(f"checkpoint {path} has no {missing[0]} (nor {len(missing) - 1} more "
-                            f"trainable weights): the run that wrote it trained other parameters "
-                            f"(LoRA settings)")
+            raise DareError(
+                f"checkpoint {path} has no {missing[0]} (nor {len(missing) - 1} more "
+                f"trainable weights): the run that wrote it trained other parameters "
+                f"(LoRA settings)"
+            )
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(ignore_frozen_params=True, strict=False),
+        )
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
         """Every parameter and buffer gathered into CPU tensors on rank 0 (``None`` on the
         others), named as ``wrapper.module.state_dict()`` names them. Collective."""
-        state = get_model_state_dict(
-            wrapper.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(wrapper.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_main else None
 
 

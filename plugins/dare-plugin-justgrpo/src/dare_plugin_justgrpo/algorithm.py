@@ -25,8 +25,8 @@ from typing import Any, Optional
 import attrs
 import torch
 
+from dare_core.api import Components, Corrupted, DareError, SequenceBatch, gather_logprobs
 from dare_objectives.policy_options import advantage_from_options, clip_kwargs
-from dare_core.api import Components, Corrupted, DareError, gather_logprobs, SequenceBatch
 from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, JustConfig
 
 
@@ -46,16 +46,16 @@ class TemperedTokenLogProb:
         if corrupted is None:
             raise ValueError("the tempered estimator needs states to score")
         if not self.temperature or self.temperature <= 0:
-            raise DareError("the tempered log-probability needs a sampling temperature > 0; "
-                            "set algorithm.temperature")
+            raise DareError("the tempered log-probability needs a sampling temperature > 0; set algorithm.temperature")
         P = batch.prompt_len
         rows = []
         for m in range(corrupted.num_samples):
             logits = wrapper.denoise_logits(corrupted.noisy_ids[m], batch.attention_mask, batch.input_ids, P)
             logits = logits[:, P:].float() / self.temperature
             if self.exclude_mask_token:
-                logits = logits.index_fill(-1, torch.tensor([wrapper.mask_token_id], device=logits.device),
-                                           float("-inf"))
+                logits = logits.index_fill(
+                    -1, torch.tensor([wrapper.mask_token_id], device=logits.device), float("-inf")
+                )
             rows.append(gather_logprobs(logits, batch.input_ids[:, P:]))
         return torch.stack(rows, 0)
 
@@ -70,23 +70,27 @@ def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
             raise DareError(
                 f"justgrpo needs a rollout backend with {', '.join(sorted(need))} options to "
                 f"decode left to right; the chosen backend lacks {', '.join(sorted(need - names))} "
-                f"(e.g. set rollout.backend=low_confidence)")
+                f"(e.g. set rollout.backend=low_confidence)"
+            )
         temp = cfg.temperature if cfg.temperature is not None else rollout_cfg.temperature
         if temp <= 0:
-            raise DareError("justgrpo needs a sampling temperature > 0 (exact log-probabilities "
-                            "of sampled tokens); set algorithm.temperature or rollout.temperature")
+            raise DareError(
+                "justgrpo needs a sampling temperature > 0 (exact log-probabilities "
+                "of sampled tokens); set algorithm.temperature or rollout.temperature"
+            )
         estimator.temperature = float(temp)
-        return attrs.evolve(rollout_cfg, block_length=1, steps=rollout_cfg.gen_length,
-                            temperature=float(temp))
+        return attrs.evolve(rollout_cfg, block_length=1, steps=rollout_cfg.gen_length, temperature=float(temp))
 
     return adjust
 
 
 def build(cfg: JustConfig, lookup) -> Components:
-    estimator = lookup.estimator("tempered_token_logprob", temperature=cfg.temperature,
-                                 exclude_mask_token=cfg.exclude_mask_token)
-    loss = lookup.loss("replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-                       row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
+    estimator = lookup.estimator(
+        "tempered_token_logprob", temperature=cfg.temperature, exclude_mask_token=cfg.exclude_mask_token
+    )
+    loss = lookup.loss(
+        "replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg)
+    )
     return Components(
         trajectory=lookup.trajectory("step_replay", reduction="token_mean", left_to_right=True),
         estimator=estimator,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 from typing import Optional
+
 import attrs
 
-from dare_objectives.policy_options import GROUP_RL_RECIPE, ClipOptions
 from dare_core.api import option, optional, positive
+from dare_objectives.policy_options import GROUP_RL_RECIPE, ClipOptions
 
 
 @attrs.frozen
@@ -15,14 +16,20 @@ class JustConfig(ClipOptions):
     """JustGRPO options with the recipe defaults."""
 
     temperature: Optional[float] = option(
-        0.6, "Sampling temperature of the training rollout and of the learner's log-probabilities "
-        "(must be > 0); null = rollout.temperature.", optional(positive))
-    row_chunk: int = option(1, "Response positions per forward/backward (the reference's "
-                               "position chunk size).", positive)
+        0.6,
+        "Sampling temperature of the training rollout and of the learner's log-probabilities "
+        "(must be > 0); null = rollout.temperature.",
+        optional(positive),
+    )
+    row_chunk: int = option(
+        1, "Response positions per forward/backward (the reference's position chunk size).", positive
+    )
     exclude_mask_token: bool = option(
-        True, "Renormalise the learner's softmax without the mask token, which the core samplers "
+        True,
+        "Renormalise the learner's softmax without the mask token, which the core samplers "
         "never propose, so ℓ is exactly the sampling log-probability (false = the reference's "
-        "full softmax).")
+        "full softmax).",
+    )
 
 
 #: rollout config fields :func:`left_to_right_rollout` sets (the loader picks a backend with them)

@@ -172,8 +172,13 @@ class LLaDAConfig(PretrainedConfig):
             expected = 1 if self.multi_query_attention else self.n_heads
             if self.n_kv_heads != expected:
                 bad("multi_query_attention and n_kv_heads are inconsistent")
-        layers.check_heads(self.n_heads, self.effective_n_kv_heads, bad, rotary_dim=self.d_model // self.n_heads,
-                           names=("n_kv_heads", "n_heads"))
+        layers.check_heads(
+            self.n_heads,
+            self.effective_n_kv_heads,
+            bad,
+            rotary_dim=self.d_model // self.n_heads,
+            names=("n_kv_heads", "n_heads"),
+        )
         if self.effective_mlp_hidden_size <= 0:
             bad("mlp_hidden_size / mlp_ratio must give a positive MLP width")
         if self.effective_embedding_size < self.vocab_size:

@@ -45,7 +45,6 @@ from dare_nn import layers
 
 from .configuration_llada import LLaDAConfig
 
-
 __all__ = [
     "LLaDARMSNorm",
     "LLaDALlamaBlock",
@@ -59,8 +58,15 @@ __all__ = [
 # Keyword arguments of the original remote code (or of HF training loops) that
 # would change the result if they were honoured; refusing them is safer than
 # silently producing something else.
-_REJECTED_IF_SET = ("cache", "labels", "cu_seqlens", "max_seqlen",
-                    "attention_bias", "replace_position", "output_attentions")
+_REJECTED_IF_SET = (
+    "cache",
+    "labels",
+    "cu_seqlens",
+    "max_seqlen",
+    "attention_bias",
+    "replace_position",
+    "output_attentions",
+)
 
 
 # fp32 ``(cos, sin)`` ``[B, 1, L, head_dim]`` (cos/sin are not cast: see :func:`apply_rotary`)
@@ -105,10 +111,14 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.ff_out = nn.Linear(hidden, d, bias=False)
 
-    def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  mask: torch.Tensor | None,
-                  past: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Self-attention of the ``L`` new tokens over ``past`` (cached, after RoPE) then themselves.
 
         Returns the output and ``(k, v)`` of cache + new tokens (``[B, n_kv_heads, P + L,
@@ -120,21 +130,42 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         full = bool(self.config.rope_full_precision)
         q = apply_rotary(q, cos, sin, full)
         k = apply_rotary(k, cos, sin, full)
-        out, kv = layers.attend(q, k, v, mask, scale=1.0 / math.sqrt(self.head_dim), past=past,
-                                implementation=self.config._attn_implementation, fp32_scores=True)
+        out, kv = layers.attend(
+            q,
+            k,
+            v,
+            mask,
+            scale=1.0 / math.sqrt(self.head_dim),
+            past=past,
+            implementation=self.config._attn_implementation,
+            fp32_scores=True,
+        )
         return self.attn_out(out), kv
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU with the published names: ``ff_out(silu(ff_proj(x)) * up_proj(x))``."""
         return layers.swiglu(x, self.ff_proj, self.up_proj, self.ff_out)
 
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention_mask: torch.Tensor | None = None,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``(output, (k, v))`` of one block (``(k, v)`` as in :meth:`attention`)."""
-        return layers.pre_norm_residual(hidden_states, self.attn_norm, self.attention, self.ff_norm,
-                                        self.feed_forward, cos, sin, attention_mask, past)
+        return layers.pre_norm_residual(
+            hidden_states,
+            self.attn_norm,
+            self.attention,
+            self.ff_norm,
+            self.feed_forward,
+            cos,
+            sin,
+            attention_mask,
+            past,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -147,35 +178,61 @@ class LLaDAModel(nn.Module):
         super().__init__()
         self.config = config
         rows = config.effective_embedding_size
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(rows, config.d_model),
-            "blocks": nn.ModuleList(LLaDALlamaBlock(config, i) for i in range(config.n_layers)),
-            "ln_f": LLaDARMSNorm(config.d_model, config.rms_norm_eps),
-            "ff_out": nn.Linear(config.d_model, rows, bias=False),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(rows, config.d_model),
+                "blocks": nn.ModuleList(LLaDALlamaBlock(config, i) for i in range(config.n_layers)),
+                "ln_f": LLaDARMSNorm(config.d_model, config.rms_norm_eps),
+                "ff_out": nn.Linear(config.d_model, rows, bias=False),
+            }
+        )
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                output_hidden_states: bool = False, past_key_values: Any = None,
-                use_cache: bool = False, apply_head: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | tuple[
-                    torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+        apply_head: bool = True,
+    ) -> (
+        tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]
+        | tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, list[tuple[torch.Tensor, torch.Tensor]]]
+    ):
         """``(logits, hidden)``; with ``use_cache`` also the per-layer ``(k, v)`` list (see module doc).
 
         Default positions are ``0 .. L-1`` even with a cache (give ``position_ids`` then).
         """
         cfg = self.config
         x, past, cached, position_ids = layers.decoder_inputs(
-            self.transformer["wte"], input_ids, inputs_embeds, position_ids, past_key_values,
-            n_layers=cfg.n_layers, kv_heads=cfg.effective_n_kv_heads, head_dim=cfg.head_dim,
-            positions_after_cache=False)
+            self.transformer["wte"],
+            input_ids,
+            inputs_embeds,
+            position_ids,
+            past_key_values,
+            n_layers=cfg.n_layers,
+            kv_heads=cfg.effective_n_kv_heads,
+            head_dim=cfg.head_dim,
+            positions_after_cache=False,
+        )
         bsz, length, _ = x.shape
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta)
         mask = layers.prepare_attention_mask(attention_mask, bsz, length, cached + length, cfg.n_heads)
         if mask is not None:
             mask = mask.to(x.device)
-        x, hidden, present = layers.run_layers(self.transformer["blocks"], x, cos, sin, mask, past=past,
-                                               final_norm=self.transformer["ln_f"],
-                                               output_hidden_states=output_hidden_states, use_cache=use_cache)
+        x, hidden, present = layers.run_layers(
+            self.transformer["blocks"],
+            x,
+            cos,
+            sin,
+            mask,
+            past=past,
+            final_norm=self.transformer["ln_f"],
+            output_hidden_states=output_hidden_states,
+            use_cache=use_cache,
+        )
         if not apply_head:  # forward_hidden: final-norm states, no [B, L, V] logits
             return x, None
         logits = self.transformer["ff_out"](x)
@@ -191,8 +248,11 @@ class LLaDAPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
     _no_split_modules = ["LLaDALlamaBlock"]
 
     def _init_weights(self, module: nn.Module) -> None:
-        layers.init_weights(module, float(getattr(self.config, "init_std", 0.02) or 0.02),
-                            cutoff=getattr(self.config, "init_cutoff_factor", None))
+        layers.init_weights(
+            module,
+            float(getattr(self.config, "init_std", 0.02) or 0.02),
+            cutoff=getattr(self.config, "init_cutoff_factor", None),
+        )
 
 
 class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
@@ -213,16 +273,22 @@ class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
         """Multiplier of the head's output (``1/sqrt(d_model)`` when ``scale_logits``)."""
         return 1.0 / math.sqrt(self.config.d_model) if self.config.scale_logits else 1.0
 
-    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[B, L, d]`` states after ``ln_f``, the LM head not applied (for a fused cross
         entropy: ``logits = logit_scale * (hidden @ get_output_embeddings().weight.T)``)."""
-        hidden, _ = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, apply_head=False)
+        hidden, _ = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, apply_head=False
+        )
         return hidden
 
-    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
-                                mean_resizing: bool = True) -> nn.Embedding:
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
         """HF resize; also keeps ``config.embedding_size`` (the row count LLaDA builds from) in sync."""
         embeds = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         rows = int(embeds.weight.shape[0])
@@ -231,11 +297,18 @@ class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
             self.config.vocab_size = rows
         return embeds
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, return_dict: bool | None = None,
-                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                past_key_values: Any = None, use_cache: bool | None = None,
-                **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
         """Bidirectional forward.
 
         Args:
@@ -257,9 +330,15 @@ class LLaDAModelLM(layers.EmbeddingAccessors, LLaDAPreTrainedModel):
         if return_dict is None:
             return_dict = self.config.return_dict if self.config.return_dict is not None else True
         use_cache = bool(use_cache)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
-                         past_key_values=past_key_values, use_cache=use_cache)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
         logits, hidden = out[0], out[1]
         present = out[2] if use_cache else None
         if not return_dict:

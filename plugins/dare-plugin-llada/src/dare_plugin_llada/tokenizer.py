@@ -57,8 +57,14 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     too small to support more merges).
     """
     return train_byte_bpe(
-        texts, vocab_size, SPECIAL_TOKENS,
-        bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
-        extra_special_tokens=list(_EXTRA_SPECIAL), model_max_length=4096,
+        texts,
+        vocab_size,
+        SPECIAL_TOKENS,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        extra_special_tokens=list(_EXTRA_SPECIAL),
+        model_max_length=4096,
         chat_template=LLADA_CHAT_TEMPLATE,
     )

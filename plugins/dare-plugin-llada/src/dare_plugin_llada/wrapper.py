@@ -12,13 +12,11 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import DareError, HFDiffusionWrapper
-from dare_nn.checkpoints import load_module, padded_vocab_size, save_new_checkpoint
-from dare_nn.checkpoints import tiny_params, tokenizer_token_id
-
+from dare_nn.checkpoints import load_module, padded_vocab_size, save_new_checkpoint, tiny_params, tokenizer_token_id
+from dare_plugin_llada.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 from dare_plugin_llada.configuration_llada import LLaDAConfig
 from dare_plugin_llada.hf import register_auto_classes
 from dare_plugin_llada.modeling_llada import LLaDAModelLM
-from dare_plugin_llada.config import BUNDLED, CAPABILITIES  # noqa: F401 (BUNDLED: re-exported)
 
 EOT_TOKEN = "<|eot_id|>"
 
@@ -34,8 +32,9 @@ class LLaDAWrapper(HFDiffusionWrapper):
     lora_target_modules = r".*\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)"
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None) -> LLaDAWrapper:
+def load(
+    path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", attn_implementation: Optional[str] = None
+) -> LLaDAWrapper:
     """Load a LLaDA checkpoint (single file or sharded safetensors) and its tokenizer."""
     register_auto_classes()
     module, tokenizer = load_module(LLaDAModelLM, path, dtype, device, attn_implementation, LLaDAConfig.model_type)
@@ -49,14 +48,28 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     if eot is not None:
         stops.append(eot)
     return LLaDAWrapper(
-        family="llada", module=module, tokenizer=tokenizer, kind="masked",
-        mask_token_id=cfg.mask_token_id, eos_token_id=eos, pad_token_id=pad,
-        stop_token_ids=tuple(stops), capabilities=CAPABILITIES,
+        family="llada",
+        module=module,
+        tokenizer=tokenizer,
+        kind="masked",
+        mask_token_id=cfg.mask_token_id,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        stop_token_ids=tuple(stops),
+        capabilities=CAPABILITIES,
     )
 
 
-TINY_DEFAULTS = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384,
-                     max_sequence_length=1024, rope_theta=10000.0, vocab_size=1024)
+TINY_DEFAULTS = dict(
+    d_model=128,
+    n_heads=4,
+    n_kv_heads=4,
+    n_layers=4,
+    mlp_hidden_size=384,
+    max_sequence_length=1024,
+    rope_theta=10000.0,
+    vocab_size=1024,
+)
 
 
 def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
@@ -72,8 +85,12 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     tokenizer = build_tokenizer(texts, vocab_size=int(params.pop("vocab_size")))
     vocab = padded_vocab_size(tokenizer)
     config = LLaDAConfig(
-        **params, vocab_size=vocab, embedding_size=vocab,
-        mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        **params,
+        vocab_size=vocab,
+        embedding_size=vocab,
+        mask_token_id=tokenizer.mask_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
     )
     save_new_checkpoint(out_dir, LLaDAModelLM(config), tokenizer)

@@ -122,8 +122,18 @@ class LLaDA2MoeConfig(PretrainedConfig):
         """Raise :class:`LLaDA2ConfigError` for a setting this implementation does not honour."""
 
         bad = layers.config_error("LLaDA2MoeConfig", LLaDA2ConfigError)
-        layers.check_positive_ints(self, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                          "num_key_value_heads", "head_dim"), bad)
+        layers.check_positive_ints(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+            ),
+            bad,
+        )
         layers.check_heads(self.num_attention_heads, self.num_key_value_heads, bad)
         if not 0.0 < float(self.partial_rotary_factor) <= 1.0:
             bad(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
@@ -136,8 +146,10 @@ class LLaDA2MoeConfig(PretrainedConfig):
         if self.hidden_act != "silu":
             bad(f"hidden_act={self.hidden_act!r} is not supported (only 'silu')")
         if self.score_function != "sigmoid":
-            bad(f"score_function={self.score_function!r} is not supported: the published router is "
-                f"always sigmoid; set it to 'sigmoid'")
+            bad(
+                f"score_function={self.score_function!r} is not supported: the published router is "
+                f"always sigmoid; set it to 'sigmoid'"
+            )
         layers.check_no_dropout(self, ("embedding_dropout", "attention_dropout", "output_dropout"), bad)
         if self.tie_word_embeddings:
             bad("tie_word_embeddings=True is not supported (LLaDA2 has an untied lm_head)")
@@ -151,13 +163,17 @@ class LLaDA2MoeConfig(PretrainedConfig):
             if e <= 0 or g <= 0 or e % g:
                 bad(f"num_experts ({e}) must be a positive multiple of n_group ({g})")
             if e // g < 2:
-                bad(f"every expert group needs at least 2 experts (group score = sum of the top 2); "
-                    f"num_experts / n_group = {e // g}")
+                bad(
+                    f"every expert group needs at least 2 experts (group score = sum of the top 2); "
+                    f"num_experts / n_group = {e // g}"
+                )
             if not 0 < self.topk_group <= g:
                 bad(f"topk_group ({self.topk_group}) must be in 1..n_group ({g})")
             if not 0 < self.num_experts_per_tok <= self.topk_group * (e // g):
-                bad(f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..topk_group * "
-                    f"experts per group = {self.topk_group * (e // g)}")
+                bad(
+                    f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..topk_group * "
+                    f"experts per group = {self.topk_group * (e // g)}"
+                )
             if not self.moe_intermediate_size or self.moe_intermediate_size <= 0:
                 bad("moe_intermediate_size must be a positive int for MoE layers")
             if self.num_shared_experts is not None and self.num_shared_experts < 0:

@@ -178,8 +178,9 @@ class LLaDA2MoeSparseMoeBlock(moe.GroupedExperts):
 
 
 # ---------------------------------------------------------------------------------- RoPE
-def rotary_cos_sin(position_ids: torch.Tensor, rope_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    position_ids: torch.Tensor, rope_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[B, L, rope_dim]``: computed in float32, cast to ``dtype``.
 
     ``inv_freq[j] = 1 / theta ** (2j / rope_dim)``; both halves use the same frequencies.
@@ -209,16 +210,22 @@ class LLaDA2MoeAttention(nn.Module):
         self.num_kv = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.rope_dim = config.rope_dim
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.query_key_value = nn.Linear(
-            config.hidden_size, (self.num_heads + 2 * self.num_kv) * self.head_dim, bias=config.use_qkv_bias)
+            config.hidden_size, (self.num_heads + 2 * self.num_kv) * self.head_dim, bias=config.use_qkv_bias
+        )
         self.query_layernorm = LLaDA2MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.key_layernorm = LLaDA2MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.use_bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         bsz, length, _ = x.shape
         # fused projection, rows [Q | K | V] head-major; q/k RMSNorm per head before partial RoPE
         qkv = self.query_key_value(x).view(bsz, length, self.num_heads + 2 * self.num_kv, self.head_dim)
@@ -226,8 +233,9 @@ class LLaDA2MoeAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = apply_partial_rotary(self.query_layernorm(q), cos, sin)
         k = apply_partial_rotary(self.key_layernorm(k), cos, sin)
-        out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
-                                     implementation=self.config._attn_implementation)
+        out, present = layers.attend(
+            q, k, v, mask, scale=self.scaling, past=past, implementation=self.config._attn_implementation
+        )
         return self.dense(out), present
 
 
@@ -242,11 +250,17 @@ class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = LLaDA2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LLaDA2MoeRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                past: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        return layers.pre_norm_residual(hidden, self.input_layernorm, self.attention, self.post_attention_layernorm,
-                                        self.mlp, cos, sin, mask, past)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return layers.pre_norm_residual(
+            hidden, self.input_layernorm, self.attention, self.post_attention_layernorm, self.mlp, cos, sin, mask, past
+        )
 
 
 # ---------------------------------------------------------------------------------- masks
@@ -257,7 +271,8 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
         raise LLaDA2MaskError(
             "LLaDA2 needs an explicit attention mask (the published code would silently attend "
             "bidirectionally or causally); pass a 4-D [B, 1, Q, K] mask, e.g. "
-            "dare_nn.block.block_causal_mask, or use the DARE model wrapper")
+            "dare_nn.block.block_causal_mask, or use the DARE model wrapper"
+        )
     if not isinstance(attention_mask, torch.Tensor):
         raise LLaDA2MaskError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
     m = attention_mask
@@ -265,7 +280,8 @@ def check_mask(attention_mask: Any, batch: int, q_len: int, past_len: int, n_hea
         if past_len == 0:
             raise LLaDA2MaskError(
                 "a 2-D attention_mask without a KV cache is ambiguous (the published code turns it "
-                "into a causal mask); pass a 4-D [B, 1, Q, K] block-causal mask")
+                "into a causal mask); pass a 4-D [B, 1, Q, K] block-causal mask"
+            )
         keep = layers.key_padding_mask(m, batch, k_len, error=LLaDA2MaskError)
         return keep[:, None, None, :].expand(batch, 1, q_len, k_len)
     if m.dim() != 4:
@@ -303,11 +319,18 @@ class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     input_embeddings_path = "word_embeddings"
     output_embeddings_path = None  # the backbone has no head
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, use_cache: Optional[bool] = None,
-                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs: Any) -> MoeModelOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[KVCache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        use_cache: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> MoeModelOutputWithPast | tuple:
         """Hidden states after the final norm, ``[B, Q, d]``; see the module docstring for masks."""
         rejected = ("output_attentions", "output_router_logits")
         layers.reject_options("LLaDA2MoeModel", kwargs, rejected)
@@ -316,15 +339,31 @@ class LLaDA2MoeModel(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
             raise DareError(f"LLaDA2MoeModel.forward got unsupported argument(s): {', '.join(sorted(unknown))}")
         cfg = self.config
         x, past, past_len, position_ids = layers.decoder_inputs(
-            self.word_embeddings, input_ids, inputs_embeds, position_ids, past_key_values,
-            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+            self.word_embeddings,
+            input_ids,
+            inputs_embeds,
+            position_ids,
+            past_key_values,
+            n_layers=len(self.layers),
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+        )
         bsz, q_len, _ = x.shape
         mask = check_mask(attention_mask, bsz, q_len, past_len, cfg.num_attention_heads).to(x.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.rope_dim, cfg.rope_theta, x.dtype)
         use_cache = bool(use_cache if use_cache is not None else False)
         want_hidden = bool(output_hidden_states if output_hidden_states is not None else cfg.output_hidden_states)
-        x, hidden, presents = layers.run_layers(self.layers, x, cos, sin, mask, past=past, final_norm=self.norm,
-                                                output_hidden_states=want_hidden, use_cache=use_cache)
+        x, hidden, presents = layers.run_layers(
+            self.layers,
+            x,
+            cos,
+            sin,
+            mask,
+            past=past,
+            final_norm=self.norm,
+            output_hidden_states=want_hidden,
+            use_cache=use_cache,
+        )
         out = layers.model_output(MoeModelOutputWithPast, presents, last_hidden_state=x, hidden_states=hidden)
         if return_dict is False:
             return out.to_tuple()
@@ -347,29 +386,55 @@ class LLaDA2MoeModelLM(layers.EmbeddingAccessors, LLaDA2MoePreTrainedModel):
     def get_decoder(self) -> LLaDA2MoeModel:
         return self.model
 
-    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """``[B, L, d]`` hidden states after the final norm (the head is not applied)."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[KVCache] = None,
-                inputs_embeds: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                use_cache: Optional[bool] = None, output_hidden_states: Optional[bool] = None,
-                return_dict: Optional[bool] = None, **kwargs: Any) -> MoeCausalLMOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[KVCache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        use_cache: Optional[bool] = None,
+        output_hidden_states: Optional[bool] = None,
+        return_dict: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> MoeCausalLMOutputWithPast | tuple:
         """Logits ``[B, Q, V]`` (float32, position ``i`` scores token ``i``).
 
         ``labels`` gives the published same-position cross entropy (no shift; -100 ignored).
         """
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_hidden_states=output_hidden_states, **kwargs)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
         logits = self.lm_head(out.last_hidden_state).float()
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device))
-        result = layers.model_output(MoeCausalLMOutputWithPast, layers.output_cache(out), loss=loss,
-                                     logits=logits, hidden_states=out.hidden_states)
+        result = layers.model_output(
+            MoeCausalLMOutputWithPast,
+            layers.output_cache(out),
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+        )
         if return_dict is False:
             return result.to_tuple()
         return result

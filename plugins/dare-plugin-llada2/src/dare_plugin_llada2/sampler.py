@@ -53,12 +53,19 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import DareError, for_device, RolloutBatch
+from dare_core.api import DareError, RolloutBatch, for_device
 from dare_nn.block import block_causal_mask
 from dare_plugin_llada2.config import SUPPORTED_RECORDS, EditingConfig, ThresholdConfig
 
-__all__ = ["ThresholdConfig", "EditingConfig", "ThresholdSampler", "EditingSampler", "SUPPORTED_RECORDS",
-           "transfer_schedule", "sample_candidates"]
+__all__ = [
+    "ThresholdConfig",
+    "EditingConfig",
+    "ThresholdSampler",
+    "EditingSampler",
+    "SUPPORTED_RECORDS",
+    "transfer_schedule",
+    "sample_candidates",
+]
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -71,8 +78,14 @@ def transfer_schedule(block_length: int, steps: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
-def sample_candidates(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, greedy_at_zero: bool,
-                      generator: Optional[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_candidates(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    greedy_at_zero: bool,
+    generator: Optional[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x0, p)`` for float logits ``[..., V]`` (see the module docstring)."""
     logits = logits.float()
     if temperature == 0.0 and greedy_at_zero:
@@ -161,19 +174,32 @@ class _BlockSampler:
         self.config = config
 
     # -------------------------------------------------------------- public
-    def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(), generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         record = frozenset(record)
         unknown = record - SUPPORTED_RECORDS
         if unknown:
-            raise DareError(f"this rollout cannot record {', '.join(sorted(unknown))}; "
-                            f"supported: {', '.join(sorted(SUPPORTED_RECORDS))}")
+            raise DareError(
+                f"this rollout cannot record {', '.join(sorted(unknown))}; "
+                f"supported: {', '.join(sorted(SUPPORTED_RECORDS))}"
+            )
         if getattr(wrapper, "kind", None) != "block":
-            raise DareError(f"the LLaDA2 samplers drive block-diffusion models (wrapper.kind 'block'), "
-                            f"got {getattr(wrapper, 'kind', None)!r}; choose another rollout backend")
+            raise DareError(
+                f"the LLaDA2 samplers drive block-diffusion models (wrapper.kind 'block'), "
+                f"got {getattr(wrapper, 'kind', None)!r}; choose another rollout backend"
+            )
         if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-            raise DareError(f"prompt_ids and prompt_mask must both be [B, P], got {tuple(prompt_ids.shape)} "
-                            f"and {tuple(prompt_mask.shape)}")
+            raise DareError(
+                f"prompt_ids and prompt_mask must both be [B, P], got {tuple(prompt_ids.shape)} "
+                f"and {tuple(prompt_mask.shape)}"
+            )
         cfg = self.config
         block = int(cfg.block_length or wrapper.block_size or 0)
         if block <= 0:
@@ -185,8 +211,10 @@ class _BlockSampler:
         module.eval()
         try:
             with torch.no_grad():
-                parts = [self._generate(wrapper, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk], block, generator)
-                         for i in range(0, batch, chunk)]
+                parts = [
+                    self._generate(wrapper, prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], block, generator)
+                    for i in range(0, batch, chunk)
+                ]
         finally:
             for m, training in modes:
                 m.training = training
@@ -199,13 +227,25 @@ class _BlockSampler:
         else:
             resp = torch.empty(0, cfg.gen_length, dtype=torch.long, device=dev)
             rmask, reveal, nfe, steps = resp.clone(), resp.clone(), 0, 0
-        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
-                            response_mask=rmask, reveal_step=reveal if "reveal_step" in record else None,
-                            num_steps=steps, nfe=nfe)
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=resp,
+            response_mask=rmask,
+            reveal_step=reveal if "reveal_step" in record else None,
+            num_steps=steps,
+            nfe=nfe,
+        )
 
     # -------------------------------------------------------------- internals
-    def _generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, block: int,
-                  generator: Optional[torch.Generator]) -> tuple:
+    def _generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        block: int,
+        generator: Optional[torch.Generator],
+    ) -> tuple:
         cfg = self.config
         fr = _Frame(wrapper, prompt_ids, prompt_mask, cfg.gen_length, block)
         mask_id, eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
@@ -239,28 +279,43 @@ class _BlockSampler:
         return resp, keep.long(), reveal, self._nfe, self._step
 
     def _extend_cache(self, wrapper: Any, fr: _Frame, cache: Optional[list], lo: int, hi: int) -> list:
-        _, cache = wrapper.forward_cached(fr.x[:, lo:hi], position_ids=fr.pos[:, lo:hi], past_key_values=cache,
-                                          attention_mask=self._cached_mask(fr, lo, hi, cache), use_cache=True)
+        _, cache = wrapper.forward_cached(
+            fr.x[:, lo:hi],
+            position_ids=fr.pos[:, lo:hi],
+            past_key_values=cache,
+            attention_mask=self._cached_mask(fr, lo, hi, cache),
+            use_cache=True,
+        )
         self._nfe += 1
         return cache
 
     @staticmethod
     def _cached_mask(fr: _Frame, lo: int, hi: int, cache: Optional[list]) -> torch.Tensor:
         """Strict block-causal mask of queries ``[lo, hi)`` over keys ``[0, hi)``."""
-        return block_causal_mask(fr.col_block[:, lo:hi], fr.valid[:, lo:hi].long(),
-                                 key_block_ids=fr.col_block[:, :hi], key_mask=fr.valid[:, :hi].long())
+        return block_causal_mask(
+            fr.col_block[:, lo:hi],
+            fr.valid[:, lo:hi].long(),
+            key_block_ids=fr.col_block[:, :hi],
+            key_mask=fr.valid[:, :hi].long(),
+        )
 
     def _logits(self, wrapper: Any, fr: _Frame, lo: int, hi: int, cache: Optional[list], style: str) -> torch.Tensor:
         self._nfe += 1
         if cache is not None or self.config.use_cache:
-            logits, _ = wrapper.forward_cached(fr.x[:, lo:hi], position_ids=fr.pos[:, lo:hi], past_key_values=cache,
-                                               attention_mask=self._cached_mask(fr, lo, hi, cache), use_cache=False)
+            logits, _ = wrapper.forward_cached(
+                fr.x[:, lo:hi],
+                position_ids=fr.pos[:, lo:hi],
+                past_key_values=cache,
+                attention_mask=self._cached_mask(fr, lo, hi, cache),
+                use_cache=False,
+            )
             return logits.float()
         out = wrapper.module(input_ids=fr.x[:, :hi], attention_mask=fr.mask(hi, style), position_ids=fr.pos[:, :hi])
         return out.logits[:, lo:hi].float()
 
-    def _candidates(self, logits: torch.Tensor, mask_id: int, generator: Optional[torch.Generator],
-                    greedy_at_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _candidates(
+        self, logits: torch.Tensor, mask_id: int, generator: Optional[torch.Generator], greedy_at_zero: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         if 0 <= mask_id < logits.shape[-1]:
             logits = logits.clone()

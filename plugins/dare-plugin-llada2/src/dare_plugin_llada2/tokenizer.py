@@ -12,8 +12,16 @@ from transformers import PreTrainedTokenizerFast
 
 from dare_nn.tokenizers import train_byte_bpe
 
-__all__ = ["BOS_TOKEN", "EOS_TOKEN", "PAD_TOKEN", "MASK_TOKEN", "ROLE_END", "SPECIAL_TOKENS",
-           "LLADA2_CHAT_TEMPLATE", "build_tokenizer"]
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "MASK_TOKEN",
+    "ROLE_END",
+    "SPECIAL_TOKENS",
+    "LLADA2_CHAT_TEMPLATE",
+    "build_tokenizer",
+]
 
 BOS_TOKEN = "<|startoftext|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -57,8 +65,15 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     symbols, then merges learnt from ``texts``.
     """
     return train_byte_bpe(
-        texts, vocab_size, SPECIAL_TOKENS,
-        bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
-        cls_token=CLS_TOKEN, extra_special_tokens=list(_EXTRA_SPECIAL), model_max_length=32768,
+        texts,
+        vocab_size,
+        SPECIAL_TOKENS,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        cls_token=CLS_TOKEN,
+        extra_special_tokens=list(_EXTRA_SPECIAL),
+        model_max_length=32768,
         chat_template=LLADA2_CHAT_TEMPLATE,
     )

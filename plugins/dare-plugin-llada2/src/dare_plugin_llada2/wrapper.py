@@ -18,13 +18,11 @@ import torch
 from dare_core.api import DareError
 from dare_nn import layers
 from dare_nn.block import BlockDiffusionWrapper, bd3lm_layout, block_causal_mask, block_index, positions_from_mask
-from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size
-from dare_nn.checkpoints import save_new_checkpoint, tiny_params
-
+from dare_nn.checkpoints import config_or_tokenizer_id, load_module, padded_vocab_size, save_new_checkpoint, tiny_params
+from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 from dare_plugin_llada2.configuration_llada2_moe import LLaDA2MoeConfig
 from dare_plugin_llada2.hf import register_auto_classes
 from dare_plugin_llada2.modeling_llada2_moe import LLaDA2MoeModelLM
-from dare_plugin_llada2.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 
 class LLaDA2Wrapper(BlockDiffusionWrapper):
@@ -36,8 +34,9 @@ class LLaDA2Wrapper(BlockDiffusionWrapper):
     def _module_logits(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.module(input_ids=ids, attention_mask=mask, position_ids=pos).logits
 
-    def _layout(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                clean_ids: Optional[torch.Tensor]) -> tuple:
+    def _layout(
+        self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], clean_ids: Optional[torch.Tensor]
+    ) -> tuple:
         """The ``[noisy | clean]`` input, its positions and mask, and where each output comes from.
 
         With ``compact_layout`` (default) the noisy copy keeps only the columns lying in a block
@@ -82,8 +81,13 @@ class LLaDA2Wrapper(BlockDiffusionWrapper):
         src = torch.where(needed, slot.expand(b, length), clean_src)
         return ids, positions, allowed[:, None], src
 
-    def denoise_logits(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None, prompt_len: Optional[int] = None) -> torch.Tensor:
+    def denoise_logits(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+        prompt_len: Optional[int] = None,
+    ) -> torch.Tensor:
         """Logits of the noisy half of ``[noisy | clean]`` under the BD3LM mask.
 
         ``clean_ids`` defaults to ``noisy_ids`` (exact when they hold no MASK, e.g. scoring a
@@ -94,16 +98,26 @@ class LLaDA2Wrapper(BlockDiffusionWrapper):
         out = self._module_logits(ids, mask, pos)
         return out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))
 
-    def denoise_hidden(self, noisy_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       clean_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def denoise_hidden(
+        self,
+        noisy_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Final hidden states of the noisy half (what :meth:`denoise_logits` feeds the head)."""
         ids, pos, mask, src = self._layout(noisy_ids, attention_mask, clean_ids)
         out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)
         return out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))
 
-    def forward_cached(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor,
-                       past_key_values: Optional[list] = None, attention_mask: Optional[torch.Tensor] = None,
-                       use_cache: bool = True) -> tuple[torch.Tensor, Optional[list]]:
+    def forward_cached(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        past_key_values: Optional[list] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, Optional[list]]:
         """One forward over new tokens with an optional KV cache (the shared cache contract).
 
         ``attention_mask``: ``None`` -> every cached key is visible (the cache holds earlier
@@ -119,18 +133,30 @@ class LLaDA2Wrapper(BlockDiffusionWrapper):
             mask = torch.cat([torch.ones(b, 1, q, p, dtype=torch.bool, device=input_ids.device), own], dim=-1)
             if attention_mask is not None:
                 if tuple(attention_mask.shape) != (b, p + q):
-                    raise DareError(f"forward_cached: a 2-D mask must be [B, P + Q] = {(b, p + q)}, "
-                                    f"got {tuple(attention_mask.shape)}")
+                    raise DareError(
+                        f"forward_cached: a 2-D mask must be [B, P + Q] = {(b, p + q)}, "
+                        f"got {tuple(attention_mask.shape)}"
+                    )
                 mask = mask & attention_mask.bool()[:, None, None, :]
         else:
             mask = attention_mask
-        out = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                          past_key_values=past_key_values or None, use_cache=use_cache)
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values or None,
+            use_cache=use_cache,
+        )
         return out.logits, (layers.output_cache(out) if use_cache else None)
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None, block_size: Optional[int] = None) -> LLaDA2Wrapper:
+def load(
+    path: str,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    attn_implementation: Optional[str] = None,
+    block_size: Optional[int] = None,
+) -> LLaDA2Wrapper:
     """Load an LLaDA2 checkpoint (single-file or sharded safetensors) and its tokenizer.
 
     Token ids: ``mask_token_id`` / ``eos_token_id`` / ``pad_token_id`` from config.json, else the
@@ -138,7 +164,9 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     ``block_size`` entry, else :data:`DEFAULT_BLOCK_SIZE`.
     """
     register_auto_classes()
-    module, tokenizer = load_module(LLaDA2MoeModelLM, path, dtype, device, attn_implementation, LLaDA2MoeConfig.model_type)
+    module, tokenizer = load_module(
+        LLaDA2MoeModelLM, path, dtype, device, attn_implementation, LLaDA2MoeConfig.model_type
+    )
     cfg = module.config
     mask = config_or_tokenizer_id(getattr(cfg, "mask_token_id", None), tokenizer.mask_token_id)
     eos = config_or_tokenizer_id(cfg.eos_token_id, tokenizer.eos_token_id)
@@ -146,23 +174,46 @@ def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     if pad is None:
         pad = eos
     if mask is None or eos is None:
-        raise DareError(f"{path!r}: neither config.json nor the tokenizer names the mask and eos tokens; "
-                        f"add mask_token_id / eos_token_id to config.json")
+        raise DareError(
+            f"{path!r}: neither config.json nor the tokenizer names the mask and eos tokens; "
+            f"add mask_token_id / eos_token_id to config.json"
+        )
     size = int(block_size or getattr(cfg, "block_size", None) or DEFAULT_BLOCK_SIZE)
     if size <= 0:
         raise DareError(f"block_size must be positive, got {size}")
     return LLaDA2Wrapper(
-        family="llada2", module=module, tokenizer=tokenizer, kind="block",
-        mask_token_id=mask, eos_token_id=eos, pad_token_id=pad, stop_token_ids=(eos,),
-        capabilities=CAPABILITIES, block_size=size,
+        family="llada2",
+        module=module,
+        tokenizer=tokenizer,
+        kind="block",
+        mask_token_id=mask,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        stop_token_ids=(eos,),
+        capabilities=CAPABILITIES,
+        block_size=size,
     )
 
 
-TINY_DEFAULTS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, intermediate_size=128, num_experts=4, num_shared_experts=1,
-                     num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
-                     first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
-                     max_position_embeddings=1024, vocab_size=1024)
+TINY_DEFAULTS = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    rope_theta=10000.0,
+    max_position_embeddings=1024,
+    vocab_size=1024,
+)
 
 
 def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
@@ -181,8 +232,11 @@ def create(out_dir: str, texts: list[str], **sizes: Any) -> None:
     if "rotary_dim" not in sizes:
         params["rotary_dim"] = int(params["head_dim"] * params.get("partial_rotary_factor", 0.5))
     config = LLaDA2MoeConfig(
-        **params, vocab_size=vocab, mask_token_id=tokenizer.mask_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **params,
+        vocab_size=vocab,
+        mask_token_id=tokenizer.mask_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
     save_new_checkpoint(out_dir, LLaDA2MoeModelLM(config), tokenizer)

@@ -33,8 +33,15 @@ from lm_eval.api.model import LM  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 
 #: model args mapped to run-config keys; anything else undotted is a rollout config field
-_KEYS = {"path": "model.path", "dtype": "model.dtype", "device": "model.device", "seed": "seed",
-         "backend": "rollout.backend", "steps": "eval.steps", "temperature": "eval.temperature"}
+_KEYS = {
+    "path": "model.path",
+    "dtype": "model.dtype",
+    "device": "model.device",
+    "seed": "seed",
+    "backend": "rollout.backend",
+    "steps": "eval.steps",
+    "temperature": "eval.temperature",
+}
 
 
 def _overrides(args: dict[str, Any]) -> list[str]:
@@ -52,8 +59,14 @@ def _overrides(args: dict[str, Any]) -> list[str]:
 class DareLM(LM):
     """lm-eval's ``LM`` for every installed DARE family (see the module docstring)."""
 
-    def __init__(self, family: Optional[str] = None, mc_samples: int = 32, batch_size: Any = 8,
-                 max_batch_size: Any = None, **args: Any):
+    def __init__(
+        self,
+        family: Optional[str] = None,
+        mc_samples: int = 32,
+        batch_size: Any = 8,
+        max_batch_size: Any = None,
+        **args: Any,
+    ):
         super().__init__()
         if not family:
             raise DareError("the dare lm-eval model needs family=NAME in --model_args (see `dare list models`)")
@@ -75,17 +88,20 @@ class DareLM(LM):
         # final newlines belong to the prompt)
         pairs = [(w.encode(c) if c else [], w.encode(y)) for c, y in (req.args for req in requests)]
         with self.ctx.engine.autocast():
-            values = elbo_loglikelihood(w, pairs, samples=self.mc_samples, seed=self.seed,
-                                        batch_size=self.batch_size * self.mc_samples).tolist()
+            values = elbo_loglikelihood(
+                w, pairs, samples=self.mc_samples, seed=self.seed, batch_size=self.batch_size * self.mc_samples
+            ).tolist()
         out = [(float(v), False) for v in values]
         for req, res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", req.args, res)
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        raise DareError("loglikelihood_rolling (perplexity tasks) is not supported by the dare model: a "
-                        "diffusion LM has no left-to-right factorisation to roll a window over; use "
-                        "loglikelihood (multiple-choice) or generate_until tasks")
+        raise DareError(
+            "loglikelihood_rolling (perplexity tasks) is not supported by the dare model: a "
+            "diffusion LM has no left-to-right factorisation to roll a window over; use "
+            "loglikelihood (multiple-choice) or generate_until tasks"
+        )
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         w, out = self.wrapper, [""] * len(requests)
@@ -111,8 +127,9 @@ class DareLM(LM):
 
     # -- chat templates (--apply_chat_template) ---------------------------------------------
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.wrapper.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                          add_generation_prompt=add_generation_prompt)
+        return self.wrapper.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     @property
     def tokenizer_name(self) -> str:

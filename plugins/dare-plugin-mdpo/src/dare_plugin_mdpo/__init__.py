@@ -1,7 +1,6 @@
 """dare-plugin-mdpo: MDPO, Masked Diffusion Policy Optimization (arXiv:2508.13148)."""
 
 from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
-
 from dare_plugin_mdpo.config import RECIPE, RECORDS, MDPOConfig
 
 __version__ = "0.1.0"
@@ -9,38 +8,52 @@ __version__ = "0.1.0"
 
 @hookimpl
 def dare_register_trajectory_builders(register):
-    register(ComponentSpec(
-        "intermediate_states", lazy("dare_plugin_mdpo.algorithm:StepStateRows"),
-        "reward every step's predicted clean response, step-wise advantages, one training row "
-        "per (rollout, selected step): state -> predicted tokens",
-        requires=frozenset({"mask_token"}), reference="arXiv:2508.13148",
-    ))
+    register(
+        ComponentSpec(
+            "intermediate_states",
+            lazy("dare_plugin_mdpo.algorithm:StepStateRows"),
+            "reward every step's predicted clean response, step-wise advantages, one training row "
+            "per (rollout, selected step): state -> predicted tokens",
+            requires=frozenset({"mask_token"}),
+            reference="arXiv:2508.13148",
+        )
+    )
 
 
 @hookimpl
 def dare_register_policy_losses(register):
-    register(ComponentSpec(
-        "mdpo_loss", lazy("dare_plugin_mdpo.algorithm:MDPOLoss"),
-        "clipped ratio x R/#masked, confidence-weighted over masked positions (no dual clip)",
-        requires=frozenset({"absorbing_elbo"}), reference="arXiv:2508.13148",
-    ))
+    register(
+        ComponentSpec(
+            "mdpo_loss",
+            lazy("dare_plugin_mdpo.algorithm:MDPOLoss"),
+            "clipped ratio x R/#masked, confidence-weighted over masked positions (no dual clip)",
+            requires=frozenset({"absorbing_elbo"}),
+            reference="arXiv:2508.13148",
+        )
+    )
 
 
 @hookimpl
 def dare_register_algorithms(register):
-    register(AlgorithmSpec(
-        name="mdpo",
-        workflow="rl",
-        config_cls=MDPOConfig,
-        build=lazy("dare_plugin_mdpo.algorithm:build"),
-        kinds=frozenset({"masked"}),
-        # MASK states of the sampler; the R/#masked weight is the absorbing ELBO's 1/t
-        requires=frozenset({"mask_token", "absorbing_elbo"}),
-        components={"trajectory": "intermediate_states", "estimator": "response_token_logprob",
-                    "loss": "mdpo_loss", "advantage": "group_norm"},
-        paper="arXiv:2508.13148",
-        description="rewards intermediate predictions of every denoising step; trains the "
-                    "denoiser on the visited states with step-wise advantages",
-        records=RECORDS,
-        recipe=RECIPE,
-    ))
+    register(
+        AlgorithmSpec(
+            name="mdpo",
+            workflow="rl",
+            config_cls=MDPOConfig,
+            build=lazy("dare_plugin_mdpo.algorithm:build"),
+            kinds=frozenset({"masked"}),
+            # MASK states of the sampler; the R/#masked weight is the absorbing ELBO's 1/t
+            requires=frozenset({"mask_token", "absorbing_elbo"}),
+            components={
+                "trajectory": "intermediate_states",
+                "estimator": "response_token_logprob",
+                "loss": "mdpo_loss",
+                "advantage": "group_norm",
+            },
+            paper="arXiv:2508.13148",
+            description="rewards intermediate predictions of every denoising step; trains the "
+            "denoiser on the visited states with step-wise advantages",
+            records=RECORDS,
+            recipe=RECIPE,
+        )
+    )

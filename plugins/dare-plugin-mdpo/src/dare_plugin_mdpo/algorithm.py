@@ -23,7 +23,13 @@ from typing import Optional
 import torch
 
 from dare_core.api import (
-    Components, Corrupted, DareError, SequenceBatch, TrainingRows, TrajectoryContext, mask_totals,
+    Components,
+    Corrupted,
+    DareError,
+    SequenceBatch,
+    TrainingRows,
+    TrajectoryContext,
+    mask_totals,
 )
 from dare_plugin_mdpo.config import RECORDS, MDPOConfig
 
@@ -76,16 +82,17 @@ class StepStateRows:
     def rows(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
         ex = rollout.extras
         if not {"step_inputs", "step_predictions", "step_confidence"} <= set(ex):
-            raise DareError("mdpo needs the rollout record step_states (intermediate states, "
-                            "predictions, confidences); choose a rollout backend listing "
-                            "step_states in `dare list rollouts`")
+            raise DareError(
+                "mdpo needs the rollout record step_states (intermediate states, "
+                "predictions, confidences); choose a rollout backend listing "
+                "step_states in `dare list rollouts`"
+            )
         inputs, preds, conf = ex["step_inputs"], ex["step_predictions"], ex["step_confidence"]
         B, K, R = inputs.shape
         final = rollout.sequences()
         rows = torch.arange(B)
         resp_mask = rollout.response_mask
-        rewards = torch.stack([
-            context.score(preds[:, k], resp_mask, rows) for k in range(K)], 1).to(torch.float32)
+        rewards = torch.stack([context.score(preds[:, k], resp_mask, rows) for k in range(K)], 1).to(torch.float32)
         adv = step_advantages(step_scores(rewards), context.group_ids, self.advantage)
         steps = select_steps(adv, self.sample_train_steps)
         P = final.prompt_len
@@ -104,11 +111,12 @@ class StepStateRows:
             masked[:, P:] &= attention[:, P:].bool()
         corrupted = Corrupted(noisy[None], masked[None], masked[None].float())
         advantages = adv.index_select(1, steps).transpose(0, 1).reshape(n * B)
-        metrics = {"step_reward_mean": rewards.mean().item(),
-                   "step_reward_first": rewards[:, 0].mean().item(),
-                   "steps_trained": float(n)}
-        return TrainingRows(batch, advantages, corrupted, masked[:, P:].float(),
-                            {"confidence": confidence}, metrics)
+        metrics = {
+            "step_reward_mean": rewards.mean().item(),
+            "step_reward_first": rewards[:, 0].mean().item(),
+            "steps_trained": float(n),
+        }
+        return TrainingRows(batch, advantages, corrupted, masked[:, P:].float(), {"confidence": confidence}, metrics)
 
 
 class MDPOLoss:
@@ -139,8 +147,17 @@ class MDPOLoss:
         """:func:`~dare_core.api.mask_totals` of ``mask`` ``[B, R]`` (``"tokens"`` = Σ m)."""
         return mask_totals(mask)
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None, totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp: Optional[torch.Tensor],
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         if extras is None or "confidence" not in extras:
             raise ValueError("the mdpo loss needs extras['confidence'] from its trajectory builder")
         if logp.dim() == 3:
@@ -176,9 +193,12 @@ class MDPOLoss:
 def build(cfg: MDPOConfig, lookup) -> Components:
     advantage = lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std)
     return Components(
-        trajectory=lookup.trajectory("intermediate_states", advantage=advantage,
-                                     sample_train_steps=cfg.sample_train_steps,
-                                     count_after_eos=cfg.count_after_eos),
+        trajectory=lookup.trajectory(
+            "intermediate_states",
+            advantage=advantage,
+            sample_train_steps=cfg.sample_train_steps,
+            count_after_eos=cfg.count_after_eos,
+        ),
         estimator=lookup.estimator("response_token_logprob"),
         loss=lookup.loss("mdpo_loss", epsilon=cfg.epsilon, kl_coef=cfg.kl_coef),
         advantage=advantage,

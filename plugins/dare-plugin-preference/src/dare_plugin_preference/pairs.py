@@ -47,8 +47,12 @@ class PreferencePair:
     meta: dict[str, Any] = attrs.field(factory=dict)
 
     def as_row(self) -> dict[str, Any]:
-        return {"prompt": [dict(m) for m in self.prompt], "chosen": self.chosen,
-                "rejected": self.rejected, "meta": json.dumps(self.meta, sort_keys=True)}
+        return {
+            "prompt": [dict(m) for m in self.prompt],
+            "chosen": self.chosen,
+            "rejected": self.rejected,
+            "meta": json.dumps(self.meta, sort_keys=True),
+        }
 
 
 def _fail(path: str, problem: str) -> DareError:
@@ -95,8 +99,10 @@ def _prompt_of(value: Any, chosen: Any) -> Optional[list[dict[str, str]]]:
 def _rows(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
-        raise DareError(f"preference file not found: {path} (expected a .parquet or .jsonl file "
-                        f"with columns {', '.join(PAIR_COLUMNS)})")
+        raise DareError(
+            f"preference file not found: {path} (expected a .parquet or .jsonl file "
+            f"with columns {', '.join(PAIR_COLUMNS)})"
+        )
     suffix = p.suffix.lower()
     if suffix == ".parquet":
         import pyarrow as pa
@@ -106,8 +112,7 @@ def _rows(path: str, limit: Optional[int]) -> list[dict[str, Any]]:
             names = pq.read_schema(path).names
             missing = [c for c in PAIR_COLUMNS[1:] if c not in names]
             if missing:
-                raise _fail(path, f"missing column(s) {', '.join(missing)}; expected "
-                                  f"{', '.join(PAIR_COLUMNS)}")
+                raise _fail(path, f"missing column(s) {', '.join(missing)}; expected {', '.join(PAIR_COLUMNS)}")
             cols = [c for c in (*PAIR_COLUMNS, "meta") if c in names]
             table = pq.read_table(path, columns=cols)
         except (pa.ArrowException, OSError) as exc:
@@ -141,9 +146,12 @@ def load_pairs(path: str, limit: Optional[int] = None) -> list[PreferencePair]:
         prompt = _prompt_of(row.get("prompt"), row.get("chosen"))
         if prompt is None or chosen is None or rejected is None:
             bad = [k for k, v in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)) if v is None]
-            raise _fail(str(path), f"row {i}: unreadable {', '.join(bad)} (prompt: string or "
-                                   f"messages; chosen/rejected: string or messages ending with an "
-                                   f"assistant turn)")
+            raise _fail(
+                str(path),
+                f"row {i}: unreadable {', '.join(bad)} (prompt: string or "
+                f"messages; chosen/rejected: string or messages ending with an "
+                f"assistant turn)",
+            )
         meta = row.get("meta")
         try:
             meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
@@ -159,17 +167,26 @@ def save_pairs(path: str, pairs: Sequence[PreferencePair]) -> None:
     import pyarrow.parquet as pq
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    table = pa.Table.from_pylist([p.as_row() for p in pairs]) if pairs else pa.table(
-        {"prompt": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-         "chosen": pa.array([], pa.string()), "rejected": pa.array([], pa.string()),
-         "meta": pa.array([], pa.string())})
+    table = (
+        pa.Table.from_pylist([p.as_row() for p in pairs])
+        if pairs
+        else pa.table(
+            {
+                "prompt": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+                "chosen": pa.array([], pa.string()),
+                "rejected": pa.array([], pa.string()),
+                "meta": pa.array([], pa.string()),
+            }
+        )
+    )
     from dare_core.api import atomic_write_file
 
     atomic_write_file(path, lambda tmp: pq.write_table(table, tmp), suffix=".parquet")
 
 
-def pairs_from_scores(examples: Sequence[Example], texts: Sequence[str], scores: Sequence[Any],
-                      n: int, require_correct: bool = False) -> list[PreferencePair]:
+def pairs_from_scores(
+    examples: Sequence[Example], texts: Sequence[str], scores: Sequence[Any], n: int, require_correct: bool = False
+) -> list[PreferencePair]:
     """Turn ``n`` scored responses per example (example-major order) into at most one pair per
     example: the first best-scoring response is chosen, the first worst-scoring one rejected;
     examples whose responses all score the same give no pair. ``scores`` are
@@ -186,12 +203,21 @@ def pairs_from_scores(examples: Sequence[Example], texts: Sequence[str], scores:
             continue
         if require_correct and not (scores[best].acc >= 1.0 and scores[worst].acc < 1.0):
             continue
-        pairs.append(PreferencePair(
-            [dict(m) for m in ex.prompt], texts[best], texts[worst],
-            {"chosen_score": float(scores[best].score), "rejected_score": float(scores[worst].score),
-             "chosen_acc": float(scores[best].acc), "rejected_acc": float(scores[worst].acc),
-             "ground_truth": ex.ground_truth, "data_source": ex.data_source},
-        ))
+        pairs.append(
+            PreferencePair(
+                [dict(m) for m in ex.prompt],
+                texts[best],
+                texts[worst],
+                {
+                    "chosen_score": float(scores[best].score),
+                    "rejected_score": float(scores[worst].score),
+                    "chosen_acc": float(scores[best].acc),
+                    "rejected_acc": float(scores[worst].acc),
+                    "ground_truth": ex.ground_truth,
+                    "data_source": ex.data_source,
+                },
+            )
+        )
     return pairs
 
 

@@ -51,8 +51,8 @@ from dare_core.api import (
     PreferenceLoss,
     ReferencePolicy,
     SequenceBatch,
-    Tracker,
     Totals,
+    Tracker,
     UpdateBatch,
     UpdatePlan,
     build_rollout,
@@ -67,9 +67,15 @@ from dare_plugin_preference.config import SECTION, PreferenceConfig
 from dare_plugin_preference.pairs import PreferencePair, generate_pairs, load_pairs, save_pairs
 
 
-def collate_pairs(pairs: Sequence[PreferencePair], wrapper: Any, *, max_prompt_length: int,
-                  max_response_length: int, response_length: int = 0,
-                  pad_with_eos: bool = False) -> SequenceBatch:
+def collate_pairs(
+    pairs: Sequence[PreferencePair],
+    wrapper: Any,
+    *,
+    max_prompt_length: int,
+    max_response_length: int,
+    response_length: int = 0,
+    pad_with_eos: bool = False,
+) -> SequenceBatch:
     """``2N`` rows ``[c0, r0, c1, r1, ...]``: left-padded prompt, response + EOS right padded.
 
     Responses are ``encode(text) + [eos]`` cut to ``max_response_length``; padding uses the pad
@@ -124,19 +130,22 @@ def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[Pre
         nonlocal rollout
         rollout = rollout or _generation_rollout(ctx)
         examples = ctx.task.examples(split, limit=limit, seed=cfg.seed)
-        ctx.log(f"generating preference pairs from {len(examples)} {split} prompts "
-                f"x {pc.gen_samples} rollouts ...")
+        ctx.log(f"generating preference pairs from {len(examples)} {split} prompts x {pc.gen_samples} rollouts ...")
         t0 = time.perf_counter()
         pairs, stats = generate_pairs(
-            ctx.wrapper, rollout, ctx.task, examples, samples=pc.gen_samples,
-            max_prompt_length=cfg.trainer.max_prompt_length, batch_size=cfg.eval.batch_size,
+            ctx.wrapper,
+            rollout,
+            ctx.task,
+            examples,
+            samples=pc.gen_samples,
+            max_prompt_length=cfg.trainer.max_prompt_length,
+            batch_size=cfg.eval.batch_size,
             generator=torch.Generator().manual_seed(cfg.seed + (11 if split == "train" else 13)),
             require_correct=pc.require_correct,
         )
         stats["seconds"] = round(time.perf_counter() - t0, 2)
         info[f"generated_{split}"] = stats
-        ctx.log(f"{split}: {len(pairs)} pairs (rollout accuracy {stats['rollout_accuracy']:.3f}, "
-                f"{stats['seconds']} s)")
+        ctx.log(f"{split}: {len(pairs)} pairs (rollout accuracy {stats['rollout_accuracy']:.3f}, {stats['seconds']} s)")
         if ctx.rundir is not None and ctx.engine.is_main:
             save_pairs(ctx.rundir.path("pairs", f"{split}.parquet"), pairs)
         return pairs
@@ -147,7 +156,7 @@ def load_or_generate_pairs(ctx: Context) -> tuple[list[PreferencePair], list[Pre
             held = load_pairs(pc.eval_path, limit=pc.num_eval) if pc.num_eval else []
         else:
             k = min(pc.num_eval, max(0, len(train) - 1))
-            held, train = (train[len(train) - k:], train[: len(train) - k]) if k else ([], train)
+            held, train = (train[len(train) - k :], train[: len(train) - k]) if k else ([], train)
     else:
         train = generate("train", pc.gen_prompts)
         if pc.eval_path:
@@ -195,15 +204,22 @@ def run_preference(ctx: Context) -> dict[str, Any]:
     wrapper = ctx.wrapper
     device = wrapper.device
     if tr.micro_batch_size % 2:
-        raise DareError(f"trainer.micro_batch_size={tr.micro_batch_size} must be even in the "
-                        f"preference workflow (a chosen row and its rejected row stay together)")
+        raise DareError(
+            f"trainer.micro_batch_size={tr.micro_batch_size} must be even in the "
+            f"preference workflow (a chosen row and its rejected row stay together)"
+        )
     pairs_per_micro = tr.micro_batch_size // 2
     require_totals(comps.loss, PreferenceLoss, cfg.algo)
 
     def collate(items: Sequence[PreferencePair]) -> SequenceBatch:
-        return collate_pairs(items, wrapper, max_prompt_length=tr.max_prompt_length,
-                             max_response_length=tr.max_response_length,
-                             response_length=pc.response_length, pad_with_eos=pc.pad_with_eos).to(device)
+        return collate_pairs(
+            items,
+            wrapper,
+            max_prompt_length=tr.max_prompt_length,
+            max_response_length=tr.max_response_length,
+            response_length=pc.response_length,
+            pad_with_eos=pc.pad_with_eos,
+        ).to(device)
 
     def corrupt(batch: SequenceBatch, generator: torch.Generator):
         return comps.corruption(wrapper, batch, generator) if comps.corruption is not None else None
@@ -237,18 +253,21 @@ def run_preference(ctx: Context) -> dict[str, Any]:
             with torch.no_grad(), engine.autocast():
                 for sl in chunks(n_pairs, pairs_per_micro):
                     rows = pair_rows(torch.arange(sl.start, sl.stop))
-                    logp = comps.estimator(wrapper, h_batch.select(rows),
-                                           h_corr.select(rows) if h_corr is not None else None)
-                    _, metrics = comps.loss(logp, h_ref.index_select(1, rows.to(h_ref.device)),
-                                            h_batch.select(rows))
+                    logp = comps.estimator(
+                        wrapper, h_batch.select(rows), h_corr.select(rows) if h_corr is not None else None
+                    )
+                    _, metrics = comps.loss(logp, h_ref.index_select(1, rows.to(h_ref.device)), h_batch.select(rows))
                     for k, v in metrics.items():
                         agg[k] = agg.get(k, 0.0) + float(v) * (sl.stop - sl.start) / n_pairs
         finally:
             wrapper.module.train(was_training)
         agg["n_pairs"] = float(n_pairs)
         tracker.log({"step": step, "eval_pairs": agg})
-        shown = " ".join(f"{k}={v:.4g}" for k, v in agg.items() if k in
-                         ("dpo_loss", "reward_margin", "reward_accuracy", "logp_margin"))
+        shown = " ".join(
+            f"{k}={v:.4g}"
+            for k, v in agg.items()
+            if k in ("dpo_loss", "reward_margin", "reward_accuracy", "logp_margin")
+        )
         ctx.log(f"held-out pairs {label}: {shown}")
         return agg
 
@@ -273,9 +292,14 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         plan = UpdatePlan(micro_batch=tr.micro_batch_size, unit=2, grad_clip=tr.grad_clip, lr=lr)
         stats = update(engine, objective, [UpdateBatch(batch, corrupted, ref_logp=ref_logp)], plan)
         record = {
-            "step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped_steps": stats.skipped_steps,
-            "lr": lr, "pairs": n_pairs * engine.world_size,
-            "time_ref": round(t_ref - t0, 3), "time_step": round(time.perf_counter() - t0, 3),
+            "step": step,
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "skipped_steps": stats.skipped_steps,
+            "lr": lr,
+            "pairs": n_pairs * engine.world_size,
+            "time_ref": round(t_ref - t0, 3),
+            "time_step": round(time.perf_counter() - t0, 3),
         }
         record.update(stats.metrics)
         tracker.step_end(step, record, loss=f"{stats.loss:.4f}")
@@ -287,4 +311,3 @@ def run_preference(ctx: Context) -> dict[str, Any]:
         tracker.summary["eval"]["pairs_after"] = after
     info.update(steps=tr.steps, final_loss_mean_last20=tracker.last("loss", 20))
     return tracker.finish(info)
-

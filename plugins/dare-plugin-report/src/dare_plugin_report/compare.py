@@ -26,13 +26,31 @@ import attrs
 import click
 
 from dare_core.api import (
-    atomic_write_text, compare, ComponentLookup, DareError, describe, eval_backend_name,
-    eval_context, eval_rollout_config, evaluate, paired_counts, resolve, RunConfig, to_dict,
+    ComponentLookup,
+    DareError,
+    RunConfig,
+    atomic_write_text,
+    compare,
+    describe,
+    eval_backend_name,
+    eval_context,
+    eval_rollout_config,
+    evaluate,
+    paired_counts,
+    resolve,
+    to_dict,
 )
 from dare_plugin_report.stats import clustered, describe_clustered, per_prompt
 
-__all__ = ["BUNDLED", "cache_key", "checkpoint_config", "compare_checkpoints", "paired_report",
-           "pooled_report", "sampled_items"]
+__all__ = [
+    "BUNDLED",
+    "cache_key",
+    "checkpoint_config",
+    "compare_checkpoints",
+    "paired_report",
+    "pooled_report",
+    "sampled_items",
+]
 
 #: the name that stands for the model family's bundled checkpoint instead of a directory
 BUNDLED = "bundled"
@@ -48,8 +66,10 @@ def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
     ``wrap_rollout`` (e.g. a tree of partial states) is training bookkeeping over the same sampler
     and is not applied."""
     if not config.algo:
-        raise DareError("judging by the training sampler needs the run's algorithm; pass the run's "
-                        "config.yaml (--config) or algo=NAME")
+        raise DareError(
+            "judging by the training sampler needs the run's algorithm; pass the run's "
+            "config.yaml (--config) or algo=NAME"
+        )
     spec = dare.registries.algorithms.get(config.algo)
     comps = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
     rc = comps.training_rollout_config(config.rollout)
@@ -62,15 +82,15 @@ def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
     return attrs.evolve(config, rollout=rc, eval=attrs.evolve(config.eval, **changes))
 
 
-def checkpoint_config(dare: Any, model: str, path: str, config_file: Optional[str] = None,
-                      overrides: Sequence[str] = ()) -> Any:
+def checkpoint_config(
+    dare: Any, model: str, path: str, config_file: Optional[str] = None, overrides: Sequence[str] = ()
+) -> Any:
     """The evaluation config of checkpoint ``path`` (a directory or ``bundled``): the run config
     of ``config_file`` and ``overrides`` with ``model.path`` set and progress bars off."""
     merged = ["progress=false", *overrides]
     if path != BUNDLED:
         if not os.path.isdir(path):
-            raise DareError(f"checkpoint directory {path!r} does not exist; pass a directory or "
-                            f"{BUNDLED!r}")
+            raise DareError(f"checkpoint directory {path!r} does not exist; pass a directory or {BUNDLED!r}")
         merged.append(f"model.path={path}")
     return resolve(dare, model=model, config_file=config_file, overrides=merged, need_algo=False)
 
@@ -110,8 +130,7 @@ def sampled_items(dare: Any, cfg: Any, samples: int) -> tuple[list[float], dict]
     return items, result
 
 
-def _cached_items(dare: Any, cfg: Any, samples: int, cache: Optional[str],
-                  echo: Echo) -> tuple[list[float], dict]:
+def _cached_items(dare: Any, cfg: Any, samples: int, cache: Optional[str], echo: Echo) -> tuple[list[float], dict]:
     if cache is None:
         return sampled_items(dare, cfg, samples)
     path = os.path.join(cache, f"{cache_key(dare, cfg, samples)}.json")
@@ -126,13 +145,15 @@ def _cached_items(dare: Any, cfg: Any, samples: int, cache: Optional[str],
         return items, result
     items, result = sampled_items(dare, cfg, samples)
     # written atomically: an interrupted evaluation leaves no half-written entry
-    atomic_write_text(path, json.dumps({"checkpoint": cfg.model.path, "samples": samples,
-                                        "result": result, "items": items}))
+    atomic_write_text(
+        path, json.dumps({"checkpoint": cfg.model.path, "samples": samples, "result": result, "items": items})
+    )
     return items, result
 
 
-def paired_report(name_a: str, a: Sequence[float], res_a: dict, name_b: str, b: Sequence[float],
-                  res_b: dict, k: int) -> tuple[list[str], dict]:
+def paired_report(
+    name_a: str, a: Sequence[float], res_a: dict, name_b: str, b: Sequence[float], res_b: dict, k: int
+) -> tuple[list[str], dict]:
     """The printed lines and the JSON record comparing B with A; ``a`` and ``b`` hold ``k``
     consecutive samples per prompt, sample ``i`` of both drawn with the same noise."""
     gained, lost = paired_counts(a, b)
@@ -146,30 +167,38 @@ def paired_report(name_a: str, a: Sequence[float], res_a: dict, name_b: str, b: 
         f"A {name_a}: accuracy {res_a['accuracy']:.4f}   B {name_b}: accuracy {res_b['accuracy']:.4f} "
         f"({len(per_a)} prompts x {k} samples)",
         f"samples: {describe(by_sample)}",
-        f"prompts solved more / less often by B: +{more} / -{less}, "
-        f"sign-test p = {by_prompt['p_value']:.3g}",
+        f"prompts solved more / less often by B: +{more} / -{less}, sign-test p = {by_prompt['p_value']:.3g}",
         f"prompt-clustered difference: {describe_clustered(clus)}",
     ]
-    record = {"a": res_a, "b": res_b, "b_path": name_b, "samples": by_sample, "prompts": by_prompt,
-              "clustered": clus}
+    record = {"a": res_a, "b": res_b, "b_path": name_b, "samples": by_sample, "prompts": by_prompt, "clustered": clus}
     return lines, record
 
 
-def pooled_report(names_b: Sequence[str], a: Sequence[float], bs: Sequence[Sequence[float]],
-                  k: int) -> tuple[list[str], dict]:
+def pooled_report(
+    names_b: Sequence[str], a: Sequence[float], bs: Sequence[Sequence[float]], k: int
+) -> tuple[list[str], dict]:
     """The printed line and the JSON record comparing A with the per-sample mean of all B."""
     mean_b = [sum(col) / len(bs) for col in zip(*bs)]
     accuracy = sum(mean_b) / len(mean_b) if mean_b else 0.0
     clus = clustered(a, mean_b, k)
-    line = (f"pooled over {len(bs)} B: accuracy {accuracy:.4f}, prompt-clustered difference "
-            f"{describe_clustered(clus)}")
+    line = f"pooled over {len(bs)} B: accuracy {accuracy:.4f}, prompt-clustered difference {describe_clustered(clus)}"
     return [line], {"pooled": list(names_b), "accuracy": accuracy, "clustered": clus}
 
 
-def compare_checkpoints(dare: Any, model: str, a: str, bs: Sequence[str], *, samples: int = 8,
-                        config_file: Optional[str] = None, pool: bool = False,
-                        cache: Optional[str] = None, training_sampler: bool = False,
-                        overrides: Sequence[str] = (), echo: Echo = click.echo) -> list[dict]:
+def compare_checkpoints(
+    dare: Any,
+    model: str,
+    a: str,
+    bs: Sequence[str],
+    *,
+    samples: int = 8,
+    config_file: Optional[str] = None,
+    pool: bool = False,
+    cache: Optional[str] = None,
+    training_sampler: bool = False,
+    overrides: Sequence[str] = (),
+    echo: Echo = click.echo,
+) -> list[dict]:
     """Compare each checkpoint of ``bs`` with ``a`` (see the module docstring); ``echo`` gets
     the report, each comparison ending in its JSON record on one line. Returns the records (one
     per B, then the pooled one with ``pool`` and several B).

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Optional, Sequence
 
-from dare_core.api import atomic_write_file, DareError
+from dare_core.api import DareError, atomic_write_file
 
 __all__ = ["Curve", "load_curves", "moving_average", "plot_runs"]
 
@@ -31,8 +31,9 @@ class Curve:
 def _read_rows(run_dir: str) -> list[dict]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise DareError(f"{run_dir} has no metrics.jsonl; pass the run directory that "
-                        f"`dare train` printed (output_dir/run_name)")
+        raise DareError(
+            f"{run_dir} has no metrics.jsonl; pass the run directory that `dare train` printed (output_dir/run_name)"
+        )
     with open(path) as fh:
         lines = fh.read().splitlines()
     rows = []
@@ -63,21 +64,23 @@ def load_curves(run_dir: str, metrics: Sequence[str]) -> dict[str, Curve]:
     rows = _read_rows(run_dir)
     train = [r for r in rows if "eval" not in r]
     evals = [r for r in rows if isinstance(r.get("eval"), dict)]
-    available = sorted({k for r in train for k, v in r.items() if k != "step" and _numeric(v)}
-                       | {f"eval.{k}" for r in evals for k, v in r["eval"].items() if _numeric(v)})
+    available = sorted(
+        {k for r in train for k, v in r.items() if k != "step" and _numeric(v)}
+        | {f"eval.{k}" for r in evals for k, v in r["eval"].items() if _numeric(v)}
+    )
     out: dict[str, Curve] = {}
     for name in metrics:
         if name.startswith("eval."):
-            field = name[len("eval."):]
-            pts = [(int(r["step"]), float(r["eval"][field])) for r in evals
-                   if _numeric(r["eval"].get(field))]
+            field = name[len("eval.") :]
+            pts = [(int(r["step"]), float(r["eval"][field])) for r in evals if _numeric(r["eval"].get(field))]
             is_eval = True
         else:
             pts = [(int(r["step"]), float(r[name])) for r in train if _numeric(r.get(name))]
             is_eval = False
         if not pts:
-            raise DareError(f"run {run_dir} has no metric {name!r}; it has: "
-                            f"{', '.join(available) or 'no numeric metrics'}")
+            raise DareError(
+                f"run {run_dir} has no metric {name!r}; it has: {', '.join(available) or 'no numeric metrics'}"
+            )
         out[name] = Curve([p[0] for p in pts], [p[1] for p in pts], is_eval)
     return out
 
@@ -107,9 +110,15 @@ def _label(run_dir: str) -> str:
     return os.path.basename(os.path.normpath(run_dir))
 
 
-def plot_runs(run_dirs: Sequence[str], metrics: Sequence[str], out: str, *,
-              smooth: int = 1, labels: Optional[Sequence[str]] = None,
-              title: Optional[str] = None) -> str:
+def plot_runs(
+    run_dirs: Sequence[str],
+    metrics: Sequence[str],
+    out: str,
+    *,
+    smooth: int = 1,
+    labels: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+) -> str:
     """Draw ``metrics`` (one panel each) of every run into the PNG ``out``; returns ``out``."""
     if not run_dirs:
         raise DareError("give at least one run directory")

@@ -18,7 +18,7 @@ def per_prompt(items: Sequence[float], k: int) -> list[float]:
     """Each prompt's total over its ``k`` consecutive samples."""
     if k < 1 or len(items) % k:
         raise ValueError(f"{len(items)} items are not a whole number of prompts of {k} samples")
-    return [sum(items[i:i + k]) for i in range(0, len(items), k)]
+    return [sum(items[i : i + k]) for i in range(0, len(items), k)]
 
 
 def clustered(before: Sequence[float], after: Sequence[float], k: int) -> dict[str, float]:

@@ -4,8 +4,7 @@ reveals them, so each requires the ``mask_token`` capability."""
 
 from __future__ import annotations
 
-from dare_core.api import hookimpl, lazy, RolloutSpec
-
+from dare_core.api import RolloutSpec, hookimpl, lazy
 from dare_plugin_samplers.config import (
     BLOCK_RECORDS,
     FAST_RECORDS,
@@ -48,15 +47,19 @@ def dare_register_rollout_backends(register) -> None:
             ),
         )
     )
-    register(RolloutSpec(
-        name="block",
-        config_cls=BlockRolloutConfig,
-        build=lazy("dare_plugin_samplers.block:BlockSampler"),
-        kinds=frozenset({"block"}),
-        requires=frozenset({"mask_token"}),
-        records=BLOCK_RECORDS,
-        methods=RESUMABLE,
-        description=("block-diffusion generation: prompt prefill and per-block denoising with a "
-                     "block KV cache, sequential / static / dynamic-threshold / entropy-bounded "
-                     "reveal"),
-    ))
+    register(
+        RolloutSpec(
+            name="block",
+            config_cls=BlockRolloutConfig,
+            build=lazy("dare_plugin_samplers.block:BlockSampler"),
+            kinds=frozenset({"block"}),
+            requires=frozenset({"mask_token"}),
+            records=BLOCK_RECORDS,
+            methods=RESUMABLE,
+            description=(
+                "block-diffusion generation: prompt prefill and per-block denoising with a "
+                "block KV cache, sequential / static / dynamic-threshold / entropy-bounded "
+                "reveal"
+            ),
+        )
+    )

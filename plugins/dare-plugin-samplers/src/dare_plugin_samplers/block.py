@@ -60,12 +60,12 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import CapabilityError, DareError, for_device, RolloutBatch
+from dare_core.api import CapabilityError, DareError, RolloutBatch, for_device
 from dare_nn.block import block_causal_mask, block_index
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
-from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
+from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
+from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 
@@ -107,9 +107,15 @@ class BlockSampler(ConfiguredSampler):
     config_cls = BlockRolloutConfig
 
     # ------------------------------------------------------------------ public
-    def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(),
-                 generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         """Generate ``gen_length`` tokens after every (left-padded) prompt.
 
         :param record: subset of :data:`SUPPORTED_RECORDS`; ``"reveal_step"`` fills
@@ -127,10 +133,13 @@ class BlockSampler(ConfiguredSampler):
         with eval_mode(wrapper.module):
             resp, reveal, nfe, nblocks = self._generate(wrapper, prompt_ids, prompt_mask, bs, generator)
         return RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=resp,
             response_mask=self._response_mask(resp, wrapper),
             reveal_step=reveal if "reveal_step" in record else None,
-            num_steps=nblocks * self.config.steps, nfe=nfe,
+            num_steps=nblocks * self.config.steps,
+            nfe=nfe,
         )
 
     def total_steps(self, wrapper: Any, prompt_mask: torch.Tensor) -> int:
@@ -139,9 +148,17 @@ class BlockSampler(ConfiguredSampler):
         :meth:`generate` when no row stops early)."""
         return self._layout(prompt_mask, self._block_size(wrapper))[-1] * self.config.steps
 
-    def continue_from(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      response: torch.Tensor, *, start_step: int, stop_step: int,
-                      generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def continue_from(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response: torch.Tensor,
+        *,
+        start_step: int,
+        stop_step: int,
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         """Resume partial responses over the global iterations ``[start_step, stop_step)``.
 
         Global iteration ``i * steps + s`` is iteration ``s`` of the ``i``-th decoded block (as
@@ -161,34 +178,44 @@ class BlockSampler(ConfiguredSampler):
         bs = self._block_size(wrapper)
         total = self.total_steps(wrapper, prompt_mask)
         if not 0 <= start_step <= stop_step <= total:
-            raise ValueError(f"need 0 <= start_step <= stop_step <= total_steps={total}, got "
-                             f"{start_step}, {stop_step}")
+            raise ValueError(f"need 0 <= start_step <= stop_step <= total_steps={total}, got {start_step}, {stop_step}")
         if response.shape != (prompt_ids.shape[0], self.config.gen_length):
-            raise ValueError(f"response must be [B, gen_length] = "
-                             f"{(prompt_ids.shape[0], self.config.gen_length)}, got {tuple(response.shape)}")
+            raise ValueError(
+                f"response must be [B, gen_length] = "
+                f"{(prompt_ids.shape[0], self.config.gen_length)}, got {tuple(response.shape)}"
+            )
         with eval_mode(wrapper.module):
-            resp, reveal, nfe, _ = self._generate(wrapper, prompt_ids, prompt_mask, bs, generator,
-                                                  response.to(prompt_ids.device), start_step, stop_step)
-        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=resp,
-                            response_mask=self._response_mask(resp, wrapper), reveal_step=reveal,
-                            num_steps=total, nfe=nfe)
+            resp, reveal, nfe, _ = self._generate(
+                wrapper, prompt_ids, prompt_mask, bs, generator, response.to(prompt_ids.device), start_step, stop_step
+            )
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=resp,
+            response_mask=self._response_mask(resp, wrapper),
+            reveal_step=reveal,
+            num_steps=total,
+            nfe=nfe,
+        )
 
     def _check_wrapper(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         kind = getattr(wrapper, "kind", None)
         if kind != "block":
             raise CapabilityError(
                 f"the block rollout drives block-diffusion models (wrapper.kind 'block'), got kind "
-                f"{kind!r}; choose a rollout backend that supports {kind!r} models")
+                f"{kind!r}; choose a rollout backend that supports {kind!r} models"
+            )
         check_prompt_shapes(prompt_ids, prompt_mask)
         if self.config.use_cache:
             if not hasattr(wrapper, "forward_cached"):
                 raise CapabilityError(
-                    f"{type(wrapper).__name__} has no forward_cached (KV cache); set "
-                    f"rollout.use_cache=false")
+                    f"{type(wrapper).__name__} has no forward_cached (KV cache); set rollout.use_cache=false"
+                )
             if int(getattr(wrapper, "logit_shift", 0)) != 0:
                 raise CapabilityError(
                     "the block rollout's cache path needs unshifted logits (wrapper.logit_shift 0); "
-                    "set rollout.use_cache=false")
+                    "set rollout.use_cache=false"
+                )
 
     def _block_size(self, wrapper: Any) -> int:
         bs = self.config.block_length or getattr(wrapper, "block_size", None)
@@ -219,8 +246,7 @@ class BlockSampler(ConfiguredSampler):
         return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
     def _response_mask(self, resp: torch.Tensor, wrapper: Any) -> torch.Tensor:
-        return mask_through_first_stop(resp, self._stop_ids(wrapper, resp.device),
-                                       self.config.truncate_at_eos)
+        return mask_through_first_stop(resp, self._stop_ids(wrapper, resp.device), self.config.truncate_at_eos)
 
     def _generate(self, wrapper, prompt_ids, prompt_mask, bs, generator, response=None, start=0, stop=None):
         """The loop of the module docstring over the global iterations ``[start, stop)`` (all of
@@ -266,13 +292,15 @@ class BlockSampler(ConfiguredSampler):
         if cfg.use_cache and graph_mode(cfg.graphs, device, wrapper.module) != "eager":
             key = (weights_key(wrapper.module), id(wrapper), B, prompt_ids.shape[1], bs, str(device))
             captures = self.__dict__.setdefault("_static_captures", Captures())
-            static = captures.get(key, lambda: _StaticBlock(self, wrapper, B, self._capacity(
-                prompt_ids.shape[1], bs), bs, device))
+            static = captures.get(
+                key, lambda: _StaticBlock(self, wrapper, B, self._capacity(prompt_ids.shape[1], bs), bs, device)
+            )
             static.reset(valid)
         if cfg.use_cache and c0 > 0:
             m = block_causal_mask(blocks[:, :c0], valid[:, :c0].long())
-            _, cache = wrapper.forward_cached(canvas[:, :c0], position_ids=pos[:, :c0],
-                                              past_key_values=None, attention_mask=m, use_cache=True)
+            _, cache = wrapper.forward_cached(
+                canvas[:, :c0], position_ids=pos[:, :c0], past_key_values=None, attention_mask=m, use_cache=True
+            )
             nfe += 1
             if static is not None:
                 static.prefill(cache)
@@ -291,9 +319,13 @@ class BlockSampler(ConfiguredSampler):
                 nfe += 1
             elif i > 0 and cfg.use_cache:  # commit the finished block before to the cache
                 kmask = torch.cat([valid[:, : lo - bs], torch.ones(B, bs, dtype=torch.bool, device=device)], 1)
-                _, cache = wrapper.forward_cached(canvas[:, lo - bs : lo], position_ids=pos[:, lo - bs : lo],
-                                                  past_key_values=cache, use_cache=True,
-                                                  attention_mask=kmask[:, None, None, :].expand(B, 1, bs, lo))
+                _, cache = wrapper.forward_cached(
+                    canvas[:, lo - bs : lo],
+                    position_ids=pos[:, lo - bs : lo],
+                    past_key_values=cache,
+                    use_cache=True,
+                    attention_mask=kmask[:, None, None, :].expand(B, 1, bs, lo),
+                )
                 nfe += 1
             decoded = i + 1
             cur = canvas[:, lo:hi]  # a view: writes go to the canvas
@@ -313,8 +345,7 @@ class BlockSampler(ConfiguredSampler):
                 x0, conf, ent = self._sample(logits, mask_id, generator)
                 commit = self._select(conf, ent, masked, sched[step])
                 cur.copy_(torch.where(commit, x0, cur))
-                reveal[:, lo:hi] = torch.where(commit, torch.full_like(x0, i * cfg.steps + step),
-                                               reveal[:, lo:hi])
+                reveal[:, lo:hi] = torch.where(commit, torch.full_like(x0, i * cfg.steps + step), reveal[:, lo:hi])
             if halted:
                 break
             if bool((cur == mask_id).any()):
@@ -323,7 +354,8 @@ class BlockSampler(ConfiguredSampler):
                 raise ValueError(
                     f"the response to resume has more MASK tokens in decoded block {i} than its "
                     f"iterations from global step {start} reveal; pass the state a run left "
-                    f"after start_step iterations")
+                    f"after start_step iterations"
+                )
             if cfg.stop_at_stop_token:
                 seen = torch.isin(canvas[:, :hi], stop_ids) & in_resp[:, :hi]
                 active &= ~seen.any(1)
@@ -349,8 +381,9 @@ class BlockSampler(ConfiguredSampler):
         else:
             keys = torch.cat([valid[:, :lo], torch.ones(B, bs, dtype=torch.bool, device=canvas.device)], 1)
         mask = keys[:, None, None, :].expand(B, 1, bs, keys.shape[1])
-        logits, _ = wrapper.forward_cached(canvas[:, lo:hi], position_ids=pos[:, lo:hi],
-                                           past_key_values=cache, attention_mask=mask, use_cache=False)
+        logits, _ = wrapper.forward_cached(
+            canvas[:, lo:hi], position_ids=pos[:, lo:hi], past_key_values=cache, attention_mask=mask, use_cache=False
+        )
         return logits.float()
 
     def _sample(self, logits: torch.Tensor, mask_id: int, generator):
@@ -375,8 +408,7 @@ class BlockSampler(ConfiguredSampler):
             ent = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
         return x0, conf, ent
 
-    def _select(self, conf: torch.Tensor, ent: Optional[torch.Tensor], masked: torch.Tensor,
-                k: int) -> torch.Tensor:
+    def _select(self, conf: torch.Tensor, ent: Optional[torch.Tensor], masked: torch.Tensor, k: int) -> torch.Tensor:
         """Positions to reveal: ``[B, W]`` bool, only masked ones, per the remasking strategy."""
         cfg = self.config
         B, W = masked.shape
@@ -437,10 +469,15 @@ class _StaticBlock:
         self.cols = torch.zeros(bs, dtype=torch.long, device=device)
         # buffer shapes and dtype from a one-token forward
         _, present = wrapper.forward_cached(
-            self.ids[:, :1], position_ids=self.pos[:, :1], past_key_values=None, use_cache=True,
-            attention_mask=torch.ones(b, 1, 1, 1, dtype=torch.bool, device=device))
-        self.kv = [torch.zeros(*t.shape[:2], cap, t.shape[3], dtype=t.dtype, device=device)
-                   for pair in present for t in pair]
+            self.ids[:, :1],
+            position_ids=self.pos[:, :1],
+            past_key_values=None,
+            use_cache=True,
+            attention_mask=torch.ones(b, 1, 1, 1, dtype=torch.bool, device=device),
+        )
+        self.kv = [
+            torch.zeros(*t.shape[:2], cap, t.shape[3], dtype=t.dtype, device=device) for pair in present for t in pair
+        ]
         self.lo = -1
         config = sampler.config
         mode = graph_mode(config.graphs, device, wrapper.module)
@@ -481,8 +518,13 @@ class _StaticBlock:
     def _forward(self, ids, pos, keys, kv, use_cache):
         b, q = ids.shape
         past = [(kv[i], kv[i + 1]) for i in range(0, len(kv), 2)]
-        return self.wrapper.forward_cached(ids, position_ids=pos, past_key_values=past, use_cache=use_cache,
-                                           attention_mask=keys[:, None, None, :].expand(b, 1, q, keys.shape[1]))
+        return self.wrapper.forward_cached(
+            ids,
+            position_ids=pos,
+            past_key_values=past,
+            use_cache=use_cache,
+            attention_mask=keys[:, None, None, :].expand(b, 1, q, keys.shape[1]),
+        )
 
     def _logits_step(self, ids, pos, keys, *kv):
         return (self._forward(ids, pos, keys, kv, False)[0].float(),)

@@ -50,12 +50,14 @@ REMASKING = ("low_confidence", "random")
 STOP_CONFIDENCE = ("keep", "zero", "never")
 
 GEN_LENGTH_HELP = "Response length R: number of MASK tokens appended to each prompt."
-BLOCK_LENGTH_HELP = ("Length of the blocks denoised left to right (semi-autoregressive); must divide "
-                     "gen_length.")
-TEMPERATURE_HELP = ("Sampling temperature of the candidate tokens (Gumbel-max sample of "
-                    "softmax(logits / T)); 0 = greedy argmax.")
-TRUNCATE_AT_EOS_HELP = ("Response mask rule: false = every generated position counts; true = "
-                        "positions up to and including the first EOS count.")
+BLOCK_LENGTH_HELP = "Length of the blocks denoised left to right (semi-autoregressive); must divide gen_length."
+TEMPERATURE_HELP = (
+    "Sampling temperature of the candidate tokens (Gumbel-max sample of softmax(logits / T)); 0 = greedy argmax."
+)
+TRUNCATE_AT_EOS_HELP = (
+    "Response mask rule: false = every generated position counts; true = "
+    "positions up to and including the first EOS count."
+)
 
 
 def gen_length_option(default: int = 256, help: str = GEN_LENGTH_HELP) -> Any:
@@ -86,8 +88,9 @@ def suppress_eos_option(rest: str = ".") -> Any:
 
 def stop_confidence_option(rest: str) -> Any:
     """``stop_confidence``; ``rest`` (the 'zero' and 'never' cases) ends the common help text."""
-    return option("keep", "Confidence of candidates equal to a stop token: 'keep' = unchanged; " + rest,
-                  one_of(STOP_CONFIDENCE))
+    return option(
+        "keep", "Confidence of candidates equal to a stop token: 'keep' = unchanged; " + rest, one_of(STOP_CONFIDENCE)
+    )
 
 
 def truncate_at_eos_option(default: bool = False, help: str = TRUNCATE_AT_EOS_HELP) -> Any:
@@ -96,8 +99,9 @@ def truncate_at_eos_option(default: bool = False, help: str = TRUNCATE_AT_EOS_HE
 
 def micro_batch_size_option(rest: str) -> Any:
     """``micro_batch_size``; ``rest`` ends the common help text."""
-    return option(0, "Generate in chunks of this many rows to bound memory; 0 = the whole batch at once" + rest,
-                  non_negative)
+    return option(
+        0, "Generate in chunks of this many rows to bound memory; 0 = the whole batch at once" + rest, non_negative
+    )
 
 
 class BlockCounts:
@@ -138,16 +142,19 @@ def check_records(name: str, record: Any, supported: frozenset, error: type = Va
     record = frozenset(record)
     unknown = record - supported
     if unknown:
-        raise error(f"{name} cannot record {', '.join(sorted(unknown))}; "
-                    f"supported records: {', '.join(sorted(supported))}")
+        raise error(
+            f"{name} cannot record {', '.join(sorted(unknown))}; supported records: {', '.join(sorted(supported))}"
+        )
     return record
 
 
 def check_prompt_shapes(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, error: type = ValueError) -> None:
     """``error`` unless ``prompt_ids`` and ``prompt_mask`` are both ``[B, P]``."""
     if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-        raise error(f"prompt_ids and prompt_mask must both be [B, P], got "
-                    f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+        raise error(
+            f"prompt_ids and prompt_mask must both be [B, P], got "
+            f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+        )
 
 
 @contextlib.contextmanager
@@ -206,14 +213,16 @@ class CandidateScoring:
 
         from dare_core.api import for_device
 
-        u = torch.rand(logits.shape, generator=for_device(generator, logits.device), dtype=torch.float64,
-                       device=logits.device)
+        u = torch.rand(
+            logits.shape, generator=for_device(generator, logits.device), dtype=torch.float64, device=logits.device
+        )
         z = logits.double()
         z = (z - z.amax(dim=-1, keepdim=True)).exp()
         return (z / (-torch.log(u)) ** temp).argmax(dim=-1)
 
-    def _confidence(self, logits: torch.Tensor, x0: torch.Tensor, generator: Optional[torch.Generator],
-                    stop_ids: torch.Tensor) -> torch.Tensor:
+    def _confidence(
+        self, logits: torch.Tensor, x0: torch.Tensor, generator: Optional[torch.Generator], stop_ids: torch.Tensor
+    ) -> torch.Tensor:
         """float64 confidence of each candidate ``x0``: its untempered probability
         (``remasking='low_confidence'``) or a uniform draw (``'random'``); candidates equal to a
         stop id get 0 (``stop_confidence='zero'``) or ``-inf`` (``'never'``)."""
@@ -226,16 +235,22 @@ class CandidateScoring:
             probs = torch.softmax(logits.float(), dim=-1)
             conf = probs.gather(-1, x0[..., None]).squeeze(-1).double()
         else:
-            conf = torch.rand(x0.shape, generator=for_device(generator, x0.device), dtype=torch.float64,
-                              device=x0.device)
+            conf = torch.rand(
+                x0.shape, generator=for_device(generator, x0.device), dtype=torch.float64, device=x0.device
+            )
         if cfg.stop_confidence != "keep":
             value = 0.0 if cfg.stop_confidence == "zero" else -math.inf
             conf = conf.masked_fill(torch.isin(x0, stop_ids), value)
         return conf
 
 
-def run_micro_batches(wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      micro_batch_size: int, run: Callable[[torch.Tensor, torch.Tensor], Any]) -> list:
+def run_micro_batches(
+    wrapper: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    micro_batch_size: int,
+    run: Callable[[torch.Tensor, torch.Tensor], Any],
+) -> list:
     """``run(ids, mask)`` on consecutive chunks of ``micro_batch_size`` rows (0 = the whole
     batch at once) in eval mode without gradients; the list of their results."""
     batch = prompt_ids.shape[0]
@@ -252,5 +267,4 @@ def join_micro_batches(parts: list, gen_length: int, device: Any) -> tuple[torch
     if not parts:
         empty = torch.empty(0, gen_length, dtype=torch.long, device=device)
         return empty, empty.clone(), 0
-    return (torch.cat([p[0] for p in parts], dim=0), torch.cat([p[1] for p in parts], dim=0),
-            sum(p[2] for p in parts))
+    return (torch.cat([p[0] for p in parts], dim=0), torch.cat([p[1] for p in parts], dim=0), sum(p[2] for p in parts))

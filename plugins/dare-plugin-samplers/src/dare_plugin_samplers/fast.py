@@ -68,8 +68,8 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
+from dare_core.api import RolloutBatch
 from dare_plugin_samplers.config import FAST_RECORDS, STATIC_CACHES, FastConfig
 from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
 from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
@@ -86,9 +86,19 @@ class _BlockForward:
     forward (the uncached computation) that also fills the cache.
     """
 
-    def __init__(self, wrapper: Any, cache: str, x: torch.Tensor, valid: torch.Tensor,
-                 padded: bool, pos: torch.Tensor, lo: int, hi: int, shift: int,
-                 refresh_every: int = 0):
+    def __init__(
+        self,
+        wrapper: Any,
+        cache: str,
+        x: torch.Tensor,
+        valid: torch.Tensor,
+        padded: bool,
+        pos: torch.Tensor,
+        lo: int,
+        hi: int,
+        shift: int,
+        refresh_every: int = 0,
+    ):
         self.wrapper, self.cache, self.x, self.valid = wrapper, cache, x, valid
         self.padded, self.pos, self.lo, self.hi, self.shift = padded, pos, lo, hi, shift
         self.refresh_every = refresh_every
@@ -106,8 +116,11 @@ class _BlockForward:
         if self.cache == "none" or self.past is None or refresh:
             want = self.cache != "none"
             logits, present = self.wrapper.forward_cached(
-                self.x, position_ids=self.pos, past_key_values=None,
-                attention_mask=self.valid.long() if self.padded else None, use_cache=want,
+                self.x,
+                position_ids=self.pos,
+                past_key_values=None,
+                attention_mask=self.valid.long() if self.padded else None,
+                use_cache=want,
             )
             if want:
                 self._keep(present)
@@ -116,8 +129,11 @@ class _BlockForward:
         if self.cache == "delayed":
             return self._delayed_step()
         logits, _ = self.wrapper.forward_cached(
-            self.x[:, lo - s : self.q_hi], position_ids=self.pos[:, lo - s : self.q_hi],
-            past_key_values=self.past, attention_mask=self.mask, use_cache=False,
+            self.x[:, lo - s : self.q_hi],
+            position_ids=self.pos[:, lo - s : self.q_hi],
+            past_key_values=self.past,
+            attention_mask=self.mask,
+            use_cache=False,
         )
         return logits[:, : hi - lo].float()
 
@@ -140,8 +156,11 @@ class _BlockForward:
         keep.scatter_(1, cols, False)  # the stale entries of the queried positions
         mask = torch.cat([keep, torch.ones(b, q, dtype=torch.bool, device=keep.device)], dim=1)
         logits, present = self.wrapper.forward_cached(
-            q_ids, position_ids=self.pos.gather(1, cols), past_key_values=self.past,
-            attention_mask=mask.long(), use_cache=True,
+            q_ids,
+            position_ids=self.pos.gather(1, cols),
+            past_key_values=self.past,
+            attention_mask=mask.long(),
+            use_cache=True,
         )
         for (k, v), (pk, pv) in zip(self.past, present):
             index = cols[:, None, :, None].expand(b, k.shape[1], q, k.shape[3])
@@ -165,14 +184,11 @@ class _BlockForward:
             keys = self.valid  # cache [0, q_lo) then new [q_lo, L): the natural order
         else:  # dual: everything except the query columns [q_lo, hi)
             self.past = [
-                (torch.cat([k[:, :, :q_lo], k[:, :, hi:]], dim=2),
-                 torch.cat([v[:, :, :q_lo], v[:, :, hi:]], dim=2))
+                (torch.cat([k[:, :, :q_lo], k[:, :, hi:]], dim=2), torch.cat([v[:, :, :q_lo], v[:, :, hi:]], dim=2))
                 for k, v in present
             ]
             self.q_hi = hi
-            keys = torch.cat(
-                [self.valid[:, :q_lo], self.valid[:, hi:], self.valid[:, q_lo:hi]], dim=1
-            )
+            keys = torch.cat([self.valid[:, :q_lo], self.valid[:, hi:], self.valid[:, q_lo:hi]], dim=1)
         self.mask = keys.long() if self.padded else None
 
 
@@ -227,23 +243,25 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
             )
         if prompt_ids.shape[1] < shift:
             raise ValueError(
-                f"the prompt must have at least logit_shift = {shift} column(s), got "
-                f"{prompt_ids.shape[1]}"
+                f"the prompt must have at least logit_shift = {shift} column(s), got {prompt_ids.shape[1]}"
             )
 
         mode = graph_mode(cfg.graphs, prompt_ids.device, wrapper.module) if cfg.cache in STATIC_CACHES else "eager"
         chunk = self._generate_chunk if mode == "eager" else self._static_chunk
         parts = common.run_micro_batches(
-            wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
-            lambda ids, mask: chunk(wrapper, ids, mask, generator, shift))
+            wrapper,
+            prompt_ids,
+            prompt_mask,
+            cfg.micro_batch_size,
+            lambda ids, mask: chunk(wrapper, ids, mask, generator, shift),
+        )
         response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
         taken = max((p[3] for p in parts), default=0)
         return RolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             response_ids=response_ids,
-            response_mask=mask_through_first_stop(response_ids, [wrapper.eos_token_id],
-                                                  cfg.truncate_at_eos),
+            response_mask=mask_through_first_stop(response_ids, [wrapper.eos_token_id], cfg.truncate_at_eos),
             reveal_step=reveal if "reveal_step" in record else None,
             num_steps=cfg.steps if cfg.decoding == "quota" else taken,
             nfe=nfe,
@@ -270,14 +288,13 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
             [prompt_ids.long(), torch.full((b, r), mask_id, dtype=torch.long, device=device)],
             dim=1,
         )
-        valid = torch.cat(
-            [prompt_mask.bool(), torch.ones(b, r, dtype=torch.bool, device=device)], dim=1
-        )
+        valid = torch.cat([prompt_mask.bool(), torch.ones(b, r, dtype=torch.bool, device=device)], dim=1)
         padded = not bool(valid.all())
         pos = torch.arange(p + r, device=device)[None].expand(b, p + r)
         stop_ids = torch.tensor(
             sorted({int(t) for t in wrapper.stop_token_ids} | {eos_id}),
-            dtype=torch.long, device=device,
+            dtype=torch.long,
+            device=device,
         )
         ban = None
 
@@ -288,8 +305,7 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
         one = torch.ones(b, dtype=torch.long, device=device)
         for blk in range(cfg.num_blocks):
             lo, hi = blk * width, (blk + 1) * width
-            forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi,
-                                    shift, cfg.refresh_every)
+            forward = _BlockForward(wrapper, cfg.cache, x, valid, padded, pos, p + lo, p + hi, shift, cfg.refresh_every)
             if quota_mode:
                 quota = num_transfer_tokens(pending[:, lo:hi].sum(dim=1), cfg.steps_per_block)
                 n_steps = cfg.steps_per_block
@@ -314,9 +330,7 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
                     commit = _commit_mask(conf, eligible, k)
                     at = blk * cfg.steps_per_block + step
                 else:
-                    commit = _commit_mask(conf, eligible, one) | (
-                        eligible & (conf >= cfg.threshold)
-                    )
+                    commit = _commit_mask(conf, eligible, one) | (eligible & (conf >= cfg.threshold))
                     at = executed
                 executed += 1
                 x[:, p + lo : p + hi] = torch.where(commit, x0, x[:, p + lo : p + hi])
@@ -325,9 +339,14 @@ class FastSampler(common.ConfiguredSampler, common.CandidateScoring):
         response = x[:, p:].masked_fill(pending, eos_id)
         return response, reveal, nfe, executed
 
-
-    def _static_chunk(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      generator: Optional[torch.Generator], shift: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    def _static_chunk(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        generator: Optional[torch.Generator],
+        shift: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """:meth:`_generate_chunk` through the static steps of :class:`_StaticFast` (``graphs``):
         the same blocks, steps, random draws and commits; the host only counts steps and, with
         threshold decoding, reads whether the block is complete after each step."""
@@ -392,8 +411,9 @@ class _StaticFast:
     writes back.
     """
 
-    def __init__(self, sampler: "FastSampler", wrapper: Any, b: int, p: int, shift: int, padded: bool,
-                 device: torch.device):
+    def __init__(
+        self, sampler: "FastSampler", wrapper: Any, b: int, p: int, shift: int, padded: bool, device: torch.device
+    ):
         cfg = sampler.config
         self.sampler, self.wrapper, self.padded, self.shift = sampler, wrapper, padded, shift
         self.mask_id, self.eos_id = int(wrapper.mask_token_id), int(wrapper.eos_token_id)
@@ -407,8 +427,9 @@ class _StaticFast:
         self.reveal = torch.full((b, r), -1, dtype=torch.long, device=device)
         self.k = torch.zeros(b, dtype=torch.long, device=device)
         self.at = torch.zeros((), dtype=torch.long, device=device)
-        self.stop_ids = torch.tensor(sorted({int(t) for t in wrapper.stop_token_ids} | {self.eos_id}),
-                                     dtype=torch.long, device=device)
+        self.stop_ids = torch.tensor(
+            sorted({int(t) for t in wrapper.stop_token_ids} | {self.eos_id}), dtype=torch.long, device=device
+        )
         self.u = self.ur = None
         if cfg.temperature > 0:  # the vocabulary size, from a one-token forward
             probe = torch.zeros(b, s + 1, dtype=torch.long, device=device)
@@ -425,14 +446,25 @@ class _StaticFast:
             tables["rcols"].append(block - p)
             tables["lcols"].append(block - s)
             tables["qcols"].append(torch.arange(lo - s, hi, device=device))
-            tables["kcols"].append(torch.cat([torch.arange(0, lo - s, device=device),
-                                              torch.arange(hi, length, device=device)]))
+            tables["kcols"].append(
+                torch.cat([torch.arange(0, lo - s, device=device), torch.arange(hi, length, device=device)])
+            )
         self.tables = {name: torch.stack(rows) for name, rows in tables.items()}
         self.cur = {name: rows[0].clone() for name, rows in self.tables.items()}
         self.keys = torch.cat([self.cur["kcols"], self.cur["qcols"]])
         c = self.cur
-        select = (self.x, self.pending, self.reveal, c["bcols"], c["rcols"], self.k, self.at, self.u,
-                  self.ur, self.stop_ids)
+        select = (
+            self.x,
+            self.pending,
+            self.reveal,
+            c["bcols"],
+            c["rcols"],
+            self.k,
+            self.at,
+            self.u,
+            self.ur,
+            self.stop_ids,
+        )
         self.full_args = (self.pos, self.valid, c["lcols"], c["kcols"]) + select
         self.cached_args = (self.pos, self.valid, c["qcols"], self.keys) + select
         mode = graph_mode(cfg.graphs, device, wrapper.module)
@@ -460,8 +492,13 @@ class _StaticFast:
 
         for buf in (self.u, self.ur):
             if buf is not None:
-                torch.rand(buf.shape, generator=for_device(generator, buf.device), dtype=torch.float64,
-                           device=buf.device, out=buf)
+                torch.rand(
+                    buf.shape,
+                    generator=for_device(generator, buf.device),
+                    dtype=torch.float64,
+                    device=buf.device,
+                    out=buf,
+                )
 
     def _mask(self, valid: torch.Tensor, keys: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         if not self.padded:
@@ -471,8 +508,8 @@ class _StaticFast:
     def _full_step(self, pos, valid, lcols, kcols, *select):
         want = self.sampler.config.cache != "none"
         logits, present = self.wrapper.forward_cached(
-            select[0], position_ids=pos, past_key_values=None, attention_mask=self._mask(valid),
-            use_cache=want)
+            select[0], position_ids=pos, past_key_values=None, attention_mask=self._mask(valid), use_cache=want
+        )
         out = self._select(logits.index_select(1, lcols).float(), *select)
         if not want:
             return out
@@ -482,15 +519,20 @@ class _StaticFast:
         select, flat = rest[:10], rest[10:]
         past = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         logits, _ = self.wrapper.forward_cached(
-            select[0].index_select(1, qcols), position_ids=pos.index_select(1, qcols),
-            past_key_values=past, attention_mask=self._mask(valid, keys), use_cache=False)
+            select[0].index_select(1, qcols),
+            position_ids=pos.index_select(1, qcols),
+            past_key_values=past,
+            attention_mask=self._mask(valid, keys),
+            use_cache=False,
+        )
         return self._select(logits.float(), *select)
 
     def _select(self, logits, x, pending, reveal, bcols, rcols, k, at, u, ur, stop_ids):
         """The eager step's candidates, confidences and commits at fixed shapes."""
         sampler, cfg = self.sampler, self.sampler.config
-        logits = logits.masked_fill(sampler._ban_mask(logits.shape[-1], self.mask_id, self.eos_id,
-                                                      logits.device), -math.inf)
+        logits = logits.masked_fill(
+            sampler._ban_mask(logits.shape[-1], self.mask_id, self.eos_id, logits.device), -math.inf
+        )
         if u is None:
             x0 = logits.argmax(dim=-1)
         else:  # the Gumbel-max draw of CandidateScoring._candidates

@@ -51,19 +51,24 @@ def graph_mode(setting: str, device: Any, module: Any = None) -> str:
         hooked = module is not None and any(m._forward_pre_hooks or m._forward_hooks for m in module.modules())
         return "cuda_graph" if kind == "cuda" and not hooked else "eager"
     if setting in ("cuda_graph", "compile") and collective_generation():
-        raise DareError(f"rollout.graphs={setting} replays captured steps, which cannot step in lockstep "
-                        f"where forwards are collective (fsdp, ZeRO-3); use rollout.graphs=auto or static")
+        raise DareError(
+            f"rollout.graphs={setting} replays captured steps, which cannot step in lockstep "
+            f"where forwards are collective (fsdp, ZeRO-3); use rollout.graphs=auto or static"
+        )
     if setting == "cuda_graph" and kind != "cuda":
-        raise DareError(f"rollout.graphs=cuda_graph needs a CUDA device, the model is on {kind}; "
-                        f"use rollout.graphs=static or compile (or auto)")
+        raise DareError(
+            f"rollout.graphs=cuda_graph needs a CUDA device, the model is on {kind}; "
+            f"use rollout.graphs=static or compile (or auto)"
+        )
     return setting
 
 
 def weights_key(module: Any) -> tuple:
     """Identity of a module's parameter and buffer tensors (their addresses): a captured step
     stays valid while this is unchanged (in-place updates keep it)."""
-    return (id(module),) + tuple(t.data_ptr() for t in module.parameters()) + tuple(
-        t.data_ptr() for t in module.buffers())
+    return (
+        (id(module),) + tuple(t.data_ptr() for t in module.parameters()) + tuple(t.data_ptr() for t in module.buffers())
+    )
 
 
 class Step:
@@ -77,8 +82,7 @@ class Step:
     chosen by ``graphs=auto``: a step that synchronises with the host then runs uncaptured.
     """
 
-    def __init__(self, fn: Callable[..., tuple], mode: str, device: Any, pool: Any = None,
-                 auto: bool = False):
+    def __init__(self, fn: Callable[..., tuple], mode: str, device: Any, pool: Any = None, auto: bool = False):
         self.fn, self.mode, self.pool, self.auto = fn, mode, pool, auto
         self.graph: Any = None
         self.inputs: list = []
@@ -132,10 +136,15 @@ class Step:
         """``auto``: run uncaptured from now on, with a warning; else a one-line error."""
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not self.auto:
-            raise DareError(f"rollout.graphs=cuda_graph: the decode step cannot be captured, {why} "
-                            f"({detail}); use rollout.graphs=static") from None
-        warnings.warn(f"rollout.graphs=auto: the decode step cannot be captured, {why} ({detail}); "
-                      f"running the static steps uncaptured", stacklevel=4)
+            raise DareError(
+                f"rollout.graphs=cuda_graph: the decode step cannot be captured, {why} "
+                f"({detail}); use rollout.graphs=static"
+            ) from None
+        warnings.warn(
+            f"rollout.graphs=auto: the decode step cannot be captured, {why} ({detail}); "
+            f"running the static steps uncaptured",
+            stacklevel=4,
+        )
         self.mode = "static"
 
 

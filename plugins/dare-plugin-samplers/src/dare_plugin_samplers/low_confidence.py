@@ -41,8 +41,8 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import RolloutBatch
 import dare_plugin_samplers.common as common
+from dare_core.api import RolloutBatch
 from dare_plugin_samplers.config import LOW_CONFIDENCE_RECORDS, LowConfidenceConfig
 
 __all__ = [
@@ -57,18 +57,26 @@ SUPPORTED_RECORDS = LOW_CONFIDENCE_RECORDS
 
 # --------------------------------------------------------------------------- schedule
 
+
 def mask_through_first_stop(response_ids: torch.Tensor, stop_ids, truncate: bool = True) -> torch.Tensor:
     """``[B, R]`` long mask of the response positions up to and including each row's first stop
     token (every position when a row has none, or when ``truncate`` is false)."""
     b, r = response_ids.shape
     if not truncate:
         return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
-    stops = torch.as_tensor(list(stop_ids) if not torch.is_tensor(stop_ids) else stop_ids,
-                            dtype=response_ids.dtype, device=response_ids.device)
+    stops = torch.as_tensor(
+        list(stop_ids) if not torch.is_tensor(stop_ids) else stop_ids,
+        dtype=response_ids.dtype,
+        device=response_ids.device,
+    )
     is_stop = torch.isin(response_ids, stops)
-    last = torch.where(is_stop.any(dim=1), is_stop.long().argmax(dim=1),
-                       torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device))
+    last = torch.where(
+        is_stop.any(dim=1),
+        is_stop.long().argmax(dim=1),
+        torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
+    )
     return (torch.arange(r, device=response_ids.device)[None, :] <= last[:, None]).long()
+
 
 def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     """Per-step commit quota: ``n`` masks over ``steps`` steps.
@@ -163,13 +171,14 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
         want_reveal = "reveal_step" in record
         want_states = "step_states" in record
         parts = common.run_micro_batches(
-            wrapper, prompt_ids, prompt_mask, cfg.micro_batch_size,
-            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator, want_states))
-        response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
-        states = (
-            {k: torch.cat([p[3][k] for p in parts], dim=0) for k in parts[0][3]}
-            if parts and want_states else {}
+            wrapper,
+            prompt_ids,
+            prompt_mask,
+            cfg.micro_batch_size,
+            lambda ids, mask: self._generate_chunk(wrapper, ids, mask, generator, want_states),
         )
+        response_ids, reveal, nfe = common.join_micro_batches(parts, cfg.gen_length, prompt_ids.device)
+        states = {k: torch.cat([p[3][k] for p in parts], dim=0) for k in parts[0][3]} if parts and want_states else {}
 
         return RolloutBatch(
             prompt_ids=prompt_ids,
@@ -209,16 +218,25 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
         """
         cfg = self.config
         if not 0 <= start_step <= stop_step <= cfg.steps:
-            raise ValueError(f"need 0 <= start_step <= stop_step <= steps={cfg.steps}, got "
-                             f"{start_step}, {stop_step}")
+            raise ValueError(f"need 0 <= start_step <= stop_step <= steps={cfg.steps}, got {start_step}, {stop_step}")
         if response.shape != (prompt_ids.shape[0], cfg.gen_length):
-            raise ValueError(f"response must be [B, gen_length] = "
-                             f"{(prompt_ids.shape[0], cfg.gen_length)}, got {tuple(response.shape)}")
+            raise ValueError(
+                f"response must be [B, gen_length] = "
+                f"{(prompt_ids.shape[0], cfg.gen_length)}, got {tuple(response.shape)}"
+            )
         with common.eval_mode(wrapper.module):
             out, reveal, nfe, _ = self._generate_chunk(
-                wrapper, prompt_ids, prompt_mask, generator, False, response, start_step, stop_step)
-        return RolloutBatch(prompt_ids, prompt_mask, out, self._response_mask(out, wrapper.eos_token_id),
-                            reveal_step=reveal, num_steps=cfg.steps, nfe=nfe)
+                wrapper, prompt_ids, prompt_mask, generator, False, response, start_step, stop_step
+            )
+        return RolloutBatch(
+            prompt_ids,
+            prompt_mask,
+            out,
+            self._response_mask(out, wrapper.eos_token_id),
+            reveal_step=reveal,
+            num_steps=cfg.steps,
+            nfe=nfe,
+        )
 
     # ------------------------------------------------------------------ internals
     def _response_mask(self, response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -248,9 +266,7 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
         prompt_valid = prompt_mask.bool()
         attn = None
         if not bool(prompt_valid.all()):
-            attn = torch.cat(
-                [prompt_valid.long(), torch.ones(b, r, dtype=torch.long, device=device)], dim=1
-            )
+            attn = torch.cat([prompt_valid.long(), torch.ones(b, r, dtype=torch.long, device=device)], dim=1)
         stop_ids = torch.tensor(
             sorted({int(t) for t in wrapper.stop_token_ids} | {eos_id}),
             dtype=torch.long,
@@ -273,15 +289,11 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
                 if not want_states and not bool((k > 0).any()):
                     continue  # nobody commits: the forward would change nothing
                 if want_states:
-                    full, calls = self._block_logits(
-                        wrapper, x, attn, prompt_valid, p, p + r, mask_id
-                    )
+                    full, calls = self._block_logits(wrapper, x, attn, prompt_valid, p, p + r, mask_id)
                     full = self._ban(full, mask_id, eos_id)
                     logits = full[:, lo:hi]
                 else:
-                    logits, calls = self._block_logits(
-                        wrapper, x, attn, prompt_valid, p + lo, p + hi, mask_id
-                    )
+                    logits, calls = self._block_logits(wrapper, x, attn, prompt_valid, p + lo, p + hi, mask_id)
                     logits = self._ban(logits, mask_id, eos_id)
                 nfe += calls
                 x0 = self._candidates(logits, generator)
@@ -297,14 +309,15 @@ class LowConfidenceSampler(common.ConfiguredSampler, common.CandidateScoring):
                 commit = _commit_mask(conf, pending[:, lo:hi], k)
                 x[:, p + lo : p + hi] = torch.where(commit, x0, x[:, p + lo : p + hi])
                 pending[:, lo:hi] &= ~commit
-                reveal[:, lo:hi] = torch.where(
-                    commit, torch.full_like(k, blk * spb + step)[:, None], reveal[:, lo:hi]
-                )
+                reveal[:, lo:hi] = torch.where(commit, torch.full_like(k, blk * spb + step)[:, None], reveal[:, lo:hi])
         response = x[:, p:].masked_fill(pending, eos_id) if stop >= cfg.steps else x[:, p:]
         states: dict[str, torch.Tensor] = {}
         if want_states:
-            states = {"step_inputs": torch.stack(inputs, 1), "step_predictions": torch.stack(preds, 1),
-                      "step_confidence": torch.stack(confs, 1)}
+            states = {
+                "step_inputs": torch.stack(inputs, 1),
+                "step_predictions": torch.stack(preds, 1),
+                "step_confidence": torch.stack(confs, 1),
+            }
         return response, reveal, nfe, states
 
     def _block_logits(

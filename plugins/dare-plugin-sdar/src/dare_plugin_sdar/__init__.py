@@ -9,8 +9,7 @@ transformers.
 
 import os
 
-from dare_core.api import hookimpl, lazy, ModelFamily
-
+from dare_core.api import ModelFamily, hookimpl, lazy
 from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE
 
 __version__ = "0.1.0"
@@ -18,17 +17,19 @@ __version__ = "0.1.0"
 
 @hookimpl
 def dare_register_model_wrappers(register):
-    register(ModelFamily(
-        name="sdar",
-        kind="block",
-        load=lazy("dare_plugin_sdar.wrapper:load"),
-        create=lazy("dare_plugin_sdar.wrapper:create"),
-        capabilities=CAPABILITIES,
-        model_types=("sdar", "sdar_moe"),
-        config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),
-        default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
-        default_rollout="block",
-        rollouts=("block",),
-        block_size=DEFAULT_BLOCK_SIZE,
-        description="SDAR: block diffusion on Qwen3 / Qwen3-MoE (Cheng et al. 2025, arXiv:2510.06303)",
-    ))
+    register(
+        ModelFamily(
+            name="sdar",
+            kind="block",
+            load=lazy("dare_plugin_sdar.wrapper:load"),
+            create=lazy("dare_plugin_sdar.wrapper:create"),
+            capabilities=CAPABILITIES,
+            model_types=("sdar", "sdar_moe"),
+            config_keys=("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"),
+            default_checkpoint=BUNDLED if os.path.isdir(BUNDLED) else None,
+            default_rollout="block",
+            rollouts=("block",),
+            block_size=DEFAULT_BLOCK_SIZE,
+            description="SDAR: block diffusion on Qwen3 / Qwen3-MoE (Cheng et al. 2025, arXiv:2510.06303)",
+        )
+    )

@@ -29,7 +29,8 @@ SUPPORTED_ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 def _check_common(cfg: PretrainedConfig, name: str) -> None:
     bad = layers.config_error(name)
     layers.check_positive_ints(
-        cfg, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"), bad)
+        cfg, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"), bad
+    )
     layers.check_heads(cfg.num_attention_heads, cfg.num_key_value_heads, bad, rotary_dim=cfg.head_dim)
     if cfg.hidden_act != "silu":
         bad(f"hidden_act={cfg.hidden_act!r} is not supported (SDAR uses 'silu')")
@@ -155,13 +156,20 @@ class SDARMoeConfig(_SDARBase):
     def check_supported(self) -> None:
         _check_common(self, "SDARMoeConfig")
         layers.check_positive_ints(
-            self, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
-            layers.config_error("SDARMoeConfig"))
+            self,
+            ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"),
+            layers.config_error("SDARMoeConfig"),
+        )
         if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"SDARMoeConfig: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
-                             f"num_experts ({self.num_experts})")
+            raise ValueError(
+                f"SDARMoeConfig: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
+                f"num_experts ({self.num_experts})"
+            )
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """The published rule: MoE unless listed in ``mlp_only_layers``, every ``decoder_sparse_step``."""
-        return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
-                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+        return (
+            layer_idx not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )

@@ -19,8 +19,10 @@ __all__ = ["register_auto_classes"]
 
 def register_auto_classes() -> None:
     """Register ``sdar`` and ``sdar_moe`` with AutoConfig, AutoModel and AutoModelForCausalLM (idempotent)."""
-    for config, base, lm in ((SDARConfig, SDARModel, SDARForCausalLM),
-                             (SDARMoeConfig, SDARMoeModel, SDARMoeForCausalLM)):
+    for config, base, lm in (
+        (SDARConfig, SDARModel, SDARForCausalLM),
+        (SDARMoeConfig, SDARMoeModel, SDARMoeForCausalLM),
+    ):
         AutoConfig.register(config.model_type, config, exist_ok=True)
         AutoModel.register(config, base, exist_ok=True)
         AutoModelForCausalLM.register(config, lm, exist_ok=True)

@@ -59,6 +59,7 @@ __all__ = [
     "rope_cos_sin",
 ]
 
+
 @dataclass
 class SDAROutput:
     """Output of the decoder stack: final-norm hidden states and, with ``use_cache``, the cache.
@@ -114,7 +115,8 @@ def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int,
         raise layers.AttentionMaskError(
             "SDAR needs an explicit attention_mask: the block-causal mask at inference (query in "
             "block b sees keys in blocks <= b) or the BD3LM mask in training; it never falls back "
-            "to bidirectional or causal attention (see dare_nn.block)")
+            "to bidirectional or causal attention (see dare_nn.block)"
+        )
     if not isinstance(mask, torch.Tensor):
         raise layers.AttentionMaskError(f"attention_mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() == 2:
@@ -124,7 +126,8 @@ def prepare_attention_mask(mask: Optional[torch.Tensor], batch: int, q_len: int,
         if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
             raise layers.AttentionMaskError(
                 "attention_mask must be boolean or 0/1 (1 = may attend); additive float masks are "
-                "not accepted (the published code reads the mask with .bool())")
+                "not accepted (the published code reads the mask with .bool())"
+            )
         m = m != 0
     if m.dim() == 3:
         m = m[:, None]
@@ -141,7 +144,7 @@ class SDARAttention(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         d = config.hidden_size
         self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=False)
@@ -157,8 +160,9 @@ class SDARAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = layers.split_heads(self.v_proj(x), self.num_kv_heads, self.head_dim)
         q, k = layers.apply_rotary(q, cos, sin), layers.apply_rotary(k, cos, sin)
-        out, present = layers.attend(q, k, v, mask, scale=self.scaling, past=past,
-                                     implementation=self.config._attn_implementation)
+        out, present = layers.attend(
+            q, k, v, mask, scale=self.scaling, past=past, implementation=self.config._attn_implementation
+        )
         return self.o_proj(out), present
 
 
@@ -177,8 +181,17 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
         return m[0] if isinstance(m, tuple) else m  # MoE block: (output, router logits)
 
     def forward(self, hidden_states, cos, sin, mask, past=None):
-        return layers.pre_norm_residual(hidden_states, self.input_layernorm, self.self_attn,
-                                        self.post_attention_layernorm, self._mlp_output, cos, sin, mask, past)
+        return layers.pre_norm_residual(
+            hidden_states,
+            self.input_layernorm,
+            self.self_attn,
+            self.post_attention_layernorm,
+            self._mlp_output,
+            cos,
+            sin,
+            mask,
+            past,
+        )
 
 
 class SDARPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
@@ -187,8 +200,9 @@ class SDARPreTrainedModel(layers.NativeModelDefaults, PreTrainedModel):
 
 
 def _check_kwargs(cls_name: str, kwargs: dict[str, Any]) -> None:
-    layers.reject_options(cls_name, kwargs, _REJECTED_IF_SET,
-                          hint=" (block-diffusion training goes through the DARE model wrapper)")
+    layers.reject_options(
+        cls_name, kwargs, _REJECTED_IF_SET, hint=" (block-diffusion training goes through the DARE model wrapper)"
+    )
     unknown = set(kwargs) - set(_REJECTED_IF_SET) - {"return_dict", "output_hidden_states", "inputs_embeds"}
     if unknown:
         raise ValueError(f"{cls_name}.forward got unexpected argument(s): {', '.join(sorted(unknown))}")
@@ -215,21 +229,43 @@ class SDARModel(layers.EmbeddingAccessors, SDARPreTrainedModel):
     def _make_layer(config, i: int) -> nn.Module:
         return SDARDecoderLayer(config, i)
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[list] = None,
-                use_cache: Optional[bool] = False, inputs_embeds: Optional[torch.Tensor] = None,
-                output_hidden_states: Optional[bool] = None, **kwargs: Any) -> SDAROutput:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[list] = None,
+        use_cache: Optional[bool] = False,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        output_hidden_states: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> SDAROutput:
         _check_kwargs(type(self).__name__, kwargs)
         cfg = self.config
         h, past, P, position_ids = layers.decoder_inputs(
-            self.embed_tokens, input_ids, inputs_embeds, position_ids, past_key_values,
-            n_layers=len(self.layers), kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+            self.embed_tokens,
+            input_ids,
+            inputs_embeds,
+            position_ids,
+            past_key_values,
+            n_layers=len(self.layers),
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+        )
         B, Q, _ = h.shape
         mask = prepare_attention_mask(attention_mask, B, Q, P + Q).to(h.device)
         cos, sin = layers.rotary_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, h.dtype)
-        h, hidden, present = layers.run_layers(self.layers, h, cos, sin, mask, past=past, final_norm=self.norm,
-                                               output_hidden_states=bool(output_hidden_states),
-                                               use_cache=bool(use_cache))
+        h, hidden, present = layers.run_layers(
+            self.layers,
+            h,
+            cos,
+            sin,
+            mask,
+            past=past,
+            final_norm=self.norm,
+            output_hidden_states=bool(output_hidden_states),
+            use_cache=bool(use_cache),
+        )
         return SDAROutput(last_hidden_state=h, past_key_values=present, hidden_states=hidden)
 
 
@@ -252,27 +288,47 @@ class SDARForCausalLM(layers.EmbeddingAccessors, SDARPreTrainedModel):
     def get_decoder(self) -> nn.Module:
         return self.model
 
-    def forward_hidden(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                       position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """``[B, L, d]`` final-norm hidden states (the LM head not applied)."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          position_ids=position_ids).last_hidden_state
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
 
-    def forward(self, input_ids: Optional[torch.Tensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values: Optional[list] = None,
-                use_cache: Optional[bool] = False, logits_to_keep: int | torch.Tensor = 0,
-                return_dict: Optional[bool] = None, **kwargs: Any) -> SDARCausalLMOutput | tuple:
+    def forward(
+        self,
+        input_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        past_key_values: Optional[list] = None,
+        use_cache: Optional[bool] = False,
+        logits_to_keep: int | torch.Tensor = 0,
+        return_dict: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> SDARCausalLMOutput | tuple:
         """Inference forward (see the module docstring for the mask and cache contracts).
 
         ``logits_to_keep``: an int ``k > 0`` keeps the last ``k`` positions, a tensor indexes them,
         0 keeps all (as in HF).
         """
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
         h = out.last_hidden_state
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) and logits_to_keep > 0 else (
-            slice(None) if isinstance(logits_to_keep, int) else logits_to_keep)
+        keep = (
+            slice(-logits_to_keep, None)
+            if isinstance(logits_to_keep, int) and logits_to_keep > 0
+            else (slice(None) if isinstance(logits_to_keep, int) else logits_to_keep)
+        )
         logits = self.lm_head(h[:, keep, :])
-        result = SDARCausalLMOutput(logits=logits, past_key_values=out.past_key_values,
-                                    hidden_states=out.hidden_states)
+        result = SDARCausalLMOutput(logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states)
         return result.to_tuple() if return_dict is False else result

@@ -56,7 +56,8 @@ class SDARMoeSparseMoeBlock(moe.GroupedExperts):
         self.norm_topk_prob = bool(config.norm_topk_prob)
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = nn.ModuleList(
-            SDARMLP(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts))
+            SDARMLP(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)
+        )
         self.pack_experts()
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +84,11 @@ class SDARMoeModel(SDARModel):
 
     @staticmethod
     def _make_layer(config: SDARMoeConfig, i: int) -> nn.Module:
-        mlp = SDARMoeSparseMoeBlock(config) if config.is_moe_layer(i) else SDARMLP(
-            config.hidden_size, config.intermediate_size)
+        mlp = (
+            SDARMoeSparseMoeBlock(config)
+            if config.is_moe_layer(i)
+            else SDARMLP(config.hidden_size, config.intermediate_size)
+        )
         return SDARDecoderLayer(config, i, mlp=mlp)
 
 

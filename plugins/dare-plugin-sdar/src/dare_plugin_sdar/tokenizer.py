@@ -12,8 +12,16 @@ from transformers import PreTrainedTokenizerFast
 
 from dare_nn.tokenizers import train_byte_bpe
 
-__all__ = ["EOS_TOKEN", "PAD_TOKEN", "MASK_TOKEN", "IM_START", "IM_END", "SPECIAL_TOKENS",
-           "CHAT_TEMPLATE", "build_tokenizer"]
+__all__ = [
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "MASK_TOKEN",
+    "IM_START",
+    "IM_END",
+    "SPECIAL_TOKENS",
+    "CHAT_TEMPLATE",
+    "build_tokenizer",
+]
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = EOS_TOKEN
@@ -46,8 +54,13 @@ CHAT_TEMPLATE = (
 def build_tokenizer(texts: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` (deterministic for a given input)."""
     return train_byte_bpe(
-        texts, vocab_size, SPECIAL_TOKENS,
-        eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, mask_token=MASK_TOKEN,
-        extra_special_tokens=[IM_START, IM_END, THINK, END_THINK], model_max_length=32768,
+        texts,
+        vocab_size,
+        SPECIAL_TOKENS,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        extra_special_tokens=[IM_START, IM_END, THINK, END_THINK],
+        model_max_length=32768,
         chat_template=CHAT_TEMPLATE,
     )

@@ -23,14 +23,15 @@ from dare_nn.checkpoints import (
     config_or_tokenizer_id,
     load_module,
     padded_vocab_size,
+    save_new_checkpoint,
+    tiny_params,
+    tokenizer_token_id,
 )
-from dare_nn.checkpoints import save_new_checkpoint, tiny_params, tokenizer_token_id
-
+from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 from dare_plugin_sdar.configuration_sdar import SDARConfig, SDARMoeConfig
 from dare_plugin_sdar.hf import register_auto_classes
 from dare_plugin_sdar.modeling_sdar import SDARForCausalLM
 from dare_plugin_sdar.modeling_sdar_moe import SDARMoeForCausalLM
-from dare_plugin_sdar.config import BUNDLED, CAPABILITIES, DEFAULT_BLOCK_SIZE  # noqa: F401 (BUNDLED: re-exported)
 
 IM_END = "<|im_end|>"
 MASK_TOKENS = ("<|MASK|>", "<MASK>")
@@ -44,8 +45,9 @@ class SDARWrapper(BlockDiffusionWrapper):
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         """Qwen3 chat template with thinking disabled (SDAR's chat evaluation setting)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  enable_thinking=False)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
 
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         super().save_pretrained(path, state_dict)
@@ -79,25 +81,46 @@ def token_ids(path: str, config: Any, tokenizer: Any) -> dict[str, Any]:
         pad = gen.get("pad_token_id", tokenizer.pad_token_id)
     if pad is None:
         pad = eos
-    return {"mask_token_id": int(mask), "eos_token_id": int(eos), "pad_token_id": int(pad),
-            "stop_token_ids": tuple(dict.fromkeys(stops))}
+    return {
+        "mask_token_id": int(mask),
+        "eos_token_id": int(eos),
+        "pad_token_id": int(pad),
+        "stop_token_ids": tuple(dict.fromkeys(stops)),
+    }
 
 
-def load(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None) -> SDARWrapper:
+def load(
+    path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", attn_implementation: Optional[str] = None
+) -> SDARWrapper:
     """Load an ``sdar`` or ``sdar_moe`` checkpoint (single file or sharded safetensors) and its tokenizer."""
     register_auto_classes()
     model_type = checkpoint_model_type(path, _CLASSES)
     module, tokenizer = load_module(_CLASSES[model_type], path, dtype, device, attn_implementation)
     ids = token_ids(path, module.config, tokenizer)
     block = getattr(module.config, "block_size", None) or DEFAULT_BLOCK_SIZE
-    return SDARWrapper(family="sdar", module=module, tokenizer=tokenizer, kind="block",
-                       capabilities=CAPABILITIES, block_size=int(block), **ids)
+    return SDARWrapper(
+        family="sdar",
+        module=module,
+        tokenizer=tokenizer,
+        kind="block",
+        capabilities=CAPABILITIES,
+        block_size=int(block),
+        **ids,
+    )
 
 
-TINY_DENSE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                  num_hidden_layers=2, intermediate_size=128, max_position_embeddings=2048,
-                  rope_theta=10000.0, block_size=4, vocab_size=512)
+TINY_DENSE = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    max_position_embeddings=2048,
+    rope_theta=10000.0,
+    block_size=4,
+    vocab_size=512,
+)
 # like SDAR-30B-A3B's config: no block_size / mask_token_id (the wrapper uses 4 and the tokenizer's mask)
 TINY_MOE = {k: v for k, v in TINY_DENSE.items() if k != "block_size"}
 TINY_MOE.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)

@@ -33,15 +33,15 @@ from typing import Any, Optional
 
 import torch
 
-from dare_core.api import Corrupted, mask_tokens, SequenceBatch
-
+from dare_core.api import Corrupted, SequenceBatch, mask_tokens
 from dare_plugin_sft.uniform import response_totals
 
 __all__ = ["BlockDiffusionMasking", "BlockDiffusionNELBO", "KindDispatch", "choose_masks"]
 
 
-def choose_masks(t_tries: torch.Tensor, draws: torch.Tensor, eligible: torch.Tensor,
-                 force_u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def choose_masks(
+    t_tries: torch.Tensor, draws: torch.Tensor, eligible: torch.Tensor, force_u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The retry rule on pre-drawn randomness.
 
     :param t_tries: ``[T, N]`` masking probabilities of the ``T`` tries for ``N`` sequences.
@@ -76,8 +76,7 @@ class BlockDiffusionMasking:
     uniforms from ``generator`` (CPU), ``T = max_tries``.
     """
 
-    def __init__(self, eps: float = 1e-3, mc_num: int = 1, low: float = 0.0, high: float = 1.0,
-                 max_tries: int = 10):
+    def __init__(self, eps: float = 1e-3, mc_num: int = 1, low: float = 0.0, high: float = 1.0, max_tries: int = 10):
         if not 0.0 <= eps < 1.0:
             raise ValueError(f"eps must be in [0, 1), got {eps}")
         if mc_num < 1 or max_tries < 1:
@@ -92,7 +91,7 @@ class BlockDiffusionMasking:
         M, T = self.mc_num, self.max_tries
         dev = ids.device
         eligible = torch.zeros(B, S, dtype=torch.bool, device=dev)
-        eligible[:, batch.prompt_len:] = batch.response_mask.bool()
+        eligible[:, batch.prompt_len :] = batch.response_mask.bool()
         u = torch.rand(T, M * B, generator=generator).to(dev)
         draws = torch.rand(T, M * B, S, generator=generator).to(dev)
         force_u = torch.rand(M * B, generator=generator).to(dev)
@@ -125,8 +124,14 @@ class BlockDiffusionNELBO:
         """:func:`~dare_plugin_sft.uniform.response_totals` of ``batch``."""
         return response_totals(batch)
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        corrupted: Corrupted,
+        batch: SequenceBatch,
+        *,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         masked = corrupted.masked
         n = masked.sum()
         if self.weighting == "elbo":

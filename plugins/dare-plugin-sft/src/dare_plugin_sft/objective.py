@@ -12,8 +12,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dare_core.api import Components, Corrupted, default_collate, SequenceBatch
-
+from dare_core.api import Components, Corrupted, SequenceBatch, default_collate
 from dare_plugin_sft.block import KindDispatch
 from dare_plugin_sft.config import SFTConfig
 from dare_plugin_sft.uniform import TargetTokens, response_totals
@@ -42,8 +41,14 @@ class NELBOLoss:
         """:func:`~dare_plugin_sft.uniform.response_totals` of ``batch``."""
         return response_totals(batch)
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        corrupted: Corrupted,
+        batch: SequenceBatch,
+        *,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         masked = corrupted.masked
         weight = torch.where(masked, 1.0 / corrupted.p_mask.clamp_min(1e-12), torch.zeros(()))
         n = masked.sum()
@@ -57,8 +62,7 @@ class NELBOLoss:
 def make_collate(cfg: SFTConfig):
     def collate(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], wrapper: Any) -> SequenceBatch:
         fill = wrapper.eos_token_id if cfg.pad_with_eos else wrapper.pad_token_id
-        return default_collate(prompts, responses, wrapper, cfg.response_length, fill,
-                               train_padding=cfg.pad_with_eos)
+        return default_collate(prompts, responses, wrapper, cfg.response_length, fill, train_padding=cfg.pad_with_eos)
 
     return collate
 
@@ -68,18 +72,24 @@ def build(cfg: SFTConfig, lookup) -> Components:
     the flat uniform-noise cross entropy for ``uniform_noise`` models (chosen per call from the
     wrapper; :class:`~dare_plugin_sft.block.KindDispatch`)."""
     masked_corruption = lookup.corruption("random_ratio", eps=cfg.eps, mc_num=cfg.mc_num)
-    block_corruption = lookup.corruption("block_diffusion_masking", eps=cfg.eps, mc_num=cfg.mc_num,
-                                         low=cfg.block_t_low, high=cfg.block_t_high)
+    block_corruption = lookup.corruption(
+        "block_diffusion_masking", eps=cfg.eps, mc_num=cfg.mc_num, low=cfg.block_t_low, high=cfg.block_t_high
+    )
     masked_estimator = lookup.estimator("masked_token_logprob")
     return Components(
         # random_ratio draws the wrapper's own noise: uniform tokens for uniform-noise models
-        corruption=KindDispatch(masked_corruption, block_corruption, "corruption",
-                                uniform=TargetTokens(masked_corruption)),
+        corruption=KindDispatch(
+            masked_corruption, block_corruption, "corruption", uniform=TargetTokens(masked_corruption)
+        ),
         trajectory=None,
-        estimator=KindDispatch(masked_estimator, masked_estimator, "estimator",
-                               uniform=lookup.estimator("response_token_logprob")),
-        loss=KindDispatch(lookup.loss("nelbo"),
-                          lookup.loss("block_diffusion_nelbo", weighting=cfg.block_weighting), "loss",
-                          uniform=lookup.loss("uniform_diffusion_ce")),
+        estimator=KindDispatch(
+            masked_estimator, masked_estimator, "estimator", uniform=lookup.estimator("response_token_logprob")
+        ),
+        loss=KindDispatch(
+            lookup.loss("nelbo"),
+            lookup.loss("block_diffusion_nelbo", weighting=cfg.block_weighting),
+            "loss",
+            uniform=lookup.loss("uniform_diffusion_ce"),
+        ),
         collate=make_collate(cfg),
     )

@@ -65,13 +65,19 @@ class UniformDiffusionCE:
         """:func:`response_totals` of ``batch``."""
         return response_totals(batch)
 
-    def __call__(self, logp: torch.Tensor, corrupted: Corrupted, batch: SequenceBatch, *,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        corrupted: Corrupted,
+        batch: SequenceBatch,
+        *,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         valid = batch.response_mask.to(logp.dtype)[None].expand_as(logp)
         tokens = (response_totals(batch) if totals is None else totals)["tokens"].to(logp)
         loss = (-logp * valid).sum() / (logp.shape[0] * tokens).clamp_min(1.0)
         with torch.no_grad():
-            noised = corrupted.masked[:, :, batch.prompt_len:].to(logp.dtype) * valid
+            noised = corrupted.masked[:, :, batch.prompt_len :].to(logp.dtype) * valid
             k = noised.sum()
             nll_noised = (-logp * noised).sum() / k.clamp_min(1.0)
             nll = (-logp * valid).sum() / valid.sum().clamp_min(1.0)

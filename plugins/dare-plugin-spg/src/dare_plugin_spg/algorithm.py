@@ -38,8 +38,14 @@ class BlockWiseMasking:
     Masked tokens get the family's noise (``wrapper.noise``); SPG's bounds require ``absorbing_elbo``.
     """
 
-    def __init__(self, mc_num: int = 1, block_length: int = 32, p_mask_prompt: float = 0.15,
-                 min_t: float = 0.0, max_t: float = 1.0):
+    def __init__(
+        self,
+        mc_num: int = 1,
+        block_length: int = 32,
+        p_mask_prompt: float = 0.15,
+        min_t: float = 0.0,
+        max_t: float = 1.0,
+    ):
         self.mc_num = mc_num
         self.bl = block_length
         self.p = p_mask_prompt
@@ -67,8 +73,7 @@ class BlockWiseMasking:
                 before[:, b] = valid[b]
                 continue
             nv = -(-Lv // self.bl)
-            perm = torch.cat([torch.randperm(n_blocks, generator=generator)
-                              for _ in range(-(-M // n_blocks))])[:M]
+            perm = torch.cat([torch.randperm(n_blocks, generator=generator) for _ in range(-(-M // n_blocks))])[:M]
             for i, c in enumerate((perm % nv).tolist()):
                 start = P + self.bl * c
                 m = min(self.bl, Lv - self.bl * c)
@@ -89,8 +94,12 @@ class BlockWiseMasking:
         p_mask = torch.where(after, torch.ones_like(p_mask), p_mask)
         dev = ids.device
         masked = masked.to(dev)
-        return Corrupted(wrapper.noise(ids.expand(M, B, S), masked, generator), masked, p_mask.to(dev),
-                         {"block_mask_count": counts.to(dev)})
+        return Corrupted(
+            wrapper.noise(ids.expand(M, B, S), masked, generator),
+            masked,
+            p_mask.to(dev),
+            {"block_mask_count": counts.to(dev)},
+        )
 
 
 def spg_bounds(logp: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor, beta: float):
@@ -137,10 +146,19 @@ class SPGBounds:
             raise ValueError("the SPG estimator needs a corruption")
         P = batch.prompt_len
         resp = batch.response_mask.bool()
-        logp = torch.stack([
-            wrapper.token_logprobs(corrupted.noisy_ids[m], batch.input_ids, batch.attention_mask,
-                                   clean_ids=batch.input_ids, prompt_len=P)[:, P:]
-            for m in range(corrupted.num_samples)], 0)
+        logp = torch.stack(
+            [
+                wrapper.token_logprobs(
+                    corrupted.noisy_ids[m],
+                    batch.input_ids,
+                    batch.attention_mask,
+                    clean_ids=batch.input_ids,
+                    prompt_len=P,
+                )[:, P:]
+                for m in range(corrupted.num_samples)
+            ],
+            0,
+        )
         targets = corrupted.masked[:, :, P:] & resp[None]
         elbo, eubo, rows = spg_bounds(logp, targets, resp.sum(-1), self.beta)
         return torch.cat([elbo[None], eubo[None], rows], 0)
@@ -171,8 +189,17 @@ class SPGLoss:
         """:func:`~dare_core.api.mask_totals` of ``mask`` ``[B, R]`` (``"tokens"`` = Σ L_b)."""
         return mask_totals(mask)
 
-    def __call__(self, logp, old_logp, ref_logp: Optional[torch.Tensor], advantages, mask, *,
-                 extras: Optional[dict] = None, totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp,
+        old_logp,
+        ref_logp: Optional[torch.Tensor],
+        advantages,
+        mask,
+        *,
+        extras: Optional[dict] = None,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         elbo, eubo = logp[0], logp[1]
         if self.mode == "mix":
             lower_side = self.w * eubo + (1.0 - self.w) * elbo
@@ -211,9 +238,14 @@ def masking_block(cfg: SPGConfig, rollout: Any) -> int:
 
 def build(cfg: SPGConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption("spg_block_masking", mc_num=cfg.mc_num,
-                                     block_length=masking_block(cfg, lookup.rollout),
-                                     p_mask_prompt=cfg.p_mask_prompt, min_t=cfg.min_t, max_t=cfg.max_t),
+        corruption=lookup.corruption(
+            "spg_block_masking",
+            mc_num=cfg.mc_num,
+            block_length=masking_block(cfg, lookup.rollout),
+            p_mask_prompt=cfg.p_mask_prompt,
+            min_t=cfg.min_t,
+            max_t=cfg.max_t,
+        ),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("spg_bounds", eubo_beta=cfg.eubo_beta),
         loss=lookup.loss("spg", logp_estimation=cfg.logp_estimation, mix_weight=cfg.mix_weight),

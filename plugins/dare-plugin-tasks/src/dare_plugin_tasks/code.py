@@ -41,7 +41,6 @@ CODE_TIMEOUT = 10.0
 HUMANEVAL_PREFIX = "Complete the following python code:\n"
 
 
-
 class UnsupportedCodeFormatError(DareError, ValueError):
     """A code item whose tests are neither HumanEval ``check()`` code nor MBPP assert lines."""
 
@@ -76,7 +75,7 @@ def prompt_code(example: Example) -> str:
     users = [m["content"] for m in example.prompt if m.get("role") == "user"]
     text = users[-1] if users else ""
     if text.startswith(HUMANEVAL_PREFIX):
-        text = text[len(HUMANEVAL_PREFIX):]
+        text = text[len(HUMANEVAL_PREFIX) :]
     return text
 
 
@@ -112,8 +111,10 @@ def code_tests(example: Example) -> tuple[str, Optional[str]]:
     if isinstance(truth, str) and re.search(r"^def\s+check\s*\(", truth, re.MULTILINE):
         entry = entry_point_of(example)
         if entry is None:
-            raise DareError(f"{example.data_source} item has check() tests but no entry point "
-                            f"(no extra_info.entry_point and no def in the prompt)")
+            raise DareError(
+                f"{example.data_source} item has check() tests but no entry point "
+                f"(no extra_info.entry_point and no def in the prompt)"
+            )
         return truth, entry
     try:
         parsed: Any = json.loads(truth) if isinstance(truth, str) else truth

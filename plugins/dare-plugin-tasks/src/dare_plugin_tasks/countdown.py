@@ -99,7 +99,10 @@ def solve_countdown(numbers: list[int]) -> dict[int, str]:
 
 
 def countdown_example(
-    numbers: list[int], target: int, index: int, split: str = "train",
+    numbers: list[int],
+    target: int,
+    index: int,
+    split: str = "train",
     expression: Optional[str] = None,
 ) -> Example:
     """An :class:`Example` in the real data's layout (reference response if ``expression``)."""
@@ -107,8 +110,7 @@ def countdown_example(
         prompt=countdown_prompt(numbers, target),
         ground_truth=str(target),
         data_source="countdown",
-        extra_info={"index": index, "numbers": json.dumps(list(numbers)), "split": split,
-                    "task": "math"},
+        extra_info={"index": index, "numbers": json.dumps(list(numbers)), "split": split, "task": "math"},
         response=None if expression is None else countdown_reference_response(expression),
     )
 
@@ -184,6 +186,4 @@ class CountdownTask(FileBackedTask):
             if numbers is not None:
                 parsed = json.loads(numbers) if isinstance(numbers, str) else numbers
                 exclude.add(_item_key(parsed, ex.ground_truth))
-        return generate_countdown(
-            n, seed=f"{self.config.seed}:{seed}", count=self.count, exclude=exclude
-        )
+        return generate_countdown(n, seed=f"{self.config.seed}:{seed}", count=self.count, exclude=exclude)

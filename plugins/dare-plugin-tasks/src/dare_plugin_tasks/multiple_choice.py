@@ -28,8 +28,11 @@ def _example(path: str, i: int, row: dict[str, Any]) -> Example:
     context = row[key]
     if isinstance(context, str):
         prompt = [{"role": "user", "content": context}]
-    elif isinstance(context, list) and context and all(isinstance(m, dict) and {"role", "content"} <= set(m)
-                                                        for m in context):
+    elif (
+        isinstance(context, list)
+        and context
+        and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in context)
+    ):
         prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in context]
     else:
         raise DareError(f"{where}: {key} must be a string or a non-empty list of {{role, content}} messages")
@@ -45,9 +48,13 @@ def _example(path: str, i: int, row: dict[str, Any]) -> Example:
         index = choices.index(str(answer)) if str(answer) in choices else -1
     if index < 0:
         raise DareError(f"{where}: answer {answer!r} is neither an index below {len(choices)} nor one of the choices")
-    return Example(prompt=prompt, ground_truth=choices[index], data_source="multiple_choice",
-                   extra_info={"choices": list(choices), "answer_index": index, "index": i},
-                   response=choices[index])
+    return Example(
+        prompt=prompt,
+        ground_truth=choices[index],
+        data_source="multiple_choice",
+        extra_info={"choices": list(choices), "answer_index": index, "index": i},
+        response=choices[index],
+    )
 
 
 def load_choices(path: str, limit: Optional[int] = None) -> list[Example]:
@@ -76,8 +83,10 @@ class MultipleChoiceTask:
         path = self.config.eval_path if split == "eval" else self.config.train_path
         if not path:
             field = "eval_path" if split == "eval" else "train_path"
-            raise DareError(f"task 'multiple_choice' needs task.{field} (a .parquet or .jsonl file with "
-                            f"question, choices and answer fields) for the {split} split")
+            raise DareError(
+                f"task 'multiple_choice' needs task.{field} (a .parquet or .jsonl file with "
+                f"question, choices and answer fields) for the {split} split"
+            )
         if split not in self._cache:
             self._cache[split] = load_choices(path)
         return self._cache[split]

@@ -18,7 +18,17 @@ from typing import Any, Optional
 from dare_core.api import DareError, Example
 from dare_plugin_tasks._base import FileBackedTask
 
-__all__ = ["GSM8KTask", "HumanEvalPlusTask", "HumanEvalTask", "MBPPTask", "Math500Task", "ParquetTask", "REQUIRED_COLUMNS", "load_examples", "read_rows"]
+__all__ = [
+    "GSM8KTask",
+    "HumanEvalPlusTask",
+    "HumanEvalTask",
+    "MBPPTask",
+    "Math500Task",
+    "ParquetTask",
+    "REQUIRED_COLUMNS",
+    "load_examples",
+    "read_rows",
+]
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 _EXPECTED = "data_source, prompt, reward_model{ground_truth}, extra_info (optional)"
@@ -33,8 +43,13 @@ def _fail(path: str, problem: str) -> DareError:
     return DareError(f"{path}: {problem}")
 
 
-def _read_parquet(path: str, limit: Optional[int], required: tuple[str, ...], optional: Optional[tuple[str, ...]],
-                  expected: tuple[str, str]) -> list[dict[str, Any]]:
+def _read_parquet(
+    path: str,
+    limit: Optional[int],
+    required: tuple[str, ...],
+    optional: Optional[tuple[str, ...]],
+    expected: tuple[str, str],
+) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -55,7 +70,9 @@ def _read_parquet(path: str, limit: Optional[int], required: tuple[str, ...], op
     return table.to_pylist()
 
 
-def _read_jsonl(path: str, limit: Optional[int], required: tuple[str, ...], expected: tuple[str, str]) -> list[dict[str, Any]]:
+def _read_jsonl(
+    path: str, limit: Optional[int], required: tuple[str, ...], expected: tuple[str, str]
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         with open(path, encoding="utf-8") as fh:
@@ -72,8 +89,11 @@ def _read_jsonl(path: str, limit: Optional[int], required: tuple[str, ...], expe
                     raise _fail(path, f"line {lineno} is not a JSON object")
                 missing = [c for c in required if c not in row]
                 if missing:
-                    raise _fail(path, f"line {lineno} is missing key(s) {', '.join(missing)}; "
-                                      f"expected {expected[0]} keys {expected[1]}")
+                    raise _fail(
+                        path,
+                        f"line {lineno} is missing key(s) {', '.join(missing)}; "
+                        f"expected {expected[0]} keys {expected[1]}",
+                    )
                 rows.append(row)
     except (OSError, UnicodeDecodeError) as exc:  # unreadable, or not UTF-8 text
         raise _fail(path, f"not a readable UTF-8 .jsonl file ({_one_line(exc)})") from None
@@ -92,14 +112,12 @@ def _messages(path: str, where: str, prompt: Any) -> list[dict[str, str]]:
         else:
             if out:
                 return out
-    raise _fail(path, f"{where}: prompt must be a string or a non-empty list of "
-                      f"{{role, content}} messages")
+    raise _fail(path, f"{where}: prompt must be a string or a non-empty list of {{role, content}} messages")
 
 
 def _ground_truth(path: str, where: str, reward_model: Any) -> str:
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
-        raise _fail(path, f"{where}: reward_model.ground_truth is missing; expected verl-schema "
-                          f"columns {_EXPECTED}")
+        raise _fail(path, f"{where}: reward_model.ground_truth is missing; expected verl-schema columns {_EXPECTED}")
     gt = reward_model["ground_truth"]
     if isinstance(gt, str):
         return gt
@@ -126,9 +144,15 @@ def _to_example(path: str, where: str, row: dict[str, Any]) -> Example:
     )
 
 
-def read_rows(path: str, limit: Optional[int] = None, *, describe: str, required: tuple[str, ...] = (),
-              optional: Optional[tuple[str, ...]] = None,
-              expected: tuple[str, str] = ("", "")) -> tuple[list[dict[str, Any]], str]:
+def read_rows(
+    path: str,
+    limit: Optional[int] = None,
+    *,
+    describe: str,
+    required: tuple[str, ...] = (),
+    optional: Optional[tuple[str, ...]] = None,
+    expected: tuple[str, str] = ("", ""),
+) -> tuple[list[dict[str, Any]], str]:
     """``(rows, "row" or "record")`` of a ``.parquet`` or ``.jsonl`` file (``limit``: the first
     rows only), each row holding the ``required`` keys (the columns read: ``required`` and
     ``optional``; ``None``: all). Every problem is one :class:`DareError` naming the file;
@@ -154,12 +178,20 @@ def load_examples(path: str, limit: Optional[int] = None, *, skip_unanswered: bo
     null or empty instead (the bundled MATH train split has four such rows).
     """
     path = str(path)
-    rows, label = read_rows(path, limit, describe="a verl-schema .parquet or .jsonl file",
-                            required=REQUIRED_COLUMNS, optional=("extra_info", "response"),
-                            expected=("verl-schema", _EXPECTED))
+    rows, label = read_rows(
+        path,
+        limit,
+        describe="a verl-schema .parquet or .jsonl file",
+        required=REQUIRED_COLUMNS,
+        optional=("extra_info", "response"),
+        expected=("verl-schema", _EXPECTED),
+    )
     if skip_unanswered:
-        rows = [r for r in rows if isinstance(r.get("reward_model"), dict)
-                and r["reward_model"].get("ground_truth") not in (None, "")]
+        rows = [
+            r
+            for r in rows
+            if isinstance(r.get("reward_model"), dict) and r["reward_model"].get("ground_truth") not in (None, "")
+        ]
     return [_to_example(path, f"{label} {i}", row) for i, row in enumerate(rows)]
 
 
@@ -173,14 +205,16 @@ class ParquetTask(FileBackedTask):
     def _train_path(self) -> str:
         if self.config.train_path:
             return self.config.train_path
-        raise DareError("task 'parquet' needs task.train_path (a verl-schema .parquet or .jsonl "
-                        "file) for the train split")
+        raise DareError(
+            "task 'parquet' needs task.train_path (a verl-schema .parquet or .jsonl file) for the train split"
+        )
 
     def _eval_path(self) -> str:
         if self.config.eval_path:
             return self.config.eval_path
-        raise DareError("task 'parquet' needs task.eval_path (a verl-schema .parquet or .jsonl "
-                        "file) for the eval split")
+        raise DareError(
+            "task 'parquet' needs task.eval_path (a verl-schema .parquet or .jsonl file) for the eval split"
+        )
 
 
 class GSM8KTask(FileBackedTask):

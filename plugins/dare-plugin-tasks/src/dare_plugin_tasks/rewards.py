@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import operator
 import re
 import threading
@@ -127,9 +126,7 @@ def _parse_numbers(numbers: Any) -> list[int]:
     return [int(n) for n in numbers]
 
 
-def countdown_reward(
-    response: str, numbers: Union[Sequence[int], str], target: Union[int, str]
-) -> Score:
+def countdown_reward(response: str, numbers: Union[Sequence[int], str], target: Union[int, str]) -> Score:
     """Countdown rule of arXiv:2504.12216 (TinyZero's), with an allow-listed expression grammar.
 
     1.0 when the last ``<answer>`` block is an expression (see :func:`evaluate_equation`) that
@@ -236,16 +233,19 @@ def _relations(expr: Any) -> list:
 
     if not isinstance(expr, Basic):
         return []
-    return [node for node in preorder_traversal(expr)
-            if isinstance(node, (Relational, BooleanFunction))]
+    return [node for node in preorder_traversal(expr) if isinstance(node, (Relational, BooleanFunction))]
 
 
 def _is_assignment(relation: Any) -> bool:
     """``x = value``: a symbol on the left that the right side (no relation itself) does not use."""
     from sympy import Eq, Symbol
 
-    return (isinstance(relation, Eq) and isinstance(relation.lhs, Symbol)
-            and relation.lhs not in relation.rhs.free_symbols and not _relations(relation.rhs))
+    return (
+        isinstance(relation, Eq)
+        and isinstance(relation.lhs, Symbol)
+        and relation.lhs not in relation.rhs.free_symbols
+        and not _relations(relation.rhs)
+    )
 
 
 def _relation_refused(gold: list, pred: list) -> bool:
@@ -311,11 +311,23 @@ def math_reward(response: str, ground_truth: Union[str, Sequence[str]]) -> Score
 # =========================================================================== dispatch
 _MATH_SOURCES = frozenset({"gsm8k", "math", "math500", "hendrycks_math", "competition_math"})
 _CODE_SOURCES = frozenset(
-    {"humaneval", "humanevalplus", "mbpp", "lcbv5", "primeintellect", "taco", "apps",
-     "code_contests", "codeforces", "livecodebench"}
+    {
+        "humaneval",
+        "humanevalplus",
+        "mbpp",
+        "lcbv5",
+        "primeintellect",
+        "taco",
+        "apps",
+        "code_contests",
+        "codeforces",
+        "livecodebench",
+    }
 )
-_SUPPORTED = ("countdown, sudoku*, gsm8k, math, math500, aime*, openr1*, humaneval, "
-              "humanevalplus, mbpp (and extra_info.task == 'code' with check()/assert tests)")
+_SUPPORTED = (
+    "countdown, sudoku*, gsm8k, math, math500, aime*, openr1*, humaneval, "
+    "humanevalplus, mbpp (and extra_info.task == 'code' with check()/assert tests)"
+)
 
 
 def _is_math_source(key: str) -> bool:

@@ -125,8 +125,14 @@ CLONE_NEWPID = 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC = 32, 1024, 2048, 4096, 16384
 _MS_PRIVATE, _MS_RELATIME = 1 << 18, 1 << 21
-_MOUNT_OPTIONS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC,
-                  "noatime": _MS_NOATIME, "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
+_MOUNT_OPTIONS = {
+    "nosuid": _MS_NOSUID,
+    "nodev": _MS_NODEV,
+    "noexec": _MS_NOEXEC,
+    "noatime": _MS_NOATIME,
+    "nodiratime": _MS_NODIRATIME,
+    "relatime": _MS_RELATIME,
+}
 _KIB, _MIB, _GIB = 1024, 1024**2, 1024**3
 _PROGRAM = "main.py"
 _HARNESS = "_dare_harness.py"
@@ -555,9 +561,19 @@ def _load_unshare():
 def _probe_run(code: list[str], preexec: Callable[[], None], cwd: Optional[str] = None) -> bool:
     """Whether ``python -S -c CODE...`` exits 0 when started with ``preexec`` (an isolation probe)."""
     try:
-        return subprocess.run([sys.executable, "-S", "-c", *code], preexec_fn=preexec, cwd=cwd,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=30, env={}).returncode == 0
+        return (
+            subprocess.run(
+                [sys.executable, "-S", "-c", *code],
+                preexec_fn=preexec,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+                env={},
+            ).returncode
+            == 0
+        )
     except (subprocess.SubprocessError, OSError):
         return False
 
@@ -908,8 +924,17 @@ def _execute(
                 os.write(write_end, token)
                 os.close(write_end)
                 write_end = -1
-                argv = [sys.executable, *_interpreter_flags(), harness, str(read_end), marker, program,
-                        mode_args[0], "1" if contained else "0", *mode_args[1:]]
+                argv = [
+                    sys.executable,
+                    *_interpreter_flags(),
+                    harness,
+                    str(read_end),
+                    marker,
+                    program,
+                    mode_args[0],
+                    "1" if contained else "0",
+                    *mode_args[1:],
+                ]
                 with open(stdin_path, "rb") as stdin_file:
                     start = time.monotonic()
                     try:
@@ -994,8 +1019,14 @@ def run_program(
     arguments or when ``require_network_isolation`` is set and isolation is unavailable; every
     outcome of the program itself is an :class:`ExecutionResult`.
     """
-    return _execute(source, timeout=timeout, limits=limits, stdin=stdin, check=None,
-                    require_network_isolation=require_network_isolation)
+    return _execute(
+        source,
+        timeout=timeout,
+        limits=limits,
+        stdin=stdin,
+        check=None,
+        require_network_isolation=require_network_isolation,
+    )
 
 
 def check_program(
@@ -1035,9 +1066,14 @@ def check_program(
     if entry_point is not None:
         if not isinstance(entry_point, str) or not entry_point.isidentifier():
             raise DareError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    return _execute(program, timeout=timeout, limits=limits, stdin=stdin,
-                    check=(tests, context, entry_point),
-                    require_network_isolation=require_network_isolation)
+    return _execute(
+        program,
+        timeout=timeout,
+        limits=limits,
+        stdin=stdin,
+        check=(tests, context, entry_point),
+        require_network_isolation=require_network_isolation,
+    )
 
 
 def run_many(
@@ -1068,12 +1104,23 @@ def run_many(
         if isinstance(job, str):
             return run_program(job, require_network_isolation=require_network_isolation)
         if job.tests is not None:
-            return check_program(job.program, job.tests, job.entry_point, context=job.context,
-                                 timeout=job.timeout,
-                                 limits=job.limits, stdin=job.stdin,
-                                 require_network_isolation=require_network_isolation)
-        return run_program(job.program, timeout=job.timeout, limits=job.limits, stdin=job.stdin,
-                           require_network_isolation=require_network_isolation)
+            return check_program(
+                job.program,
+                job.tests,
+                job.entry_point,
+                context=job.context,
+                timeout=job.timeout,
+                limits=job.limits,
+                stdin=job.stdin,
+                require_network_isolation=require_network_isolation,
+            )
+        return run_program(
+            job.program,
+            timeout=job.timeout,
+            limits=job.limits,
+            stdin=job.stdin,
+            require_network_isolation=require_network_isolation,
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         return list(pool.map(one, items))

@@ -77,8 +77,7 @@ def solution_grids() -> tuple[str, ...]:
         br, bc = r // 2 * 2, c // 2 * 2
         used = {cells[r * 4 + k] for k in range(c)}
         used |= {cells[k * 4 + c] for k in range(r)}
-        used |= {cells[(br + a) * 4 + bc + b] for a in range(2) for b in range(2)
-                 if (br + a) * 4 + bc + b < i}
+        used |= {cells[(br + a) * 4 + bc + b] for a in range(2) for b in range(2) if (br + a) * 4 + bc + b < i}
         for d in range(1, 5):
             if d not in used:
                 cells[i] = d
@@ -193,6 +192,4 @@ class SudokuTask(FileBackedTask):
     def _generate_train(self, limit: Optional[int], seed: int) -> list[Example]:
         n = DEFAULT_TRAIN_SIZE if limit is None else limit
         exclude = {str(ex.extra_info.get("puzzle", "")) for ex in self.eval_set()}
-        return generate_sudoku(
-            n, seed=f"{self.config.seed}:{seed}", blanks=self.blanks, exclude=exclude
-        )
+        return generate_sudoku(n, seed=f"{self.config.seed}:{seed}", blanks=self.blanks, exclude=exclude)

@@ -12,7 +12,6 @@ training run through the core's lifecycle hooks (:mod:`dare_plugin_tracking.trac
 """
 
 from dare_core.api import ConfigSection, hookimpl
-
 from dare_plugin_tracking import tracked_run
 from dare_plugin_tracking.config import SECTION, TrackingConfig
 
@@ -21,8 +20,11 @@ __version__ = "0.1.0"
 
 @hookimpl
 def dare_register_config_sections(register):
-    register(ConfigSection(SECTION, TrackingConfig,
-                           "Experiment tracking: TensorBoard / Weights & Biases (dare-plugin-tracking)."))
+    register(
+        ConfigSection(
+            SECTION, TrackingConfig, "Experiment tracking: TensorBoard / Weights & Biases (dare-plugin-tracking)."
+        )
+    )
 
 
 @hookimpl

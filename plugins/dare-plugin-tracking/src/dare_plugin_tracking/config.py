@@ -37,8 +37,7 @@ def _backends(_inst: Any, attr: Any, value: tuple[str, ...]) -> None:
         value = (given,)
     for name in value:
         if name not in BACKENDS:
-            raise ValueError(f"{attr.name} must list backends from: {', '.join(BACKENDS)}; got "
-                             f"{name!r}{_close(name)}")
+            raise ValueError(f"{attr.name} must list backends from: {', '.join(BACKENDS)}; got {name!r}{_close(name)}")
     if len(set(value)) < len(value):
         raise ValueError(f"{attr.name} names a backend twice: {list(value)!r}")
 
@@ -48,8 +47,10 @@ class TensorBoardConfig:
     """TensorBoard event files (backend ``tensorboard``)."""
 
     log_dir: Optional[str] = option(
-        None, "Directory of the event files; null = <run dir>/tensorboard. A directory given here "
-              "gets one subdirectory per run (<log_dir>/<run name>), so runs sharing it stay apart.")
+        None,
+        "Directory of the event files; null = <run dir>/tensorboard. A directory given here "
+        "gets one subdirectory per run (<log_dir>/<run name>), so runs sharing it stay apart.",
+    )
 
 
 @attrs.frozen
@@ -59,11 +60,12 @@ class WandbConfig:
     project: str = option("dare", "W&B project.")
     entity: Optional[str] = option(None, "W&B entity (user or team); null = your default entity.")
     mode: Literal["offline", "online", "disabled"] = option(
-        "offline", "offline (default: a run never waits on the network or a login) = write the run "
-                   "under <dir>/wandb/ and upload it later with `wandb sync`; online = stream to the "
-                   "W&B server (needs `wandb login`); disabled = no W&B output, wandb not needed.")
-    dir: Optional[str] = option(
-        None, "Directory in which W&B creates its wandb/ folder; null = the run directory.")
+        "offline",
+        "offline (default: a run never waits on the network or a login) = write the run "
+        "under <dir>/wandb/ and upload it later with `wandb sync`; online = stream to the "
+        "W&B server (needs `wandb login`); disabled = no W&B output, wandb not needed.",
+    )
+    dir: Optional[str] = option(None, "Directory in which W&B creates its wandb/ folder; null = the run directory.")
 
 
 @attrs.frozen
@@ -72,13 +74,11 @@ class TrackingConfig:
     TensorBoard and/or Weights & Biases (``metrics.jsonl`` is written either way)."""
 
     backends: tuple[str, ...] = option(
-        (), "Trackers to write to: tensorboard, wandb (a list, e.g. [tensorboard, wandb]); "
-            "empty = off.", _backends)
-    run_name: Optional[str] = option(
-        None, "Name of the run in the trackers; null = the run directory's name.")
+        (), "Trackers to write to: tensorboard, wandb (a list, e.g. [tensorboard, wandb]); empty = off.", _backends
+    )
+    run_name: Optional[str] = option(None, "Name of the run in the trackers; null = the run directory's name.")
     tags: tuple[str, ...] = option((), "Tags of the W&B run (a list).")
-    tensorboard: TensorBoardConfig = attrs.field(
-        factory=TensorBoardConfig, metadata={"help": "TensorBoard options."})
+    tensorboard: TensorBoardConfig = attrs.field(factory=TensorBoardConfig, metadata={"help": "TensorBoard options."})
     wandb: WandbConfig = attrs.field(factory=WandbConfig, metadata={"help": "Weights & Biases options."})
 
     def active(self) -> tuple[str, ...]:
@@ -91,8 +91,9 @@ def check_backends(cfg: TrackingConfig) -> None:
     be imported, naming the fix."""
     for name in cfg.backends:
         if name not in BACKENDS:
-            raise DareError(f"{SECTION}.backends: unknown backend {name!r}{_close(name)}; choose "
-                            f"from {', '.join(BACKENDS)}")
+            raise DareError(
+                f"{SECTION}.backends: unknown backend {name!r}{_close(name)}; choose from {', '.join(BACKENDS)}"
+            )
     for name in cfg.active():
         modules, package = BACKENDS[name]
         for module in modules:

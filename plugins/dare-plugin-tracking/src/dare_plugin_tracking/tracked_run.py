@@ -22,7 +22,6 @@ import warnings
 from typing import Any, Mapping, Optional
 
 from dare_core.api import to_dict
-
 from dare_plugin_tracking.config import SECTION, TrackingConfig, check_backends
 from dare_plugin_tracking.writers import TensorBoardWriter, WandbWriter, scalars
 
@@ -75,8 +74,11 @@ class TrackedRun:
             try:
                 writer.close(failed)
             except Exception as exc:  # noqa: BLE001 - closing must not hide the run's own error
-                warnings.warn(f"{SECTION}: closing the {writer.name} writer failed: "
-                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{SECTION}: closing the {writer.name} writer failed: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
 
 _ACTIVE: Optional[TrackedRun] = None

@@ -36,12 +36,10 @@ class TensorBoardWriter:
 
     name = "tensorboard"
 
-    def __init__(self, cfg: TensorBoardConfig, run_dir: str, run_name: str,
-                 config: Mapping[str, Any]):
+    def __init__(self, cfg: TensorBoardConfig, run_dir: str, run_name: str, config: Mapping[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
 
-        log_dir = (os.path.join(cfg.log_dir, run_name) if cfg.log_dir
-                   else os.path.join(run_dir, "tensorboard"))
+        log_dir = os.path.join(cfg.log_dir, run_name) if cfg.log_dir else os.path.join(run_dir, "tensorboard")
         self.log_dir = log_dir
         self.writer = SummaryWriter(log_dir=log_dir, flush_secs=10)
         text = yaml.safe_dump(dict(config), sort_keys=False)
@@ -61,15 +59,20 @@ class WandbWriter:
 
     name = "wandb"
 
-    def __init__(self, cfg: WandbConfig, run_dir: str, run_name: str, tags: tuple[str, ...],
-                 config: Mapping[str, Any]):
+    def __init__(self, cfg: WandbConfig, run_dir: str, run_name: str, tags: tuple[str, ...], config: Mapping[str, Any]):
         import wandb
 
         directory = cfg.dir or run_dir
         os.makedirs(directory, exist_ok=True)
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode,
-                              name=run_name, tags=list(tags) or None, dir=directory,
-                              config=dict(config))
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            mode=cfg.mode,
+            name=run_name,
+            tags=list(tags) or None,
+            dir=directory,
+            config=dict(config),
+        )
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         # a later call for the same step adds to that step's row (an evaluation after its step)

@@ -52,15 +52,33 @@ import torch
 from dare_core.api import CapabilityError, DareError, RolloutBatch
 from dare_plugin_vllm.config import VLLMRolloutConfig
 
-__all__ = ["VLLMRollout", "Engine", "require_vllm", "check_process", "prompt_lists", "draw_seed",
-           "output_rows", "to_rollout_batch", "sampling_kwargs", "engine_kwargs", "canvas_length",
-           "export_policy", "complete_generation_config"]
+__all__ = [
+    "VLLMRollout",
+    "Engine",
+    "require_vllm",
+    "check_process",
+    "prompt_lists",
+    "draw_seed",
+    "output_rows",
+    "to_rollout_batch",
+    "sampling_kwargs",
+    "engine_kwargs",
+    "canvas_length",
+    "export_policy",
+    "complete_generation_config",
+]
 
 INSTALL_HINT = "pip install 'dare-plugin-vllm[vllm]'"
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: ``generation_config.json`` keys vLLM's DiffusionGemma reads (its ``ModelState`` and sampler)
-SAMPLER_KEYS = ("max_denoising_steps", "sampler_config", "t_min", "t_max", "stability_threshold",
-                "confidence_threshold")
+SAMPLER_KEYS = (
+    "max_denoising_steps",
+    "sampler_config",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+)
 #: the fields of :class:`VLLMRolloutConfig` that are per call, not engine settings
 PER_CALL = ("gen_length", "logprobs", "reseed")
 
@@ -70,8 +88,10 @@ Start = Callable[[dict], "tuple[Any, Callable[..., Any]]"]
 def require_vllm() -> None:
     """A one-line :class:`DareError` naming the install command when vLLM is not importable."""
     if importlib.util.find_spec("vllm") is None:
-        raise DareError(f"rollout.backend=vllm needs vLLM, which is not installed; {INSTALL_HINT} "
-                        f"(a CUDA build, on a machine with a GPU)")
+        raise DareError(
+            f"rollout.backend=vllm needs vLLM, which is not installed; {INSTALL_HINT} "
+            f"(a CUDA build, on a machine with a GPU)"
+        )
 
 
 def world_size() -> int:
@@ -84,22 +104,30 @@ def check_process(config: VLLMRolloutConfig) -> None:
     handed over as tensors in this process), a missing ``export_dir`` or tensor parallelism under
     torchrun."""
     if os.environ.get(MULTIPROCESSING, "0") != "0":
-        raise DareError(f"rollout.backend=vllm runs the engine in the training process, but "
-                        f"{MULTIPROCESSING}={os.environ[MULTIPROCESSING]}; unset it or set it to 0")
+        raise DareError(
+            f"rollout.backend=vllm runs the engine in the training process, but "
+            f"{MULTIPROCESSING}={os.environ[MULTIPROCESSING]}; unset it or set it to 0"
+        )
     if config.export_dir and not os.path.isdir(config.export_dir):
-        raise DareError(f"rollout.export_dir={config.export_dir} is not a directory; create it or set "
-                        f"rollout.export_dir='' (the system's temporary directory)")
+        raise DareError(
+            f"rollout.export_dir={config.export_dir} is not a directory; create it or set "
+            f"rollout.export_dir='' (the system's temporary directory)"
+        )
     if config.tensor_parallel_size > 1 and world_size() > 1:
-        raise DareError(f"rollout.tensor_parallel_size={config.tensor_parallel_size} under torchrun "
-                        f"(WORLD_SIZE={world_size()}): every rank runs its own engine on its GPU; set "
-                        f"rollout.tensor_parallel_size=1, or run one process for a sharded engine")
+        raise DareError(
+            f"rollout.tensor_parallel_size={config.tensor_parallel_size} under torchrun "
+            f"(WORLD_SIZE={world_size()}): every rank runs its own engine on its GPU; set "
+            f"rollout.tensor_parallel_size=1, or run one process for a sharded engine"
+        )
 
 
 def prompt_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
     """Each row's prompt tokens with the padding removed (``prompt_mask`` 0)."""
     if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
-        raise DareError(f"prompt_ids and prompt_mask must both be [B, P], got {tuple(prompt_ids.shape)} "
-                        f"and {tuple(prompt_mask.shape)}")
+        raise DareError(
+            f"prompt_ids and prompt_mask must both be [B, P], got {tuple(prompt_ids.shape)} "
+            f"and {tuple(prompt_mask.shape)}"
+        )
     rows = []
     for b, (ids, keep) in enumerate(zip(prompt_ids.tolist(), prompt_mask.bool().tolist())):
         row = [t for t, k in zip(ids, keep) if k]
@@ -126,15 +154,23 @@ def output_rows(outputs: Sequence[Any]) -> list[tuple[list[int], Optional[list[f
         lps = None
         if done.logprobs is not None:
             given = list(done.logprobs)
-            lps = [float(given[j][t].logprob) if j < len(given) and given[j] and t in given[j] else math.nan
-                   for j, t in enumerate(ids)]
+            lps = [
+                float(given[j][t].logprob) if j < len(given) and given[j] and t in given[j] else math.nan
+                for j, t in enumerate(ids)
+            ]
         rows.append((ids, lps))
     return rows
 
 
-def to_rollout_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                     rows: Sequence[tuple[Sequence[int], Optional[Sequence[float]]]], gen_length: int,
-                     stop_ids: Iterable[int], pad_id: int, with_logprobs: bool) -> RolloutBatch:
+def to_rollout_batch(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: Sequence[tuple[Sequence[int], Optional[Sequence[float]]]],
+    gen_length: int,
+    stop_ids: Iterable[int],
+    pad_id: int,
+    with_logprobs: bool,
+) -> RolloutBatch:
     """The :class:`RolloutBatch` of the engine's rows (see the module docstring, step 3)."""
     if len(rows) != prompt_ids.shape[0]:
         raise DareError(f"the engine returned {len(rows)} responses for {prompt_ids.shape[0]} prompts")
@@ -158,8 +194,13 @@ def to_rollout_batch(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 def sampling_kwargs(config: VLLMRolloutConfig, stop_ids: Iterable[int]) -> dict:
     """The ``SamplingParams`` of every request (temperature and seed stay at vLLM's defaults, the
     only values it accepts for diffusion models)."""
-    return dict(max_tokens=config.gen_length, stop_token_ids=[int(s) for s in stop_ids], ignore_eos=True,
-                logprobs=0 if config.logprobs else None, detokenize=False)
+    return dict(
+        max_tokens=config.gen_length,
+        stop_token_ids=[int(s) for s in stop_ids],
+        ignore_eos=True,
+        logprobs=0 if config.logprobs else None,
+        detokenize=False,
+    )
 
 
 def engine_kwargs(config: VLLMRolloutConfig, path: str, canvas: int) -> dict:
@@ -168,11 +209,16 @@ def engine_kwargs(config: VLLMRolloutConfig, path: str, canvas: int) -> dict:
     if config.max_denoising_steps:
         diffusion["max_denoising_steps"] = config.max_denoising_steps
     # text only (no vision tower), token ids in and out (no tokenizer)
-    kw: dict[str, Any] = dict(model=path, diffusion_config=diffusion, language_model_only=True,
-                              skip_tokenizer_init=True, dtype=config.dtype,
-                              gpu_memory_utilization=config.gpu_memory_utilization,
-                              enforce_eager=config.enforce_eager,
-                              tensor_parallel_size=config.tensor_parallel_size)
+    kw: dict[str, Any] = dict(
+        model=path,
+        diffusion_config=diffusion,
+        language_model_only=True,
+        skip_tokenizer_init=True,
+        dtype=config.dtype,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+        tensor_parallel_size=config.tensor_parallel_size,
+    )
     for name in ("max_num_seqs", "max_model_len", "attention_backend"):
         if getattr(config, name):
             kw[name] = getattr(config, name)
@@ -185,8 +231,10 @@ def canvas_length(wrapper: Any) -> int:
     """The ``canvas_length`` of the wrapper's model config (a :class:`CapabilityError` without one)."""
     n = getattr(getattr(wrapper.module, "config", None), "canvas_length", None)
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        raise CapabilityError(f"the vllm rollout drives canvas models whose config sets canvas_length "
-                              f"(DiffusionGemma); the {wrapper.family!r} model's config has {n!r}")
+        raise CapabilityError(
+            f"the vllm rollout drives canvas models whose config sets canvas_length "
+            f"(DiffusionGemma); the {wrapper.family!r} model's config has {n!r}"
+        )
     return n
 
 
@@ -263,8 +311,9 @@ class Engine:
         else:  # copies, one at a time: a loader may work on what it is given, the trainer's stay
             weights = ((name, t.detach().clone()) for name, t in weights)
         with torch.no_grad():
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
@@ -298,8 +347,9 @@ class VLLMRollout:
     def engine(self, wrapper: Any) -> Engine:
         """The engine of ``wrapper``'s policy, started now if none runs (step 1); the one
         :meth:`load_weights` pushes to."""
-        key = tuple((f.name, getattr(self.config, f.name)) for f in attrs.fields(VLLMRolloutConfig)
-                    if f.name not in PER_CALL)
+        key = tuple(
+            (f.name, getattr(self.config, f.name)) for f in attrs.fields(VLLMRolloutConfig) if f.name not in PER_CALL
+        )
         running = _ENGINES.setdefault(wrapper.module, {})
         engine = running.get(key)
         if engine is None or engine.closed:
@@ -316,20 +366,35 @@ class VLLMRollout:
         self._engine = engine
         return engine
 
-    def generate(self, wrapper: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-                 record: frozenset[str] = frozenset(),
-                 generator: Optional[torch.Generator] = None) -> RolloutBatch:
+    def generate(
+        self,
+        wrapper: Any,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        record: frozenset[str] = frozenset(),
+        generator: Optional[torch.Generator] = None,
+    ) -> RolloutBatch:
         """``gen_length`` tokens at most after every left-padded prompt (module docstring, 2-3)."""
         if record:
-            raise CapabilityError(f"the vllm rollout cannot record {', '.join(sorted(record))}: the engine "
-                                  f"returns final tokens only; choose an in-process rollout backend")
+            raise CapabilityError(
+                f"the vllm rollout cannot record {', '.join(sorted(record))}: the engine "
+                f"returns final tokens only; choose an in-process rollout backend"
+            )
         prompts = [{"prompt_token_ids": row} for row in prompt_lists(prompt_ids, prompt_mask)]
         engine = self.engine(wrapper)
         params = engine.make_params(**sampling_kwargs(self.config, wrapper.stop_token_ids))
         seed = draw_seed(generator) if self.config.reseed else None
         rows = output_rows(engine.generate(prompts, params, seed))
-        return to_rollout_batch(prompt_ids, prompt_mask, rows, self.config.gen_length, wrapper.stop_token_ids,
-                                wrapper.pad_token_id, self.config.logprobs)
+        return to_rollout_batch(
+            prompt_ids,
+            prompt_mask,
+            rows,
+            self.config.gen_length,
+            wrapper.stop_token_ids,
+            wrapper.pad_token_id,
+            self.config.logprobs,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], step: int) -> None:
         """Push the updated policy into the running engine (module docstring, step 4); an engine

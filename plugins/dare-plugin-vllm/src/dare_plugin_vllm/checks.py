@@ -8,17 +8,49 @@ from __future__ import annotations
 from typing import Any, Optional
 
 #: a tiny text model: 2 layers (sliding, full), hidden 64, 4 experts routed top-2, vocabulary 512
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=32, global_head_dim=64, num_global_key_value_heads=1, max_position_embeddings=1024,
-            sliding_window=16, num_experts=4, top_k_experts=2, moe_intermediate_size=32, num_hidden_layers=2)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    max_position_embeddings=1024,
+    sliding_window=16,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+)
 #: the text shape of google/diffusiongemma-26B-A4B-it (its config.json); the depth is the caller's
-REAL_26B_A4B = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_attention_heads=16,
-                    num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
-                    max_position_embeddings=131072, sliding_window=1024, num_experts=128, top_k_experts=8,
-                    moe_intermediate_size=704, num_hidden_layers=30)
+REAL_26B_A4B = dict(
+    vocab_size=262144,
+    hidden_size=2816,
+    intermediate_size=2112,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=256,
+    global_head_dim=512,
+    num_global_key_value_heads=2,
+    max_position_embeddings=131072,
+    sliding_window=1024,
+    num_experts=128,
+    top_k_experts=8,
+    moe_intermediate_size=704,
+    num_hidden_layers=30,
+)
 #: the smallest vision tower the config accepts (the engine runs text only and skips it)
-VISION = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-              num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+VISION = dict(
+    model_type="gemma4_vision",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 SHAPES = {"tiny": TINY, "26b-a4b": REAL_26B_A4B}
 
 
@@ -34,8 +66,7 @@ def diffusion_gemma_config(shape: str = "tiny", *, canvas_length: int = 8, num_l
     kinds[-1] = "full_attention"
     text.update(num_hidden_layers=n, layer_types=kinds, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     special = dict(boi_token_id=3, eoi_token_id=4, image_token_id=5) if shape == "tiny" else {}
-    return DiffusionGemmaConfig(text_config=text, vision_config=dict(VISION), canvas_length=canvas_length,
-                                **special)
+    return DiffusionGemmaConfig(text_config=text, vision_config=dict(VISION), canvas_length=canvas_length, **special)
 
 
 def random_model(config: Any, seed: int, dtype: Any = None, device: Any = "cpu") -> Any:

@@ -27,8 +27,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dare_objectives.elbo import mc_diagnostics
 from dare_core.api import Components, SequenceBatch
+from dare_objectives.elbo import mc_diagnostics
 from dare_plugin_vrpo.config import VRPOConfig
 
 
@@ -60,8 +60,14 @@ class DPOLoss:
         """``{"pairs": N}`` (float64) of ``batch``'s ``2N`` interleaved rows."""
         return {"pairs": torch.tensor(batch.batch_size / 2, dtype=torch.float64)}
 
-    def __call__(self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: Optional[SequenceBatch] = None, *,
-                 totals: Optional[dict[str, torch.Tensor]] = None):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        ref_logp: torch.Tensor,
+        batch: Optional[SequenceBatch] = None,
+        *,
+        totals: Optional[dict[str, torch.Tensor]] = None,
+    ):
         if logp.dim() != 2 or logp.shape[1] % 2:
             raise ValueError(f"DPO needs [M, 2N] sequence values of interleaved pairs, got {tuple(logp.shape)}")
         pol = logp.to(torch.promote_types(logp.dtype, torch.float32)).mean(0)  # fp32 at least
@@ -91,8 +97,7 @@ class DPOLoss:
 
 def build(cfg: VRPOConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num,
-                                     n_l=cfg.n_l or cfg.mc_num),
+        corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l or cfg.mc_num),
         estimator=lookup.estimator("sequence_elbo", norm=cfg.normalize),
         loss=lookup.loss("dpo", beta=cfg.beta),
         needs_ref=True,

@@ -49,9 +49,9 @@ def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
     from click.testing import CliRunner
 
     from dare_core import plugins
+    from dare_core.api import TaskConfig
     from dare_core.cli import cli
     from dare_plugin_tasks.sudoku import SudokuTask
-    from dare_core.api import TaskConfig
 
     monkeypatch.setattr(plugins, "_DARE", dare)
     example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]

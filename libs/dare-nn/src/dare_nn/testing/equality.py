@@ -39,8 +39,8 @@ def ragged_batch(lengths: tuple[tuple[int, int], ...], vocab: int, pad: int, see
     ids = torch.full((len(lengths), p + r), pad)
     mask = torch.zeros_like(ids)
     for i, (a, b) in enumerate(lengths):
-        ids[i, p - a:p + b] = torch.randint(0, vocab - 3, (a + b,), generator=g)
-        mask[i, p - a:p + b] = 1
+        ids[i, p - a : p + b] = torch.randint(0, vocab - 3, (a + b,), generator=g)
+        mask[i, p - a : p + b] = 1
     return SequenceBatch(ids, mask, p)
 
 
@@ -73,15 +73,27 @@ def packed_sft_losses(dare: Any, family: str, wrapper_cls: type, tmp_path: Any, 
     monkeypatch.setattr(wrapper_cls, "_packed_bd3lm_logprobs", lambda self, *a: calls.append(1) or run_packed(self, *a))
     losses = {}
     for attention in ("padded", "packed"):
-        overrides = ["trainer.steps=1", "progress=false", f"output_dir={tmp_path}", "trainer.batch_size=4",
-                     "trainer.micro_batch_size=4", f"run_name={attention}", "eval.before=false",
-                     "eval.after=false", "trainer.save_final=false", f"model.train_attention={attention}"]
+        overrides = [
+            "trainer.steps=1",
+            "progress=false",
+            f"output_dir={tmp_path}",
+            "trainer.batch_size=4",
+            "trainer.micro_batch_size=4",
+            f"run_name={attention}",
+            "eval.before=false",
+            "eval.after=false",
+            "trainer.save_final=false",
+            f"model.train_attention={attention}",
+        ]
         train(dare, resolve(dare, algo="sft", model=family, overrides=overrides))
         run = tmp_path / attention
         assert json.loads((run / "training_paths.json").read_text())["attention"] == attention
         assert bool(calls) == (attention == "packed")
-        losses[attention] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-                             if "loss" in json.loads(line)]
+        losses[attention] = [
+            json.loads(line)["loss"]
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+            if "loss" in json.loads(line)
+        ]
     return losses
 
 

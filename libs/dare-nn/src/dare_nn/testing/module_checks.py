@@ -51,7 +51,7 @@ def mask_kinds(b: int = 2, l: int = 7) -> tuple[torch.Tensor, torch.Tensor, torc
     random boolean ``[b, 1, l, l]`` mask with the diagonal set and one query of row 1 that sees
     nothing, and the additive (0 / -inf) twin of that boolean mask."""
     key = torch.ones(b, l, dtype=torch.bool)
-    key[0, l - 1:] = False
+    key[0, l - 1 :] = False
     bool4 = torch.rand(b, 1, l, l, generator=torch.Generator().manual_seed(0)) > 0.3
     bool4 |= torch.eye(l, dtype=torch.bool)
     bool4[1, 0, 3, :] = False  # a query that sees nothing -> zeros, like SDPA
@@ -59,8 +59,9 @@ def mask_kinds(b: int = 2, l: int = 7) -> tuple[torch.Tensor, torch.Tensor, torc
     return key, bool4, additive
 
 
-def assert_padded_keys_invisible(model: Any, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor,
-                                 vocab: int) -> None:
+def assert_padded_keys_invisible(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, vocab: int
+) -> None:
     """Changing the tokens at padded positions (``mask`` 0) leaves the logits ``out`` of every
     real position unchanged (``atol`` 1e-6)."""
     padded = ~mask.bool()
@@ -105,8 +106,9 @@ def assert_bf16_close_to_fp32(model: Any, ids: torch.Tensor) -> None:
     assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()
 
 
-def assert_gradient_checkpointing_same_gradients(model: Any, ids: torch.Tensor, target: torch.Tensor,
-                                                 layers: Optional[Sequence[Any]] = None) -> None:
+def assert_gradient_checkpointing_same_gradients(
+    model: Any, ids: torch.Tensor, target: torch.Tensor, layers: Optional[Sequence[Any]] = None
+) -> None:
     """Cross-entropy gradients with gradient checkpointing equal those without (and every
     module of ``layers`` has checkpointing switched on)."""
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -128,8 +130,9 @@ def assert_gradient_checkpointing_same_gradients(model: Any, ids: torch.Tensor, 
         torch.testing.assert_close(ckpt[n], plain[n], atol=1e-6, rtol=1e-5)
 
 
-def assert_save_load_roundtrip(model: Any, ids: torch.Tensor, tmp_path: Any, autos: Sequence[Any],
-                               config_cls: type) -> dict:
+def assert_save_load_roundtrip(
+    model: Any, ids: torch.Tensor, tmp_path: Any, autos: Sequence[Any], config_cls: type
+) -> dict:
     """Save as one file and sharded (3 KB shards, with an index naming every weight), then load
     both through each of ``autos``: the native class, the same weights bit for bit and the same
     logits. Returns the sharded checkpoint's config.json."""

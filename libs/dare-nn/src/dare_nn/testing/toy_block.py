@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dare_core.api import DareError, hookimpl, ModelFamily
+from dare_core.api import DareError, ModelFamily, hookimpl
 from dare_core.testing.toy import make_char_tokenizer
 from dare_nn.block import BlockDiffusionWrapper
 
@@ -136,8 +136,9 @@ class ToyBlockLM(nn.Module):
     def forward_hidden(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
         return self._run(input_ids, attention_mask, position_ids, None)[0]
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, **kwargs):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False, **kwargs
+    ):
         h, present = self._run(input_ids, attention_mask, position_ids, past_key_values)
         return types.SimpleNamespace(logits=self.head(h), past_key_values=present if use_cache else None)
 
@@ -148,37 +149,59 @@ class ToyBlockWrapper(BlockDiffusionWrapper):
 
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        torch.save(state_dict if state_dict is not None else self.module.state_dict(),
-                   os.path.join(path, "toy_block.pt"))
+        torch.save(
+            state_dict if state_dict is not None else self.module.state_dict(), os.path.join(path, "toy_block.pt")
+        )
         m = self.module
         with open(os.path.join(path, "config.json"), "w") as fh:
-            json.dump({"model_type": "block_toy", "vocab_size": m.vocab_size, "dim": m.dim,
-                       "heads": m.heads, "layers": m.n_layers, "block_size": self.block_size}, fh)
+            json.dump(
+                {
+                    "model_type": "block_toy",
+                    "vocab_size": m.vocab_size,
+                    "dim": m.dim,
+                    "heads": m.heads,
+                    "layers": m.n_layers,
+                    "block_size": self.block_size,
+                },
+                fh,
+            )
 
 
-def make_toy_block_wrapper(seed: int = 0, dim: int = 32, layers: int = 2,
-                           block_size: int = BLOCK_SIZE) -> ToyBlockWrapper:
+def make_toy_block_wrapper(
+    seed: int = 0, dim: int = 32, layers: int = 2, block_size: int = BLOCK_SIZE
+) -> ToyBlockWrapper:
     """A fresh randomly initialised ``block_toy`` wrapper (character tokenizer)."""
     tok = make_char_tokenizer()
     torch.manual_seed(seed)
     module = ToyBlockLM(len(tok), dim=dim, layers=layers)
     return ToyBlockWrapper(
-        family="block_toy", module=module, tokenizer=tok, kind="block",
-        mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, capabilities=CAPABILITIES, block_size=block_size,
+        family="block_toy",
+        module=module,
+        tokenizer=tok,
+        kind="block",
+        mask_token_id=tok.mask_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        capabilities=CAPABILITIES,
+        block_size=block_size,
     )
 
 
-def load(path: Optional[str], dtype: torch.dtype = torch.float32, device: str = "cpu",
-         attn_implementation: Optional[str] = None) -> ToyBlockWrapper:
+def load(
+    path: Optional[str],
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    attn_implementation: Optional[str] = None,
+) -> ToyBlockWrapper:
     cfg: dict[str, Any] = {}
     if path and os.path.isfile(os.path.join(path, "config.json")):
         with open(os.path.join(path, "config.json")) as fh:
             cfg = json.load(fh)
         if cfg.get("model_type") != "block_toy":
             raise DareError(f"{path!r} is not a block_toy checkpoint (model_type {cfg.get('model_type')!r})")
-    wrapper = make_toy_block_wrapper(dim=cfg.get("dim", 32), layers=cfg.get("layers", 2),
-                                     block_size=cfg.get("block_size", BLOCK_SIZE))
+    wrapper = make_toy_block_wrapper(
+        dim=cfg.get("dim", 32), layers=cfg.get("layers", 2), block_size=cfg.get("block_size", BLOCK_SIZE)
+    )
     weights = os.path.join(path or "", "toy_block.pt")
     if path and os.path.isfile(weights):
         wrapper.module.load_state_dict(torch.load(weights))
@@ -188,8 +211,16 @@ def load(path: Optional[str], dtype: torch.dtype = torch.float32, device: str = 
 
 @hookimpl
 def dare_register_model_wrappers(register):
-    register(ModelFamily(
-        name="block_toy", kind="block", load=load, capabilities=CAPABILITIES,
-        block_size=BLOCK_SIZE, default_checkpoint=None, default_rollout="block",
-        rollouts=("block",), description="tiny family-free block-diffusion model for tests",
-    ))
+    register(
+        ModelFamily(
+            name="block_toy",
+            kind="block",
+            load=load,
+            capabilities=CAPABILITIES,
+            block_size=BLOCK_SIZE,
+            default_checkpoint=None,
+            default_rollout="block",
+            rollouts=("block",),
+            description="tiny family-free block-diffusion model for tests",
+        )
+    )
