@@ -7,7 +7,7 @@ those objects directly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import attrs
 
@@ -382,17 +382,17 @@ class Components:
       :class:`AlgorithmSpec` (``rollout_fields``, ``rollout_methods``).
     """
 
-    estimator: Any
-    loss: Any
-    corruption: Any = None
-    trajectory: Any = None
-    advantage: Any = None
-    accumulate: Any = None
+    estimator: LikelihoodEstimator
+    loss: Union[PolicyLoss, SFTObjective, PreferenceLoss]
+    corruption: Optional[ForwardCorruption] = None
+    trajectory: Optional[TrajectoryBuilder] = None
+    advantage: Optional[AdvantageEstimator] = None
+    accumulate: Optional[AccumulatingLoss] = None
     needs_ref: bool = False
     remask_each_epoch: bool = False
-    collate: Any = None
-    rollout_config: Any = None
-    wrap_rollout: Any = None
+    collate: Optional[Callable[..., SequenceBatch]] = None
+    rollout_config: Optional[Callable[[Any], Any]] = None
+    wrap_rollout: Optional[Callable[[RolloutBackend, Any], RolloutBackend]] = None
 
     def training_rollout_config(self, rollout_cfg: Any) -> Any:
         """The rollout config RL trains with: ``rollout_config(rollout_cfg)``, or ``rollout_cfg``

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 import numpy as np
@@ -21,6 +21,10 @@ from dare_core.errors import ConfigError
 from dare_core.ops.paths import configure_training_paths
 from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
+
+if TYPE_CHECKING:
+    from dare_core.interfaces import AlgorithmSpec, Components, Engine, ModelFamily, ModelWrapper, RolloutBackend, Task
+    from dare_core.plugins import Dare
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -118,16 +122,16 @@ def build_eval_rollout(dare: Any, config: RunConfig):
 class Context:
     """Everything one run is made of, built once by :func:`setup`."""
 
-    dare: Any
+    dare: Dare
     config: RunConfig
-    spec: Any
-    family: Any
-    wrapper: Any
-    rollout: Any
-    eval_rollout: Any
-    task: Any
-    components: Any
-    engine: Any
+    spec: AlgorithmSpec
+    family: ModelFamily
+    wrapper: ModelWrapper
+    rollout: RolloutBackend
+    eval_rollout: RolloutBackend
+    task: Task
+    components: Components
+    engine: Engine
     rundir: Optional[RunDir]
     generator: torch.Generator
     console: Any = None
