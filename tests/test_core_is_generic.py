@@ -45,7 +45,7 @@ def test_core_sources_name_no_family_or_algorithm():
 
 @pytest.mark.parametrize("plugin", GENERIC_ALGORITHM_PLUGINS)
 def test_algorithm_plugin_names_no_family(plugin):
-    root = ROOT / "plugins" / f"dare-plugin-{plugin}"
+    root = ROOT / "plugins" / "algorithms" / f"dare-plugin-{plugin}"
     if not root.is_dir():
         pytest.skip(f"{root} is not part of this checkout")
     offenders = _lines_matching(root, FAMILY, {".py", ".md", ".toml", ".yaml", ".yml", ".txt", ".cfg", ".json"}, ROOT)

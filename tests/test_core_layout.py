@@ -118,7 +118,7 @@ def test_distributions_use_the_public_api():
     offenders = []
     for path in sorted(
         [
-            *repo.glob("plugins/*/src/**/*.py"),
+            *repo.glob("plugins/*/*/src/**/*.py"),
             *repo.glob("libs/*/src/**/*.py"),
             *repo.glob("contrib/*/src/**/*.py"),
             *repo.glob("research/*.py"),

@@ -17,7 +17,7 @@ README = REPO / "README.md"
 def _first_party_plugins() -> list:
     """Every plugin module of plugins/ and libs/ (their ``dare`` entry points), imported by name."""
     modules = []
-    for pyproject in sorted([*REPO.glob("plugins/*/pyproject.toml"), *REPO.glob("libs/*/pyproject.toml")]):
+    for pyproject in sorted([*REPO.glob("plugins/*/*/pyproject.toml"), *REPO.glob("libs/*/pyproject.toml")]):
         text = pyproject.read_text()
         block = re.search(r"\[project\.entry-points\.dare\]\n(.*?)(\n\[|\Z)", text, re.S)
         if block:
@@ -66,7 +66,7 @@ def test_set_up_installs_every_distribution_of_the_repository():
     }
     dirs = {
         str(p.parent.relative_to(REPO))
-        for pattern in ("libs/*/pyproject.toml", "plugins/*/pyproject.toml", "contrib/*/pyproject.toml")
+        for pattern in ("libs/*/pyproject.toml", "plugins/*/*/pyproject.toml", "contrib/*/pyproject.toml")
         for p in REPO.glob(pattern)
     }
     assert dirs <= listed, sorted(dirs - listed)

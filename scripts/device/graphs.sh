@@ -31,9 +31,9 @@ gen=()
 TAIL=6 stage setup 150 bash -c setup
 command -v dare >/dev/null || { cat "$out/summary.txt"; exit 1; }
 
-stage pytest 180 "$py" -m pytest -q -p no:cacheprovider -rs plugins/dare-plugin-samplers/tests/test_static_steps.py \
-    tests/test_cuda_kernels.py plugins/dare-plugin-llada/tests/test_contract.py \
-    plugins/dare-plugin-dream/tests/test_contract.py \
+stage pytest 180 "$py" -m pytest -q -p no:cacheprovider -rs plugins/rollouts/dare-plugin-samplers/tests/test_static_steps.py \
+    tests/test_cuda_kernels.py plugins/families/dare-plugin-llada/tests/test_contract.py \
+    plugins/families/dare-plugin-dream/tests/test_contract.py \
     -k "${PYTEST_K:-cuda or packed_kernels or fused_cross_entropy or every_kernel or half_precision}"
 
 ckpt="$work/llada-random"

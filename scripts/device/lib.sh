@@ -33,7 +33,7 @@ setup() {
     "$py" -m pip install -q --no-deps --no-build-isolation -e . || return 1
     # the plugins in four concurrent pip processes (separate packages; about 4x faster than one)
     local i=0 pids=() groups=("" "" "" "")
-    for p in plugins/*/; do
+    for p in plugins/*/*/; do
         [ -f "$p/pyproject.toml" ] && groups[$((i % 4))]+=" -e $p" && i=$((i + 1))
     done
     for g in "${groups[@]}"; do

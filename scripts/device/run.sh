@@ -27,7 +27,7 @@ TAIL=6 stage setup 150 bash -c setup
 command -v dare >/dev/null || { cat "$out/summary.txt"; exit 1; }
 
 stage pytest 150 "$py" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_kernels.py \
-    plugins/dare-plugin-llada/tests/test_contract.py plugins/dare-plugin-dream/tests/test_contract.py \
+    plugins/families/dare-plugin-llada/tests/test_contract.py plugins/families/dare-plugin-dream/tests/test_contract.py \
     -k "${PYTEST_K:-cuda_kernels or packed_kernels or fused_cross_entropy or every_kernel or half_precision}"
 
 ckpt="$work/llada-random"
