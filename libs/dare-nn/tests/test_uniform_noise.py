@@ -50,9 +50,9 @@ from dare_core.config.loader import check_support
 from dare_core.testing.algorithm_checks import one_rl_step
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import ToyDiffusionLM, ToyWrapper, make_char_tokenizer
+from dare_nn.sampling import mask_through_first_stop
 from dare_nn.testing.toy_block import ToyBlockLM, ToyBlockWrapper
 from dare_objectives.likelihood import elbo_loglikelihood
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 ALGORITHM_PLUGINS = (
     dare_plugin_bgpo,

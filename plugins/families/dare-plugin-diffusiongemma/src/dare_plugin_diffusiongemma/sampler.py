@@ -35,9 +35,8 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import DareError, RolloutBatch, collective_generation
+from dare_nn.sampling import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode, mask_through_first_stop
 from dare_plugin_diffusiongemma.config import RECORDS, EntropyBoundConfig
-from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 
 class ArgmaxProposals:

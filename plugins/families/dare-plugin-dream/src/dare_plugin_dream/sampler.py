@@ -48,15 +48,15 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import RolloutBatch, for_device
-from dare_plugin_dream.config import ALGORITHMS, SUPPORTED_RECORDS, DreamSamplerConfig
-from dare_plugin_samplers.common import (
+from dare_nn.sampling import (
     ConfiguredSampler,
     check_prompt_shapes,
     check_records,
     join_micro_batches,
+    mask_through_first_stop,
     run_micro_batches,
 )
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
+from dare_plugin_dream.config import ALGORITHMS, SUPPORTED_RECORDS, DreamSamplerConfig
 
 __all__ = [
     "ALGORITHMS",

@@ -62,10 +62,9 @@ import torch
 
 from dare_core.api import CapabilityError, DareError, RolloutBatch, for_device
 from dare_nn.block import block_causal_mask, block_index
-from dare_plugin_samplers.common import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode
+from dare_nn.sampling import ConfiguredSampler, check_prompt_shapes, check_records, eval_mode, mask_through_first_stop
 from dare_plugin_samplers.config import BLOCK_RECORDS, BlockRolloutConfig
 from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
-from dare_plugin_samplers.low_confidence import mask_through_first_stop
 
 __all__ = ["BlockRolloutConfig", "BlockSampler", "SUPPORTED_RECORDS", "block_schedule"]
 

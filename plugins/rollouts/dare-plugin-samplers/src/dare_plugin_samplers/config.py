@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-import dare_plugin_samplers.common as common
+import dare_nn.sampling as common
 from dare_core.api import in_range, non_negative, one_of, option, positive
 
 #: values of the backends' ``graphs`` field

@@ -68,11 +68,12 @@ from typing import Any, Optional
 
 import torch
 
-import dare_plugin_samplers.common as common
+import dare_nn.sampling as common
 from dare_core.api import RolloutBatch
+from dare_nn.sampling import mask_through_first_stop
 from dare_plugin_samplers.config import FAST_RECORDS, STATIC_CACHES, FastConfig
 from dare_plugin_samplers.graphs import Captures, Step, graph_mode, graph_pool, weights_key
-from dare_plugin_samplers.low_confidence import _commit_mask, mask_through_first_stop, num_transfer_tokens
+from dare_plugin_samplers.low_confidence import _commit_mask, num_transfer_tokens
 
 __all__ = ["FastConfig", "FastSampler", "SUPPORTED_RECORDS"]
 

@@ -41,8 +41,9 @@ from typing import Any, Optional
 
 import torch
 
-import dare_plugin_samplers.common as common
+import dare_nn.sampling as common
 from dare_core.api import RolloutBatch
+from dare_nn.sampling import mask_through_first_stop
 from dare_plugin_samplers.config import LOW_CONFIDENCE_RECORDS, LowConfidenceConfig
 
 __all__ = [
@@ -56,26 +57,6 @@ SUPPORTED_RECORDS = LOW_CONFIDENCE_RECORDS
 
 
 # --------------------------------------------------------------------------- schedule
-
-
-def mask_through_first_stop(response_ids: torch.Tensor, stop_ids, truncate: bool = True) -> torch.Tensor:
-    """``[B, R]`` long mask of the response positions up to and including each row's first stop
-    token (every position when a row has none, or when ``truncate`` is false)."""
-    b, r = response_ids.shape
-    if not truncate:
-        return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
-    stops = torch.as_tensor(
-        list(stop_ids) if not torch.is_tensor(stop_ids) else stop_ids,
-        dtype=response_ids.dtype,
-        device=response_ids.device,
-    )
-    is_stop = torch.isin(response_ids, stops)
-    last = torch.where(
-        is_stop.any(dim=1),
-        is_stop.long().argmax(dim=1),
-        torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
-    )
-    return (torch.arange(r, device=response_ids.device)[None, :] <= last[:, None]).long()
 
 
 def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:

@@ -1,12 +1,12 @@
-"""Config fields, validation, ``generate`` checks and sampling steps shared by the rollout backends.
+"""What rollout backends share: config fields, validation, ``generate`` checks and sampling steps.
 
-The masked-diffusion backends (``low_confidence``, ``fast``, and family samplers) describe the
-same knobs — response length, blocks, temperature, which candidates are committed, stop-token
-handling, the response mask rule, micro-batching — with the same names, defaults, help texts and
-error messages; they are defined once here. Each factory returns an attrs field with help text
-(:func:`dare_core.config.option`); a backend whose wording differs passes its own ``help``.
-Importable without torch (the backends' configs, :mod:`dare_plugin_samplers.config`, use it when
-the plugin registers); the sampling steps import torch when they run.
+The masked-diffusion backends (``low_confidence`` and ``fast`` of ``dare-plugin-samplers``, and
+the samplers of family plugins) describe the same knobs — response length, blocks, temperature,
+which candidates are committed, stop-token handling, the response mask rule, micro-batching —
+with the same names, defaults, help texts and error messages; they are defined once here. Each
+factory returns an attrs field with help text (``dare_core.api.option``); a backend whose wording
+differs passes its own ``help``. Importable without torch (a backend's config module uses it when
+its plugin registers); the sampling steps import torch when they run.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ __all__ = [
     "CandidateScoring",
     "run_micro_batches",
     "join_micro_batches",
+    "mask_through_first_stop",
 ]
 
 #: ``remasking`` values of the masked-diffusion backends.
@@ -268,3 +269,26 @@ def join_micro_batches(parts: list, gen_length: int, device: Any) -> tuple[torch
         empty = torch.empty(0, gen_length, dtype=torch.long, device=device)
         return empty, empty.clone(), 0
     return (torch.cat([p[0] for p in parts], dim=0), torch.cat([p[1] for p in parts], dim=0), sum(p[2] for p in parts))
+
+
+def mask_through_first_stop(response_ids: torch.Tensor, stop_ids: Any, truncate: bool = True) -> torch.Tensor:
+    """``[B, R]`` long mask of the response positions up to and including each row's first stop
+    token (every position when a row has none, or when ``truncate`` is false); ``stop_ids`` a
+    sequence or tensor of token ids."""
+    import torch
+
+    b, r = response_ids.shape
+    if not truncate:
+        return torch.ones(b, r, dtype=torch.long, device=response_ids.device)
+    stops = torch.as_tensor(
+        list(stop_ids) if not torch.is_tensor(stop_ids) else stop_ids,
+        dtype=response_ids.dtype,
+        device=response_ids.device,
+    )
+    is_stop = torch.isin(response_ids, stops)
+    last = torch.where(
+        is_stop.any(dim=1),
+        is_stop.long().argmax(dim=1),
+        torch.full((b,), r - 1, dtype=torch.long, device=response_ids.device),
+    )
+    return (torch.arange(r, device=response_ids.device)[None, :] <= last[:, None]).long()
