@@ -6,6 +6,7 @@ import os
 import pytest
 
 import dare_plugin_sft
+from dare_core.api import TaskConfig
 from dare_core.config import resolve
 from dare_core.train import train
 from dare_nn.testing import bundled
@@ -66,8 +67,9 @@ def test_preset_applies_below_overrides(dare):
     )
 
 
-def test_generate_answers_in_the_trained_format(dare, monkeypatch):
-    output = bundled.generate_sudoku(dare, monkeypatch, "diffusiongemma")
+def test_generate_answers_in_the_trained_format(dare, dare_cli):
+    sudoku = dare.registries.tasks.get("sudoku").build(TaskConfig(name="sudoku"))
+    output = bundled.generate_answer(dare_cli(dare), "diffusiongemma", sudoku)
     assert "<answer>" in output and "</answer>" in output
 
 

@@ -10,6 +10,7 @@ import torch
 import dare_plugin_d1
 import dare_plugin_llada
 import dare_plugin_sft
+from dare_core.api import TaskConfig
 from dare_core.config import resolve
 from dare_core.testing.registries import build_for
 from dare_core.train import train
@@ -59,8 +60,9 @@ def test_preset_applies_below_overrides(dare):
     assert cfg2.trainer.lr == 1e-6
 
 
-def test_generate_solves_a_training_style_puzzle(dare, monkeypatch):
-    output = bundled.generate_sudoku(dare, monkeypatch, "llada")
+def test_generate_solves_a_training_style_puzzle(dare, dare_cli):
+    sudoku = dare.registries.tasks.get("sudoku").build(TaskConfig(name="sudoku"))
+    output = bundled.generate_answer(dare_cli(dare), "llada", sudoku)
     assert "<answer>" in output and "</answer>" in output
 
 

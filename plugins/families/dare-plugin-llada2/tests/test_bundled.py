@@ -6,6 +6,7 @@ import pytest
 
 import dare_plugin_llada2
 import dare_plugin_sft
+from dare_core.api import TaskConfig
 from dare_core.config import resolve
 from dare_core.testing.registries import build_for
 from dare_core.train import train
@@ -49,8 +50,9 @@ def test_preset_applies(dare):
     assert cfg.rollout.gen_length == 40
 
 
-def test_generate_cli(dare, monkeypatch):
-    assert "<answer>" in bundled.generate_sudoku(dare, monkeypatch, "llada2")
+def test_generate_cli(dare, dare_cli):
+    sudoku = dare.registries.tasks.get("sudoku").build(TaskConfig(name="sudoku"))
+    assert "<answer>" in bundled.generate_answer(dare_cli(dare), "llada2", sudoku)
 
 
 def test_short_sft_run(dare, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 import dare_plugin_sdar
 import dare_plugin_sft
+from dare_core.api import TaskConfig
 from dare_core.config import resolve
 from dare_core.testing.registries import build_for
 from dare_core.train import train
@@ -57,8 +58,9 @@ def test_preset_applies_below_overrides(dare):
     assert resolve(dare, algo="sft", model="sdar", overrides=["trainer.lr=1e-6"]).trainer.lr == 1e-6
 
 
-def test_generate_answers_in_the_trained_format(dare, monkeypatch):
-    output = bundled.generate_sudoku(dare, monkeypatch, "sdar")
+def test_generate_answers_in_the_trained_format(dare, dare_cli):
+    sudoku = dare.registries.tasks.get("sudoku").build(TaskConfig(name="sudoku"))
+    output = bundled.generate_answer(dare_cli(dare), "sdar", sudoku)
     assert "<answer>" in output and "</answer>" in output
 
 

@@ -1,5 +1,5 @@
 """Helpers for the tests of a family plugin's checkpoints: the bundled tiny checkpoint's files and
-published names, ``dare generate`` answering a Sudoku prompt through the CLI, and fresh tiny
+published names, ``dare generate`` answering a task's prompt through the CLI, and fresh tiny
 checkpoints made by the family's ``create``."""
 
 from __future__ import annotations
@@ -43,19 +43,12 @@ def assert_token_names(path: str, expected: dict) -> None:
         assert tok.convert_ids_to_tokens(tid) == token
 
 
-def generate_sudoku(dare: Any, monkeypatch: Any, model: str) -> str:
-    """Output of ``dare generate --model MODEL`` (with the registry ``dare``) on the first
-    Sudoku evaluation prompt; asserts the command succeeded."""
-    from click.testing import CliRunner
-
-    from dare_core import plugins
-    from dare_core.api import TaskConfig
-    from dare_core.cli import cli
-    from dare_plugin_tasks.sudoku import SudokuTask
-
-    monkeypatch.setattr(plugins, "_DARE", dare)
-    example = SudokuTask(TaskConfig()).examples("eval", limit=1)[0]
-    result = CliRunner().invoke(cli, ["generate", "--model", model, "--prompt", example.prompt[0]["content"]])
+def generate_answer(invoke: Any, model: str, task: Any) -> str:
+    """Output of ``dare generate --model MODEL`` on the first evaluation prompt of ``task`` (a
+    built task, e.g. the registered ``sudoku``), run through ``invoke`` (the testing kit's
+    ``dare_cli(dare)``); asserts the command succeeded."""
+    example = task.examples("eval", limit=1)[0]
+    result = invoke("generate", "--model", model, "--prompt", example.prompt[0]["content"])
     assert result.exit_code == 0, result.output
     return result.output
 
