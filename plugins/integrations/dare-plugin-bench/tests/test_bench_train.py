@@ -130,3 +130,22 @@ def test_bf16_cross_entropy_reports_distance_to_float64(capsys):
     # float32 accumulation of the weight gradient: closer to float64 than the bf16 naive form
     assert ref["fused_grad_w"] < ref["naive_grad_w"]
     assert ref["fused_loss"] < 1e-4 and ce["rel_diff"]["loss"] < 1e-5
+
+
+def test_moe_part_times_the_block_the_sdar_family_builds(capsys):
+    import dare_plugin_sdar
+
+    args = ["--part", "moe", "--moe-tokens", "16", "--moe-hidden", "32", "--moe-intermediate", "16"]
+    args += ["--moe-experts", "2,4", "--moe-top-k", "2", "--repeats", "1", "--warmup", "0", "--threads", "1"]
+    assert main(args, dare=build_for(dare_plugin_sdar)) == 0
+    moe = _last_json(capsys.readouterr().out)["moe"]
+    assert sorted(moe["by_experts"]) == ["2", "4"]
+    for res in moe["by_experts"].values():
+        assert set(res["rel_diff"]) == {"out", "grad_x", "grads"}
+        assert max(res["rel_diff"].values()) <= 1e-5  # grouped experts equal the per-expert loop in fp32
+        assert res["loop"]["seconds"] > 0 and res["grouped"]["seconds"] > 0
+
+
+def test_moe_part_names_the_family_it_needs():
+    with pytest.raises(BenchError, match="install dare-plugin-sdar"):
+        main(["--part", "moe", "--moe-experts", "2", "--moe-top-k", "2"], dare=build_for())

@@ -34,6 +34,7 @@ from dare_core.api import DareError
 __all__ = [
     "BenchError",
     "PeakMemory",
+    "create_checkpoint",
     "emit_json",
     "interleave",
     "machine_info",
@@ -204,6 +205,28 @@ def _quiet_hf() -> Iterator[None]:
     yield
 
 
+def create_checkpoint(dare: Any, family_name: str, out_dir: str, sizes: dict, tokenizer_task: str, seed: int) -> None:
+    """Write a randomly initialised checkpoint of the registered family ``family_name`` to
+    ``out_dir`` through its ``create`` (``sizes``: its config fields), the tokenizer trained on
+    ``tokenizer_task``'s texts like ``dare init``; the global torch seed is set to ``seed`` first."""
+    family = dare.registries.models.get(family_name)
+    if family.create is None:
+        raise BenchError(
+            f"model family {family_name!r} cannot create random checkpoints; pass --checkpoint DIR instead of --random"
+        )
+    from dare_core.api import TaskConfig
+
+    task = dare.registries.tasks.get(tokenizer_task).build(TaskConfig(name=tokenizer_task, seed=seed))
+    texts: list[str] = []
+    for ex in task.examples("train", limit=500, seed=seed):
+        texts.extend(m["content"] for m in ex.prompt)
+        if ex.response:
+            texts.append(ex.response)
+    torch.manual_seed(seed)
+    with _quiet_hf():
+        family.create(out_dir, texts, **sizes)
+
+
 def prepare_model(
     dare: Any,
     family_name: str,
@@ -215,42 +238,26 @@ def prepare_model(
     device: str,
     seed: int,
 ) -> tuple[Any, str]:
-    """Load ``checkpoint`` (default: the family's bundled one) or, with ``random_sizes``, create
-    a randomly initialised checkpoint of the family's architecture (its ``create``, tokenizer
-    trained on ``tokenizer_task``'s texts, like ``dare init``) in a temporary directory.
+    """Load ``checkpoint`` (default: the family's bundled one) or, with ``random_sizes``, a
+    randomly initialised checkpoint of the family's architecture (:func:`create_checkpoint`)
+    written to a temporary directory.
 
     :returns: ``(wrapper, description of the source)``.
     """
     family = dare.registries.models.get(family_name)
-    with _quiet_hf():
-        if random_sizes is not None:
-            if family.create is None:
-                raise BenchError(
-                    f"model family {family_name!r} cannot create random checkpoints; "
-                    f"pass --checkpoint DIR instead of --random"
-                )
-            from dare_core.api import TaskConfig
-
-            task = dare.registries.tasks.get(tokenizer_task).build(TaskConfig(name=tokenizer_task, seed=seed))
-            texts: list[str] = []
-            for ex in task.examples("train", limit=500, seed=seed):
-                texts.extend(m["content"] for m in ex.prompt)
-                if ex.response:
-                    texts.append(ex.response)
-            tmp = tempfile.mkdtemp(prefix="dare-bench-")
-            torch.manual_seed(seed)
-            family.create(tmp, texts, **random_sizes)
-            path, source = (
-                tmp,
-                f"random {family_name} ({', '.join(f'{k}={v}' for k, v in random_sizes.items()) or 'default sizes'})",
+    if random_sizes is not None:
+        path = tempfile.mkdtemp(prefix="dare-bench-")
+        create_checkpoint(dare, family_name, path, random_sizes, tokenizer_task, seed)
+        shown = ", ".join(f"{k}={v}" for k, v in random_sizes.items()) or "default sizes"
+        source = f"random {family_name} ({shown})"
+    else:
+        path = checkpoint or family.default_checkpoint
+        if not path:
+            raise BenchError(
+                f"model family {family_name!r} ships no bundled checkpoint; pass --checkpoint DIR or --random"
             )
-        else:
-            path = checkpoint or family.default_checkpoint
-            if not path:
-                raise BenchError(
-                    f"model family {family_name!r} ships no bundled checkpoint; pass --checkpoint DIR or --random"
-                )
-            source = path
+        source = path
+    with _quiet_hf():
         wrapper = family.load(path, dtype=dtype, device=device)
     return wrapper, source
 

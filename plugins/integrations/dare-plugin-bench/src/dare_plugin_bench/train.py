@@ -17,8 +17,10 @@ Two parts, each interleaved baseline / accelerated in one run (A, B, A, B, ...):
   difference of loss and gradients (hidden and weight).
 
 * **moe** (``--part moe`` only) — forward and backward of one SDAR-MoE sparse block (softmax
-  top-k router, SwiGLU experts) on ``--moe-tokens`` random tokens, for each ``--moe-experts``
-  count: the per-expert ``loop`` against the ``grouped`` experts (:mod:`dare_nn.moe`). Reported:
+  top-k router, SwiGLU experts; the block of a one-layer random ``sdar_moe`` checkpoint that the
+  registered ``sdar`` family creates and loads) on ``--moe-tokens`` random tokens, for each
+  ``--moe-experts`` count: the per-expert ``loop`` against the ``grouped`` experts
+  (:mod:`dare_nn.moe`). Reported:
   time, peak memory, the loop/grouped time ratio and the relative difference of the output and
   the gradients (input, router and expert weights).
 
@@ -32,6 +34,7 @@ import argparse
 import gc
 import re
 import sys
+import tempfile
 import time
 from typing import Any, Optional, Sequence
 
@@ -40,6 +43,7 @@ import torch
 from dare_plugin_bench.common import (
     BenchError,
     PeakMemory,
+    create_checkpoint,
     emit_json,
     machine_info,
     prepare_model,
@@ -53,6 +57,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 PACKED_TARGET = 1.5  # packed tokens/s over padded
 MEMORY_TARGET = 0.30  # fused peak memory / naive peak memory
 EQUAL_TARGET = 1e-5  # relative difference of loss and gradients
+#: the family whose MoE architecture ``--part moe`` times, and its MoE ``model_type``
+MOE_FAMILY, MOE_MODEL_TYPE = "sdar", "sdar_moe"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -515,23 +521,38 @@ def run_ce(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- MoE experts
-def run_moe(a: argparse.Namespace) -> dict[str, Any]:
-    try:
-        from dare_nn import moe
-        from dare_plugin_sdar.configuration_sdar import SDARMoeConfig
-        from dare_plugin_sdar.modeling_sdar_moe import SDARMoeSparseMoeBlock
-    except ImportError:
-        raise BenchError("--part moe times the SDAR-MoE block: install dare-plugin-sdar") from None
+def _moe_block(a: argparse.Namespace, dare: Any, experts: int) -> torch.nn.Module:
+    """The MoE block (a :class:`dare_nn.moe.GroupedExperts`) of a one-layer random SDAR-MoE
+    model with ``experts`` experts, written and loaded by the registered ``sdar`` family (its
+    ``create`` and ``load``), on ``a.device`` in the ``--moe-dtype``."""
+    from dare_nn import moe
+
+    if MOE_FAMILY not in dare.registries.models:
+        raise BenchError(f"--part moe times the MoE block of the {MOE_FAMILY} family: install dare-plugin-sdar")
+    sizes = {
+        "model_type": MOE_MODEL_TYPE,
+        "num_hidden_layers": 1,
+        "hidden_size": a.moe_hidden,
+        "num_experts": experts,
+        "num_experts_per_tok": a.moe_top_k,
+        "moe_intermediate_size": a.moe_intermediate,
+    }
+    family = dare.registries.models.get(MOE_FAMILY)
+    with tempfile.TemporaryDirectory(prefix="dare-bench-moe-") as tmp:
+        create_checkpoint(dare, MOE_FAMILY, tmp, sizes, a.tokenizer_task, a.seed)
+        module = family.load(tmp, dtype=torch.float32, device="cpu").module
+    block = next((m for m in module.modules() if isinstance(m, moe.GroupedExperts)), None)
+    if block is None:
+        raise BenchError(f"the {MOE_MODEL_TYPE} model of the {MOE_FAMILY} family has no dare_nn.moe block to time")
+    return block.to(device=a.device, dtype=DTYPES[a.moe_dtype])
+
+
+def run_moe(a: argparse.Namespace, dare: Any) -> dict[str, Any]:
+    from dare_nn import moe
+
     dtype, out, rows = DTYPES[a.moe_dtype], {}, []
     for n_exp in [int(c) for c in a.moe_experts.replace(",", " ").split()]:
-        torch.manual_seed(a.seed)
-        cfg = SDARMoeConfig(
-            hidden_size=a.moe_hidden,
-            num_experts=n_exp,
-            num_experts_per_tok=a.moe_top_k,
-            moe_intermediate_size=a.moe_intermediate,
-        )
-        block = SDARMoeSparseMoeBlock(cfg).to(device=a.device, dtype=dtype)
+        block = _moe_block(a, dare, n_exp)
         g = torch.Generator().manual_seed(a.seed + 1)
         x, probe = (torch.randn(1, a.moe_tokens, a.moe_hidden, generator=g).to(a.device, dtype) for _ in range(2))
 
@@ -540,7 +561,8 @@ def run_moe(a: argparse.Namespace) -> dict[str, Any]:
                 block.experts_impl = impl
                 block.zero_grad(set_to_none=True)
                 h = x.detach().requires_grad_(True)
-                y, _ = block(h)
+                y = block(h)
+                y = y[0] if isinstance(y, tuple) else y  # (output, router logits) of SDAR's block
                 loss = (y.float() * probe).sum()
                 loss.backward()
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in block.parameters()]
@@ -621,11 +643,11 @@ def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
     if not a.device.startswith("cuda"):
         payload["malloc_mmap_threshold_fixed"] = _return_freed_memory()
     ratios: dict[str, Any] = {}
-    if a.part in ("all", "packing"):
-        if dare is None:
-            from dare_core.api import get_dare
+    if dare is None:
+        from dare_core.api import get_dare
 
-            dare = get_dare()
+        dare = get_dare()
+    if a.part in ("all", "packing"):
         dare.registries.models.get(a.family)
         payload["packing"] = run_packing(a, dare)
         ratios["packed_over_padded_tokens_per_s"] = payload["packing"]["packed_over_padded_tokens_per_s"]
@@ -634,7 +656,7 @@ def main(args: Optional[list[str]] = None, dare: Any = None) -> int:
         payload["cross_entropy"] = run_ce(a)
         ratios["fused_over_naive_peak_memory"] = payload["cross_entropy"]["fused_over_naive_peak_memory"]
     if a.part == "moe":
-        payload["moe"] = run_moe(a)
+        payload["moe"] = run_moe(a, dare)
         ratios["moe_loop_over_grouped_time"] = {
             e: r["loop_over_grouped_time"] for e, r in payload["moe"]["by_experts"].items()
         }
