@@ -1,16 +1,19 @@
-"""Document (variable-length) attention for packed rows: the kernels, which run on a device, and
-the mask object that carries the choice to a model (the kernels themselves are in the nn toolkit,
-``dare_nn.attention.document_attention``). Each computes, for packed rows with per-slot document
-ids ``doc_ids`` ``[R, L]``, bidirectional softmax attention of each query over its own document:
+"""The document-attention contract of the packed training path: what the core hands a model and
+which kernels it may ask for. A packed row holds several documents; ``doc_ids`` ``[R, L]`` names
+the document of each slot (``-1`` on filler slots), and every query attends bidirectionally to the
+keys of its own document only (a filler slot to itself).
 
-* ``sdpa_mask`` — SDPA with a boolean block-diagonal mask; every device (the only one on CPU);
-* ``flex`` — FlexAttention with a ``BlockMask`` from the document ids, compiled (CUDA);
-* ``varlen`` — torch's ``varlen_attn`` over ``cu_seqlens`` (CUDA, bf16/fp16);
-* ``flash_attn`` — ``flash_attn_varlen_func`` of flash-attn (CUDA, bf16/fp16, when importable).
+* :class:`DocumentMask` — a model's ``attention_mask`` in place of a 4-D boolean mask: the
+  ``doc_ids`` and the kernel to run (:data:`KERNELS`), with a per-forward cache for its set-up;
+* :func:`document_mask` — the same attention as a boolean ``[R, 1, L, L]`` mask (what the
+  ``sdpa_mask`` kernel and the packing plan's plain mask use); :func:`cu_seqlens` — the
+  document boundaries of the row-major flattening (what the varlen kernels read);
+* :func:`available_kernels` — the kernels that run on a device for a dtype, the default
+  (``sdpa_mask``, every device) first; the training-path selection (:mod:`dare_core.ops.paths`)
+  picks among them.
 
-A model receives a :class:`DocumentMask` in place of its attention mask. The default kernel,
-``sdpa_mask``, is the fastest packed one measured on an H200 in bf16 and fp32 (``docs/benchmarks.md``);
-the CUDA kernels are tested by ``libs/dare-nn/tests/test_cuda_kernels.py``.
+The kernels themselves belong to the models: the nn toolkit families build on implements every
+name of :data:`KERNELS` (``dare_nn.attention.document_attention``, ``libs/dare-nn``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import attrs
 import torch
 
 KERNELS = ("sdpa_mask", "flash_attn", "varlen", "flex")
+#: the dtypes of the varlen kernels (``varlen``, ``flash_attn``)
 HALF = (torch.float16, torch.bfloat16)
-FLEX_BLOCK = 128
 
 
 @attrs.frozen(eq=False)
@@ -82,6 +85,9 @@ def available_kernels(device: torch.device | str, dtype: Optional[torch.dtype] =
 
 
 def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(cu, longest)``: int32 ``[n + 1]`` start offsets of the ``n`` documents (each filler slot
+    one of its own) in the row-major flattening of ``doc_ids`` ``[R, L]``, then the total; and
+    the longest document's length."""
     rows, width = doc_ids.shape
     flat = doc_ids.reshape(-1)
     slot = torch.arange(width, device=flat.device).repeat(rows)

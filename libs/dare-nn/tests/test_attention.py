@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dare_core.ops.attention import DocumentMask
+from dare_core.api import DocumentMask
 from dare_nn import layers
 from dare_nn.attention import document_attention
 
@@ -29,7 +29,7 @@ def test_document_attention_equals_per_document_attention():
 def test_document_mask_through_the_shared_attention_layer():
     """``layers.attend`` runs a DocumentMask's kernel; with sdpa_mask it equals the boolean mask,
     GQA included, and a mismatched mask is a clean error."""
-    from dare_core.ops.attention import DocumentMask, document_mask
+    from dare_core.api import DocumentMask, document_mask
 
     g = torch.Generator().manual_seed(1)
     doc = torch.tensor([[0, 0, 1, 1, 1, -1], [2, 2, 2, 2, 2, 2]])

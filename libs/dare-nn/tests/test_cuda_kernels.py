@@ -11,7 +11,7 @@ import torch
 
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
-from dare_core.ops.attention import available_kernels
+from dare_core.api import available_kernels
 from dare_core.ops.fused_ce import fused_token_logprobs, naive_token_logprobs
 from dare_nn.attention import document_attention
 

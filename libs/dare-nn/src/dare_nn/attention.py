@@ -1,7 +1,20 @@
-"""Document attention kernels over packed rows (see :mod:`dare_core.ops.attention` for what each
-kernel computes, which run where, and how a :class:`~dare_core.ops.attention.DocumentMask`
-carries the choice): SDPA with a block-diagonal mask, FlexAttention, torch's ``varlen_attn`` and
-flash-attn's ``flash_attn_varlen_func``."""
+"""The document attention kernels: attention of packed rows within their documents, for a
+``dare_core.api.DocumentMask`` (which names the kernel) reaching :func:`dare_nn.layers.attend`.
+For packed rows with per-slot document ids ``doc_ids`` ``[R, L]`` each computes bidirectional
+softmax attention of every query over the keys of its own document (a filler slot, ``-1``, over
+itself):
+
+* ``sdpa_mask`` — SDPA with the boolean block-diagonal mask (``dare_core.api.document_mask``);
+  every device, the only one on CPU;
+* ``flex`` — FlexAttention with a ``BlockMask`` built from the document ids, compiled (CUDA);
+* ``varlen`` — torch's ``varlen_attn`` over ``cu_seqlens`` (CUDA, bf16/fp16);
+* ``flash_attn`` — ``flash_attn_varlen_func`` of flash-attn (CUDA, bf16/fp16, when importable).
+
+Which of them run on a device is ``dare_core.api.available_kernels`` (the core's training paths
+choose among them). The default, ``sdpa_mask``, is the fastest packed kernel measured on an H200
+in bf16 and fp32 (``docs/benchmarks.md``); the CUDA kernels are tested by
+``libs/dare-nn/tests/test_cuda_kernels.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +23,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dare_core.api import FLEX_BLOCK, HALF, available_kernels, cu_seqlens, document_mask
+from dare_core.api import HALF, available_kernels, cu_seqlens, document_mask
 
+#: FlexAttention's block: rows are padded to a multiple of it
+FLEX_BLOCK = 128
 _COMPILED_FLEX = None
 
 
