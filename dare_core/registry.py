@@ -8,11 +8,42 @@ line: what is installed, the closest match, and the ``pip install`` hint.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Iterator, TypeVar
 
 from dare_core.errors import DuplicateNameError, UnknownNameError
 
+if TYPE_CHECKING:
+    from dare_core.interfaces import (
+        AlgorithmSpec,
+        ComponentSpec,
+        ConfigSection,
+        EngineSpec,
+        ModelFamily,
+        RolloutSpec,
+        TaskSpec,
+        WorkflowSpec,
+    )
+
 T = TypeVar("T")
+
+
+#: the component of a role an algorithm does not list in ``AlgorithmSpec.components``
+DEFAULTS = {"trajectory": "final_sequence", "advantage": "group_norm"}
+
+#: role -> the registry it is looked up in
+ROLES = {
+    "corruption": "corruptions",
+    "trajectory": "trajectories",
+    "estimator": "estimators",
+    "loss": "losses",
+    "advantage": "advantages",
+}
+
+
+def declared_names(components: dict[str, Any], role: str) -> tuple[str, ...]:
+    """The names ``AlgorithmSpec.components`` lists for ``role`` (its default when it lists none)."""
+    names = components.get(role, DEFAULTS.get(role, ()))
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def plugin_dist_hint(name: str) -> str:
@@ -96,8 +127,10 @@ class Registry(Generic[T]):
 
 
 class Registries:
-    """All registries of one process, filled by the registration hooks."""
+    """All registries of one process, filled by the registration hooks: one typed field per kind
+    (``registries.models.get(name) -> ModelFamily``)."""
 
+    #: field -> the kind's name in messages
     KINDS = {
         "models": "model",
         "corruptions": "corruption",
@@ -119,24 +152,35 @@ class Registries:
         "tasks": "dare-plugin-tasks",
         **dict.fromkeys(("corruptions", "estimators", "trajectories", "losses"), "dare-objectives"),
     }
+    #: kinds whose unknown names are answered with a ``pip install dare-plugin-<name>`` hint
+    HINT_INSTALL = ("models", "algorithms", "engines", "workflows")
 
     def __init__(self) -> None:
         self.broken: dict[str, str] = {}
-        for attr, kind in self.KINDS.items():
-            setattr(
-                self,
-                attr,
-                Registry(
-                    kind,
-                    hint_install=attr in ("models", "algorithms", "engines", "workflows"),
-                    provider=self.PROVIDERS.get(attr, ""),
-                    broken=self.broken,
-                ),
-            )
+        self.models: Registry[ModelFamily] = self._new("models")
+        self.corruptions: Registry[ComponentSpec] = self._new("corruptions")
+        self.trajectories: Registry[ComponentSpec] = self._new("trajectories")
+        self.estimators: Registry[ComponentSpec] = self._new("estimators")
+        self.losses: Registry[ComponentSpec] = self._new("losses")
+        self.rollouts: Registry[RolloutSpec] = self._new("rollouts")
+        self.algorithms: Registry[AlgorithmSpec] = self._new("algorithms")
+        self.tasks: Registry[TaskSpec] = self._new("tasks")
+        self.advantages: Registry[ComponentSpec] = self._new("advantages")
+        self.config_sections: Registry[ConfigSection] = self._new("config_sections")
+        self.engines: Registry[EngineSpec] = self._new("engines")
+        self.workflows: Registry[WorkflowSpec] = self._new("workflows")
+
+    def _new(self, attr: str) -> Registry[Any]:
+        return Registry(
+            self.KINDS[attr],
+            hint_install=attr in self.HINT_INSTALL,
+            provider=self.PROVIDERS.get(attr, ""),
+            broken=self.broken,
+        )
 
     def drop(self, owner: str) -> None:
         for attr in self.KINDS:
-            getattr(self, attr).drop(owner)
+            self[attr].drop(owner)
 
     def __getitem__(self, attr: str) -> Registry[Any]:
         if attr not in self.KINDS:

@@ -21,6 +21,10 @@ import yaml
 from dare_core.config.schema import RunConfig
 from dare_core.config.structure import structure, unstructure
 from dare_core.errors import CapabilityError, ConfigError, DareError
+from dare_core.registry import ROLES, declared_names
+
+#: RunConfig fields config resolution sets (never keys of a config file or override)
+RESOLVED = ("rollout_backend", "train_rollout", "eval_rollout")
 
 PRESET_FILE = "dare_defaults.yaml"
 
@@ -112,7 +116,7 @@ def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any]) 
         candidates = [str(suggested)] + [n for n in candidates if n != suggested]
     # what the algorithm's training rollout needs, as its spec declares it
     rl = spec is not None and spec.workflow == "rl"
-    needs = (spec.records, spec.rollout_fields, spec.rollout_methods) if rl else (frozenset(),) * 3
+    needs = (spec.rollout.records, spec.rollout.fields, spec.rollout.methods) if rl else (frozenset(),) * 3
     for name in candidates:
         if name not in dare.registries.rollouts:
             continue
@@ -147,16 +151,9 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
     hint = "see `dare list --matrix` for supported combinations"
     if problem := misfit(f"algorithm {algo.name!r}", algo, family, hint):
         raise CapabilityError(problem)
-    roles = {
-        "corruption": regs.corruptions,
-        "trajectory": regs.trajectories,
-        "estimator": regs.estimators,
-        "loss": regs.losses,
-        "advantage": regs.advantages,
-    }
-    for role, names in algo.components.items():
-        registry = roles.get(role)
-        names = (names,) if isinstance(names, str) else tuple(names)
+    for role in algo.components:
+        registry = regs[ROLES[role]] if role in ROLES else None
+        names = declared_names(algo.components, role)
         present = [n for n in names if registry is not None and n in registry]
         problems = [
             misfit(f"algorithm {algo.name!r} uses {role} {n!r}, which", registry.get(n), family, hint) for n in present
@@ -240,7 +237,8 @@ def resolve(
     rollout_raw.pop("backend", None)
     algorithm_raw = _section(raw, "algorithm", problems)
     owned = plugin_sections(dare)
-    top_raw = {k: v for k, v in raw.items() if k not in ("algorithm", "rollout", "rollout_backend", "sections", *owned)}
+    top_raw = {k: v for k, v in raw.items() if k not in ("algorithm", "rollout", *RESOLVED, "sections", *owned)}
+    problems += [f"{k}: resolved from the rollout and eval sections, not a config key" for k in RESOLVED if k in raw]
     top, top_problems = structure(RunConfig, top_raw, extra_keys=owned)
     problems += top_problems
     if "sections" in raw:
@@ -279,8 +277,8 @@ def resolve(
             if problem:
                 problems.append(problem)
     # an RL algorithm's advantage estimators (none listed: the loop's group_norm) that compare rollouts
-    adv = (spec.components.get("advantage") or "group_norm") if spec is not None and spec.workflow == "rl" else ()
-    grouped = [n for n in ((adv,) if isinstance(adv, str) else adv) if n in dare.registries.advantages]
+    adv = declared_names(spec.components, "advantage") if spec is not None and spec.workflow == "rl" else ()
+    grouped = [n for n in adv if n in dare.registries.advantages]
     if (
         top is not None
         and top.trainer.group_size < 2
@@ -293,7 +291,42 @@ def resolve(
         )
     if problems:
         raise ConfigError(problems)
-    return attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name, sections=sections)
+    top = attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name, sections=sections)
+    return derive_rollouts(dare, top, spec)
+
+
+def derive_rollouts(dare: Any, config: RunConfig, spec: Any) -> RunConfig:
+    """``config`` with its training and evaluation rollout configs derived, once: the training one
+    as the RL algorithm's ``RolloutNeeds.adjust`` gives it, the evaluation one by
+    :func:`eval_rollout_config`."""
+    train = config.rollout
+    if spec is not None and spec.workflow == "rl" and spec.rollout.adjust is not None:
+        train = spec.rollout.adjust(config.algorithm, config.rollout)
+    return attrs.evolve(config, train_rollout=train, eval_rollout=eval_rollout_config(dare, config))
+
+
+def eval_rollout_config(dare: Any, config: RunConfig) -> Any:
+    """The evaluation rollout config: the run's (another ``eval.backend``: its defaults and the
+    fields it shares with the rollout section) at eval's temperature and steps (null: gen_length)."""
+    rc = config.rollout
+    name = config.eval.backend or config.rollout_backend
+    if name != config.rollout_backend:
+        cls = dare.registries.rollouts.get(name).config_cls
+        wanted = {f.name for f in attrs.fields(cls)}
+        shared = {f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted}
+        rc, problems = structure(cls, shared, "eval rollout")
+        if problems:
+            raise ConfigError([f"eval.backend={name}: {p}" for p in problems])
+    names = {f.name for f in attrs.fields(type(rc))}
+    changes: dict[str, Any] = {}
+    if "temperature" in names:
+        changes["temperature"] = config.eval.temperature
+    steps = config.eval.steps
+    if "steps" in names and steps is None and "gen_length" in names:
+        steps = rc.gen_length
+    if "steps" in names and steps is not None:
+        changes["steps"] = steps
+    return attrs.evolve(rc, **changes)
 
 
 def plugin_sections(dare: Any) -> dict[str, Any]:
@@ -321,7 +354,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     sections as top-level keys)."""
     data = unstructure(config)
     data["rollout"] = dict(backend=config.rollout_backend, **(data.get("rollout") or {}))
-    data.pop("rollout_backend", None)
+    for key in RESOLVED:
+        data.pop(key, None)
     data.update(data.pop("sections", None) or {})
     return data
 
@@ -337,7 +371,7 @@ def render_with_help(config: RunConfig, dare: Any = None) -> str:
             for k, (v, h) in extra.items():
                 lines.append(f"{pad}{k}: {_scalar(v)}  # {h}")
         for f in attrs.fields(type(obj)):
-            if f.name == "rollout_backend" or (f.name == "sections" and isinstance(obj, RunConfig)):
+            if isinstance(obj, RunConfig) and f.name in (*RESOLVED, "sections"):
                 continue
             value = getattr(obj, f.name)
             help_text = f.metadata.get("help", "")

@@ -248,6 +248,12 @@ class RunConfig:
     algorithm: Any = section(dict, "Algorithm options (the algorithm plugin's config class).")
     rollout: Any = section(dict, "Rollout backend options; `backend` picks the backend (null = the model's default).")
     rollout_backend: str = option("", "Resolved rollout backend name (set from rollout.backend).")
+    train_rollout: Any = section(
+        dict, "Resolved: the rollout config RL trains with (rollout as the algorithm's RolloutNeeds.adjust gives it)."
+    )
+    eval_rollout: Any = section(
+        dict, "Resolved: the rollout config of evaluation (eval.backend's, at eval.temperature and eval.steps)."
+    )
     sections: dict[str, Any] = section(
         dict,
         "Plugin-owned sections (registered with dare_register_config_sections), "

@@ -375,11 +375,7 @@ class Components:
       reference log-likelihoods, before the first update; ``False`` = one per rollout batch);
     * ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT; ``None`` = pad id, padding
       not attended);
-    * RL: ``rollout_config(rollout_cfg) -> rollout_cfg`` adjusts the *training* rollout config
-      (e.g. one token per step, left to right; evaluation keeps the run's), ``wrap_rollout(backend,
-      run_config) -> backend`` wraps the training backend (e.g. a tree of partial denoising runs).
-      The rollout config fields and backend methods they use are declared on the
-      :class:`AlgorithmSpec` (``rollout_fields``, ``rollout_methods``).
+    * what the training rollout needs is declared on the spec (:class:`RolloutNeeds`).
     """
 
     estimator: LikelihoodEstimator
@@ -391,13 +387,33 @@ class Components:
     needs_ref: bool = False
     remask_each_epoch: bool = False
     collate: Optional[Callable[..., SequenceBatch]] = None
-    rollout_config: Optional[Callable[[Any], Any]] = None
-    wrap_rollout: Optional[Callable[[RolloutBackend, Any], RolloutBackend]] = None
 
-    def training_rollout_config(self, rollout_cfg: Any) -> Any:
-        """The rollout config RL trains with: ``rollout_config(rollout_cfg)``, or ``rollout_cfg``
-        itself when the algorithm adjusts nothing."""
-        return rollout_cfg if self.rollout_config is None else self.rollout_config(rollout_cfg)
+
+@attrs.frozen
+class RolloutNeeds:
+    """What an RL algorithm needs from its training rollout, declared once on its spec.
+
+    Config resolution reads it to pick a default backend that serves the algorithm, derives the
+    training rollout config once (``RunConfig.train_rollout``; evaluation keeps the run's) and
+    refuses a backend lacking what it needs before any work; the RL loop wraps the one training
+    backend it builds.
+
+    Attributes:
+        records: what the trajectory builders may need the rollout to record, for any options
+            (the contract suite checks the built builder's ``records`` are among them).
+        fields: rollout config fields ``adjust`` / ``wrap`` read or set (e.g. ``block_length``).
+        methods: backend methods ``wrap`` calls beyond ``generate`` (e.g. ``continue_from``).
+        adjust: ``adjust(algorithm_config, rollout_config) -> rollout_config``, pure: the training
+            rollout config (e.g. one token per step, left to right); ``None`` = the run's.
+        wrap: ``wrap(backend, run_config) -> RolloutBackend`` around the training backend (e.g. a
+            tree of partial denoising runs); ``None`` = the backend itself.
+    """
+
+    records: frozenset[str] = frozenset()
+    fields: frozenset[str] = frozenset()
+    methods: frozenset[str] = frozenset()
+    adjust: Optional[Callable[[Any, Any], Any]] = None
+    wrap: Optional[Callable[[RolloutBackend, Any], RolloutBackend]] = None
 
 
 @attrs.frozen
@@ -413,14 +429,11 @@ class AlgorithmSpec:
         requires: model capabilities it needs; the CLI refuses models lacking one.
         kinds: model kinds it supports (empty = all).
         components: the registered component names it composes, by role (a name, or a tuple of
-            alternatives it chooses between by model kind) — the one list of what ``build`` may look up (the contract suite checks every name ``build`` looks up is
-            here; the CLI checks each against the model before any work).
-        records: what its trajectory builders may need the rollout to record, for any options
-            (the contract suite checks the built builder's ``records`` are among them).
-        rollout_fields: rollout config fields its ``rollout_config`` / ``wrap_rollout`` read or
-            set (e.g. ``block_length``); rollout_methods: backend methods they call (e.g.
-            ``continue_from``). With these and ``records`` the loader picks a training rollout
-            backend that serves the algorithm without building anything.
+            alternatives it chooses between by model kind): the one place an algorithm names
+            them. ``build`` asks its lookup for a role (``lookup.loss(**options)``) and names one
+            only to choose between alternatives; the lookup refuses any other name. Roles not
+            listed get the core's defaults (:data:`dare_core.components.DEFAULTS`).
+        rollout: what its training rollout needs (:class:`RolloutNeeds`; RL only).
         paper: reference (title, arXiv id).
         description: one line.
         recipe: defaults for other run-config sections (``{"trainer": {"lr": 5e-7}}``), applied
@@ -434,9 +447,7 @@ class AlgorithmSpec:
     requires: frozenset[str] = frozenset()
     kinds: frozenset[str] = frozenset()
     components: dict[str, Any] = attrs.field(factory=dict)
-    records: frozenset[str] = frozenset()
-    rollout_fields: frozenset[str] = frozenset()
-    rollout_methods: frozenset[str] = frozenset()
+    rollout: RolloutNeeds = RolloutNeeds()
     paper: str = ""
     description: str = ""
     recipe: dict[str, Any] = attrs.field(factory=dict)

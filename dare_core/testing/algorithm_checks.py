@@ -24,7 +24,8 @@ def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
     """``Components`` of the registered algorithm ``algo`` built with ``options`` for its config."""
     dare = build_for(*plugins)
     spec = dare.registries.algorithms.get(algo)
-    return spec.build(structure_or_raise(spec.config_cls, options, "algorithm"), ComponentLookup(dare.registries))
+    config = structure_or_raise(spec.config_cls, options, "algorithm")
+    return spec.build(config, ComponentLookup(dare.registries, components=spec.components))
 
 
 def one_rl_step(
@@ -126,7 +127,8 @@ def partition_gradient(
     module, name = toy.split(":")
     wrapper = getattr(importlib.import_module(module), name)()
     wrapper.module.double()
-    rows = toy_rows(plugins, algo, comps, wrapper, LENGTHS)
+    spec = build_for(*plugins).registries.algorithms.get(algo)
+    rows = toy_rows(plugins, algo, comps, wrapper, LENGTHS, structure_or_raise(spec.config_cls, options, "algorithm"))
     corrupted = _corrupted(comps, wrapper, rows)
     world, rank = (engine.world_size, engine.rank) if engine is not None else (1, 0)
     n = rows.batch.batch_size // world

@@ -23,7 +23,9 @@ import torch
 
 from dare_core.components import ComponentLookup
 from dare_core.config.loader import backend_offers
+from dare_core.config.schema import RunConfig, TrainerConfig
 from dare_core.config.structure import structure
+from dare_core.registry import ROLES
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
 
@@ -306,7 +308,7 @@ class AlgorithmContract(_PluginSuite):
     @pytest.fixture(scope="class")
     @classmethod
     def components(cls, dare, spec, config):
-        return spec.build(config, ComponentLookup(dare.registries))
+        return spec.build(config, ComponentLookup(dare.registries, components=spec.components))
 
     def test_config_is_documented_and_frozen(self, spec, config):
         assert attrs.has(spec.config_cls)
@@ -331,23 +333,19 @@ class AlgorithmContract(_PluginSuite):
             for name in (names,) if isinstance(names, str) else names:
                 assert name in where[role], f"{role} {name!r} is not registered"
 
-    def test_components_are_declared_once(self, dare, spec, config):
-        """``build`` looks up only the components the spec declares, and its trajectory builder
-        records only what the spec declares: the loader and the CLI read the spec, never a build."""
-        lookup = ComponentLookup(dare.registries)
-        comps = spec.build(config, lookup)
-        declared = {n for v in spec.components.values() for n in ((v,) if isinstance(v, str) else v)}
-        undeclared = sorted(set(lookup.built) - declared)
-        assert not undeclared, f"{spec.name} builds components its spec does not list: {undeclared}"
+    def test_components_are_declared(self, spec):
+        """The spec names the components ``build`` composes (the lookup refuses any other), so the
+        loader and the CLI check them against the model before any work."""
+        assert spec.components, f"{spec.name} declares no components (AlgorithmSpec.components)"
+        assert set(spec.components) <= set(ROLES), sorted(set(spec.components) - set(ROLES))
+
+    def test_trajectory_records_are_declared(self, dare, spec, config):
+        """The built trajectory builder records only what ``RolloutNeeds.records`` declares: the
+        loader and the CLI read the spec, never a build."""
+        comps = spec.build(config, ComponentLookup(dare.registries, components=spec.components))
         records = comps.trajectory.records if comps.trajectory is not None else frozenset()
-        assert records <= spec.records, (
-            f"{spec.name}'s trajectory records {sorted(records - spec.records)}, not in AlgorithmSpec.records"
-        )
-        assert (
-            (comps.rollout_config is None and comps.wrap_rollout is None) or spec.rollout_fields or spec.rollout_methods
-        ), (
-            f"{spec.name} adjusts its training rollout; declare the fields / methods it uses "
-            "(AlgorithmSpec.rollout_fields / rollout_methods)"
+        assert records <= spec.rollout.records, (
+            f"{spec.name}'s trajectory records {sorted(records - spec.rollout.records)}, not in RolloutNeeds.records"
         )
 
     def test_members_the_loops_call_are_declared(self, spec, components):
@@ -373,9 +371,9 @@ class AlgorithmContract(_PluginSuite):
         _, problems = structure(spec.config_cls, {"definitely_not_an_option": 1}, "algorithm")
         assert problems and "unknown key" in problems[0]
 
-    def _rows(self, components, wrapper):
-        """``TrainingRows`` of one rollout (:func:`toy_rows`)."""
-        return toy_rows(self.plugins, self.algorithm, components, wrapper)
+    def _rows(self, components, wrapper, config):
+        """``TrainingRows`` of one rollout (:func:`toy_rows`) of ``components`` built on ``config``."""
+        return toy_rows(self.plugins, self.algorithm, components, wrapper, config=config)
 
     def test_gradient_does_not_depend_on_the_partition(self, spec):
         """One normalisation over the global mini-batch: micro-batches of 1, 2 and all rows, and
@@ -387,9 +385,9 @@ class AlgorithmContract(_PluginSuite):
 
         check_partition_invariance(self.plugins, self.algorithm, self.partition_tol, self.partition_toy)
 
-    def test_one_update_is_finite_and_moves_parameters(self, spec, components):
+    def test_one_update_is_finite_and_moves_parameters(self, spec, components, config):
         wrapper = make_toy_wrapper()
-        rows = self._rows(components, wrapper)
+        rows = self._rows(components, wrapper, config)
         batch, corrupted = rows.batch, _corrupted(components, wrapper, rows)
         logp = components.estimator(wrapper, batch, corrupted)
         if spec.workflow == "rl":
@@ -412,7 +410,7 @@ class AlgorithmContract(_PluginSuite):
         grads = [p.grad for p in wrapper.module.parameters() if p.grad is not None]
         assert grads and any(g.abs().sum() > 0 for g in grads)
 
-    def test_own_old_logprobs_give_the_same_gradient(self, spec, components):
+    def test_own_old_logprobs_give_the_same_gradient(self, spec, components, config):
         """``trainer.reuse_logprob``: with one optimizer step per batch the RL loop takes the old
         log-likelihoods from the update's own forward (detached), or calls
         ``Components.accumulate`` with ``old_logp=None`` when it declares ``computes_own_old``; the loss and the
@@ -422,7 +420,7 @@ class AlgorithmContract(_PluginSuite):
         from dare_core.workflows.rl import PolicyObjective, rows_update_batch
 
         wrapper = make_toy_wrapper()
-        rows = self._rows(components, wrapper)
+        rows = self._rows(components, wrapper, config)
         batch, corrupted = rows.batch, _corrupted(components, wrapper, rows)
         with torch.no_grad():
             old = components.estimator(wrapper, batch, corrupted)
@@ -444,9 +442,9 @@ class AlgorithmContract(_PluginSuite):
         for a, b in zip(g_sep, g_own):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
 
-    def test_corruption_is_drawn_once_and_reused(self, spec, components):
+    def test_corruption_is_drawn_once_and_reused(self, spec, components, config):
         wrapper = make_toy_wrapper()
-        rows = self._rows(components, wrapper)
+        rows = self._rows(components, wrapper, config)
         corrupted = _corrupted(components, wrapper, rows)
         if corrupted is None:
             pytest.skip("no corruption")
@@ -464,37 +462,45 @@ def _corrupted(components, wrapper, rows):
     return components.corruption(wrapper, rows.batch, torch.Generator().manual_seed(0))
 
 
-def _rollout(plugins, algorithm, components, wrapper, lengths=None):
+def _rollout(plugins, algorithm, components, wrapper, lengths=None, config=None):
     """A random rollout (response lengths ``lengths``, default all full), or (when the trajectory
-    builder asks for records) a real one from the core sampler recording them
-    (``rollout_config`` of the components applied)."""
+    builder asks for records, or the algorithm adjusts or wraps its rollout) a real one from the
+    core sampler recording them, through the algorithm's :class:`RolloutNeeds` (on the algorithm
+    ``config`` the components were built with; default: its defaults)."""
     roll = fake_rollout(wrapper)
     if lengths is not None:
         keep = torch.arange(roll.response_ids.shape[1])[None] < torch.tensor(lengths)[:, None]
         roll = attrs.evolve(roll, response_mask=keep.long())
     records = components.trajectory.records if components.trajectory is not None else frozenset()
-    if not records and components.rollout_config is None and components.wrap_rollout is None:
-        return roll
     dare = build_for(*plugins)
-    methods = dare.registries.algorithms.get(algorithm).rollout_methods
-    spec = _recording_backend(dare, wrapper, records, methods)
+    algo = dare.registries.algorithms.get(algorithm)
+    needs = algo.rollout
+    if not records and needs.adjust is None and needs.wrap is None:
+        return roll
+    spec = _recording_backend(dare, wrapper, records, needs.methods)
     cfg, problems = structure(spec.config_cls, dict(gen_length=8, block_length=4, steps=4, temperature=1.0), "rollout")
     assert not problems, problems
-    backend = spec.build(components.training_rollout_config(cfg))
-    if components.wrap_rollout is not None:
-        backend = components.wrap_rollout(backend, None)
+    run = RunConfig(  # the rollout's rows are one prompt's group
+        algo=algorithm,
+        algorithm=algo.config_cls() if config is None else config,
+        rollout=cfg,
+        trainer=TrainerConfig(group_size=roll.prompt_ids.shape[0]),
+    )
+    backend = spec.build(cfg if needs.adjust is None else needs.adjust(run.algorithm, cfg))
+    if needs.wrap is not None:
+        backend = needs.wrap(backend, run)
     return backend.generate(
         wrapper, roll.prompt_ids, roll.prompt_mask, record=records, generator=torch.Generator().manual_seed(0)
     )
 
 
-def toy_rows(plugins, algorithm, components, wrapper, lengths=None):
+def toy_rows(plugins, algorithm, components, wrapper, lengths=None, config=None):
     """``TrainingRows`` of one 4-row rollout (:func:`_rollout`; the algorithm's trajectory builder,
-    the final sequence when it has none)."""
+    the final sequence when it has none; ``config``: the algorithm config of ``components``)."""
     from dare_core.components import FinalSequence
     from dare_core.interfaces import TrajectoryContext
 
-    roll = _rollout(plugins, algorithm, components, wrapper, lengths)
+    roll = _rollout(plugins, algorithm, components, wrapper, lengths, config)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
     groups = torch.tensor([0, 0, 1, 1])
     adv = components.advantage(rewards, groups) if components.advantage else rewards

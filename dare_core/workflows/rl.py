@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import attrs
 import torch
 
-from dare_core.components import FinalSequence, GroupNormAdvantage
+from dare_core.components import ComponentLookup
 from dare_core.config.loader import backend_offers
 from dare_core.engines.common import lr_at
 from dare_core.engines.lockstep import lockstep
@@ -55,7 +55,7 @@ from dare_core.workflows.batching import (
     left_pad,
 )
 from dare_core.workflows.checkpoint import push_policy
-from dare_core.workflows.runtime import Context, build_rollout, eval_backend_name
+from dare_core.workflows.runtime import Context, eval_backend_name
 from dare_core.workflows.tracker import Tracker
 from dare_core.workflows.update import UpdatePlan, UpdateStats, update
 
@@ -166,27 +166,26 @@ def run_rl(ctx: Context) -> dict[str, Any]:
 def _setup(ctx: Context) -> RLSetup:
     """The run's data stream, components with their defaults, training rollout, synced backends,
     reference policy and optimizer; refuses, before any work, what the algorithm cannot run with."""
-    cfg, comps = ctx.config, ctx.components
+    cfg, comps = ctx.config, ComponentLookup(ctx.dare.registries).with_defaults(ctx.components)
     train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     batches = BatchStream(train_examples, cfg.trainer.batch_size, ctx.stream(STREAM_DATA))
-    trajectory = comps.trajectory or FinalSequence()
-    _check_records(ctx, trajectory.records)
+    _check_records(ctx, comps.trajectory.records)
     require_totals(comps.loss, PolicyLoss, cfg.algo)
-    base = training_backend(ctx)
+    base = ctx.rollout
     specs = ctx.dare.registries.rollouts
     synced = [
         (b, specs.get(name).sync)
         for b, name in ((base, cfg.rollout_backend), (ctx.eval_rollout, eval_backend_name(cfg)))
         if specs.get(name).sync
     ]
-    rollout = training_rollout(ctx, base)
+    rollout = training_rollout(ctx)
     reference = ReferencePolicy(ctx.wrapper, ctx.engine) if comps.needs_ref else None
     ctx.engine.setup_optimizer(ctx.wrapper, cfg.trainer)
     return RLSetup(
         batches,
-        trajectory,
-        comps.advantage or GroupNormAdvantage(),
+        comps.trajectory,
+        comps.advantage,
         rollout,
         synced,
         reference,
@@ -326,23 +325,12 @@ class Collected:
     rollout_seconds: float
 
 
-def training_backend(ctx: Context) -> Any:
-    """The rollout backend RL trains with, unwrapped: the run's, as the algorithm adjusts it
-    (``rollout_config``, e.g. one token per step left to right). Evaluation keeps the run's."""
-    comps, cfg = ctx.components, ctx.config
-    return (
-        ctx.rollout if comps.rollout_config is None else build_rollout(ctx.dare, cfg, comps.rollout_config(cfg.rollout))
-    )
-
-
-def training_rollout(ctx: Context, backend: Any = None) -> Any:
-    """:func:`training_backend` (or ``backend``) as the algorithm wraps it (``wrap_rollout``, e.g.
-    branching the sampler into a tree of partial states)."""
-    comps, cfg = ctx.components, ctx.config
-    backend = training_backend(ctx) if backend is None else backend
-    if comps.wrap_rollout is not None:
-        backend = comps.wrap_rollout(backend, cfg)
-    return backend
+def training_rollout(ctx: Context) -> RolloutBackend:
+    """The rollout backend RL trains with: the run's training backend (built once on
+    ``RunConfig.train_rollout``) as the algorithm wraps it (``RolloutNeeds.wrap``, e.g. branching
+    the sampler into a tree of partial states)."""
+    wrap = ctx.spec.rollout.wrap
+    return ctx.rollout if wrap is None else wrap(ctx.rollout, ctx.config)
 
 
 def collect(
@@ -493,16 +481,14 @@ def _check_records(ctx: Context, records: frozenset) -> None:
     lacks the config fields and methods the algorithm's spec declares for its training rollout."""
     spec = ctx.dare.registries.rollouts.get(ctx.config.rollout_backend)
     algo = ctx.dare.registries.algorithms.get(ctx.config.algo)
+    needs = algo.rollout
     fields = {f.name for f in attrs.fields(spec.config_cls)}
-    missing = sorted(
-        (records - set(spec.records)) | (algo.rollout_fields - fields) | (algo.rollout_methods - set(spec.methods))
-    )
+    missing = sorted((records - set(spec.records)) | (needs.fields - fields) | (needs.methods - set(spec.methods)))
     if missing:
         able = [
             n
             for n, s in ctx.dare.registries.rollouts.items()
-            if backend_offers(s, records, algo.rollout_fields, algo.rollout_methods)
-            and (not s.kinds or ctx.family.kind in s.kinds)
+            if backend_offers(s, records, needs.fields, needs.methods) and (not s.kinds or ctx.family.kind in s.kinds)
         ]
         hint = f"set rollout.backend={able[0]}" if able else "no registered backend offers them"
         raise DareError(

@@ -14,10 +14,8 @@ import torch
 from dare_core._version import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
-from dare_core.config.structure import structure
 from dare_core.engines import build_engine
 from dare_core.engines.common import resolve_device
-from dare_core.errors import ConfigError
 from dare_core.ops.paths import configure_training_paths
 from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
@@ -75,9 +73,11 @@ def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: 
     return wrapper
 
 
-def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None):
+def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None) -> RolloutBackend:
+    """The run's rollout backend on ``rollout_cfg`` (default: the training rollout config,
+    ``RunConfig.train_rollout``, as config resolution derived it)."""
     spec = dare.registries.rollouts.get(config.rollout_backend)
-    return spec.build(rollout_cfg if rollout_cfg is not None else config.rollout)
+    return spec.build(rollout_cfg if rollout_cfg is not None else config.train_rollout)
 
 
 def eval_backend_name(config: RunConfig) -> str:
@@ -85,37 +85,9 @@ def eval_backend_name(config: RunConfig) -> str:
     return config.eval.backend or config.rollout_backend
 
 
-def eval_rollout_config(config: RunConfig, dare: Any = None) -> Any:
-    """The evaluation rollout config: the training one (another ``eval.backend``: its defaults and the
-    fields it shares with the rollout section) with eval's temperature and steps (null: gen_length)."""
-    name = eval_backend_name(config)
-    rc = config.rollout
-    if name != config.rollout_backend:
-        if dare is None:
-            raise ValueError("eval_rollout_config needs the registries when eval.backend differs")
-        cls = dare.registries.rollouts.get(name).config_cls
-        wanted = {f.name for f in attrs.fields(cls)}
-        shared = {f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted}
-        rc, problems = structure(cls, shared, "eval rollout")
-        if problems:
-            raise ConfigError([f"eval.backend={name}: {p}" for p in problems])
-    names = {f.name for f in attrs.fields(type(rc))}
-    changes: dict[str, Any] = {}
-    if "temperature" in names:
-        changes["temperature"] = config.eval.temperature
-    if "steps" in names:
-        steps = config.eval.steps
-        if steps is None and "gen_length" in names:
-            steps = rc.gen_length
-        if steps is not None:
-            changes["steps"] = steps
-    return attrs.evolve(rc, **changes)
-
-
-def build_eval_rollout(dare: Any, config: RunConfig):
-    """The evaluation rollout backend (see :func:`eval_rollout_config`)."""
-    spec = dare.registries.rollouts.get(eval_backend_name(config))
-    return spec.build(eval_rollout_config(config, dare))
+def build_eval_rollout(dare: Any, config: RunConfig) -> RolloutBackend:
+    """The evaluation rollout backend on ``RunConfig.eval_rollout``."""
+    return dare.registries.rollouts.get(eval_backend_name(config)).build(config.eval_rollout)
 
 
 @attrs.define
@@ -163,7 +135,8 @@ def setup(
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
     task = task if task is not None else dare.registries.tasks.get(config.task.name).build(config.task)
-    components = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
+    lookup = ComponentLookup(dare.registries, config.train_rollout, spec.components)
+    components = lookup.with_defaults(spec.build(config.algorithm, lookup))
     engine = engine if engine is not None else build_engine(dare, config)
     # the samplers need no model: a bad eval rollout config fails before the model is loaded
     rollout = build_rollout(dare, config)

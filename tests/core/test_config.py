@@ -21,7 +21,7 @@ from dare_core.config import (
     structure_or_raise,
     to_dict,
 )
-from dare_core.config.loader import PRESET_FILE, deep_merge, load_yaml, parse_overrides
+from dare_core.config.loader import PRESET_FILE, RESOLVED, deep_merge, load_yaml, parse_overrides
 from dare_core.config.structure import unstructure
 from dare_core.config.validators import positive
 from dare_core.errors import CapabilityError, ConfigError, DareError, UnknownNameError
@@ -405,7 +405,7 @@ def test_supported_capability_combinations_resolve(dare, ckpt, load_calls):
 def _help_texts(cls) -> list[str]:
     out = []
     for f in attrs.fields(cls):
-        if f.name in ("rollout_backend", "sections"):  # sections: only when a plugin owns one
+        if f.name in (*RESOLVED, "sections"):  # resolved, not keys; sections: only when a plugin owns one
             continue
         out.append(f.metadata["help"])
         if attrs.has(f.type) if isinstance(f.type, type) else False:
@@ -421,7 +421,7 @@ def test_render_with_help_contains_every_fields_help(dare, ckpt):
         for help_text in _help_texts(cls):
             assert f"# {help_text}" in text, help_text
     assert "  backend: low_confidence  # Rollout backend." in text
-    assert "rollout_backend" not in text
+    assert not [key for key in RESOLVED if key in text]
     assert "  steps: 9  # " in text
     assert "  tags: [x]  # " in text
     assert yaml.safe_load(text)["trainer"]["steps"] == 9  # comments aside, it is YAML
@@ -487,7 +487,7 @@ class _NeedsBackendFeatures:
 
     @_hookimpl
     def dare_register_algorithms(self, register):
-        from dare_core.interfaces import AlgorithmSpec
+        from dare_core.interfaces import AlgorithmSpec, RolloutNeeds
 
         @attrs.frozen
         class Empty:
@@ -504,8 +504,7 @@ class _NeedsBackendFeatures:
                     workflow="rl",
                     config_cls=Empty,
                     build=self._build,
-                    rollout_fields=fields,
-                    rollout_methods=methods,
+                    rollout=RolloutNeeds(fields=fields, methods=methods),
                     description=name,
                 )
             )
@@ -565,7 +564,7 @@ def test_preset_algorithm_sections_apply_to_that_algorithm_only(dare, ckpt):
 
 
 def test_eval_backend_is_checked_and_shares_the_rollout_fields(make_dare, ckpt):
-    from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
+    from dare_core.workflows.runtime import eval_backend_name
 
     dare = make_dare(_NeedsBackendFeatures())
     with pytest.raises(ConfigError) as info:
@@ -593,12 +592,12 @@ def test_eval_backend_is_checked_and_shares_the_rollout_fields(make_dare, ckpt):
         model="toy_mini",
     )
     assert cfg.rollout_backend == "low_confidence" and eval_backend_name(cfg) == "mini"
-    ev = eval_rollout_config(cfg, dare)
+    ev = cfg.eval_rollout
     assert type(ev).__name__ == "MiniRolloutConfig"
     assert (ev.gen_length, ev.steps, ev.temperature) == (24, 6, 0.0)
     same = _resolve(dare, ckpt, "rollout.steps=16")
     assert eval_backend_name(same) == "low_confidence"
-    assert eval_rollout_config(same).steps == same.rollout.gen_length  # eval.steps null: one token per step
+    assert same.eval_rollout.steps == same.rollout.gen_length  # eval.steps null: one token per step
 
 
 # ----------------------------------------------------------------------------- plugin-owned sections

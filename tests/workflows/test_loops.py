@@ -255,12 +255,12 @@ def test_final_export_is_atomic(tmp_path, monkeypatch):
 
 
 def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
-    """The loop and the probe script roll out with ``training_rollout``: the run's backend with the
-    algorithm's ``rollout_config`` applied and ``wrap_rollout`` around it; evaluation keeps the
-    run's settings."""
+    """The loop and the probe script roll out with ``training_rollout``: the training backend, built
+    once on ``RunConfig.train_rollout`` (``RolloutNeeds.adjust`` applied by config resolution),
+    with ``RolloutNeeds.wrap`` around it; evaluation keeps the run's settings."""
     import attrs
 
-    from dare_core.interfaces import AlgorithmSpec
+    from dare_core.interfaces import AlgorithmSpec, RolloutNeeds
     from dare_core.plugins import hookimpl
     from dare_core.testing.digits import ClipConfig, pg_components
     from dare_core.workflows.rl import training_rollout
@@ -270,17 +270,14 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
         def __init__(self, inner, run_config):
             self.inner, self.run_config = inner, run_config
 
-    def adjusted(cfg, lookup):
-        return attrs.evolve(
-            pg_components(cfg, lookup),
-            rollout_config=lambda rc: attrs.evolve(rc, temperature=0.25),
-            wrap_rollout=Wrapped,
-        )
+    needs = RolloutNeeds(
+        fields=frozenset({"temperature"}), adjust=lambda cfg, rc: attrs.evolve(rc, temperature=0.25), wrap=Wrapped
+    )
 
     class Adjusted:
         @hookimpl
         def dare_register_algorithms(self, register):
-            register(AlgorithmSpec("adjusted_test", "rl", ClipConfig, adjusted))
+            register(AlgorithmSpec("adjusted_test", "rl", ClipConfig, pg_components, rollout=needs))
 
     dare = build(
         load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin(), Adjusted()]
@@ -294,8 +291,8 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
     ctx = setup(dare, cfg)
     backend = training_rollout(ctx)
     assert isinstance(backend, Wrapped) and backend.run_config is cfg
-    assert backend.inner.config.temperature == 0.25
-    assert ctx.rollout.config.temperature == 1.0  # the run's own backend is left as it was
+    assert backend.inner is ctx.rollout and ctx.rollout.config.temperature == 0.25
+    assert cfg.rollout.temperature == 1.0 and cfg.train_rollout.temperature == 0.25  # the run's own is kept
     assert ctx.eval_rollout.config.temperature == cfg.eval.temperature
     plain = setup(
         build(load_entrypoints=False, extra_plugins=[dare_plugin_samplers, dare_plugin_tasks, toy, DigitsPlugin()]),
@@ -305,10 +302,10 @@ def test_training_rollout_applies_the_algorithm_adjustments(tmp_path):
 
 
 def test_a_backend_without_the_declared_rollout_fields_is_refused_in_one_line(tmp_path):
-    """An algorithm whose spec declares rollout config fields (``rollout_fields``) no backend of the
+    """An algorithm whose spec declares rollout config fields (``RolloutNeeds.fields``) no backend of the
     family offers is refused before the first rollout, in one line naming the field."""
     from dare_core.errors import DareError
-    from dare_core.interfaces import AlgorithmSpec
+    from dare_core.interfaces import AlgorithmSpec, RolloutNeeds
     from dare_core.plugins import hookimpl
     from dare_core.testing.digits import ClipConfig, pg_components
 
@@ -317,7 +314,11 @@ def test_a_backend_without_the_declared_rollout_fields_is_refused_in_one_line(tm
         def dare_register_algorithms(self, register):
             register(
                 AlgorithmSpec(
-                    "needs_field_test", "rl", ClipConfig, pg_components, rollout_fields=frozenset({"no_such_field"})
+                    "needs_field_test",
+                    "rl",
+                    ClipConfig,
+                    pg_components,
+                    rollout=RolloutNeeds(fields=frozenset({"no_such_field"})),
                 )
             )
 

@@ -111,14 +111,13 @@ def test_defaults_are_the_papers():
     assert cfg.remask_each_update and cfg.truncate_at_eos and cfg.kl_type == "k3"
     comps = _components()
     assert comps.remask_each_epoch
+    from dare_plugin_d1.config import eos_truncation
     from dare_plugin_samplers.config import LowConfidenceConfig
 
-    assert comps.training_rollout_config(LowConfidenceConfig()).truncate_at_eos
-    assert (
-        not _components(truncate_at_eos=False)
-        .training_rollout_config(LowConfidenceConfig(truncate_at_eos=True))
-        .truncate_at_eos
-    )
+    assert eos_truncation(cfg, LowConfidenceConfig()).truncate_at_eos
+    assert not eos_truncation(
+        D1Config(truncate_at_eos=False), LowConfidenceConfig(truncate_at_eos=True)
+    ).truncate_at_eos
     assert not _components(remask_each_update=False).remask_each_epoch
 
 

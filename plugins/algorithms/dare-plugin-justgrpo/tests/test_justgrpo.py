@@ -17,6 +17,7 @@ from dare_core.testing.registries import build_for
 from dare_core.testing.rl_probe import assert_one_draw_per_batch, components_of, spy_run
 from dare_nn.testing import toy_block
 from dare_plugin_justgrpo.algorithm import JustConfig
+from dare_plugin_justgrpo.config import left_to_right
 from dare_plugin_samplers.low_confidence import LowConfidenceConfig, LowConfidenceSampler
 
 
@@ -30,7 +31,8 @@ def _components(**cfg):
 
 
 def _rollout(comps, w, temperature=1.0, R=6, record=frozenset({"reveal_step", "step_states"})):
-    cfg = comps.rollout_config(LowConfidenceConfig(gen_length=R, block_length=R, steps=2, temperature=temperature))
+    just = JustConfig(temperature=comps.estimator.temperature)
+    cfg = left_to_right(just, LowConfidenceConfig(gen_length=R, block_length=R, steps=2, temperature=temperature))
     prompts = torch.randint(4, 60, (3, 4), generator=torch.Generator().manual_seed(0))
     pmask = torch.ones_like(prompts)
     pmask[1, :1] = 0
@@ -42,17 +44,37 @@ def _rollout(comps, w, temperature=1.0, R=6, record=frozenset({"reveal_step", "s
 
 
 def test_training_rollout_is_forced_left_to_right_at_the_algorithm_temperature():
-    comps = _components(temperature=0.7)
-    cfg = comps.rollout_config(LowConfidenceConfig(gen_length=40, block_length=40, steps=20, temperature=1.0))
+    cfg = left_to_right(JustConfig(temperature=0.7), LowConfidenceConfig(gen_length=40, block_length=40, steps=20))
     assert (cfg.block_length, cfg.steps, cfg.temperature) == (1, 40, 0.7)
-    assert comps.estimator.temperature == 0.7
-    follow = _components(temperature=None)
-    follow.rollout_config(LowConfidenceConfig(gen_length=8, block_length=8, steps=8, temperature=0.9))
-    assert follow.estimator.temperature == 0.9
+    follow = left_to_right(
+        JustConfig(temperature=None), LowConfidenceConfig(gen_length=8, block_length=8, temperature=0.9)
+    )
+    assert follow.temperature == 0.9
     with pytest.raises(DareError, match="temperature > 0"):
-        _components(temperature=None).rollout_config(
-            LowConfidenceConfig(gen_length=8, block_length=8, steps=8, temperature=0.0)
-        )
+        left_to_right(JustConfig(temperature=None), LowConfidenceConfig(gen_length=8, block_length=8, temperature=0.0))
+
+
+def test_the_learner_uses_the_training_rollouts_temperature(tmp_path):
+    """A run whose algorithm temperature is null trains at the rollout's: the estimator is built
+    on ``RunConfig.train_rollout``."""
+    from dare_core.config import resolve
+    from dare_core.testing.digits import DigitsPlugin
+    from dare_core.workflows.runtime import setup
+
+    dare = build_for(toy, DigitsPlugin(), dare_plugin_justgrpo)
+    over = [
+        "task.name=digits",
+        "rollout.backend=low_confidence",
+        "rollout.gen_length=6",
+        "rollout.block_length=3",
+        "rollout.temperature=0.9",
+    ]
+    cfg = resolve(
+        dare, algo="justgrpo", model="toy", overrides=over + ["algorithm.temperature=null", f"model.path={tmp_path}"]
+    )
+    assert (cfg.train_rollout.block_length, cfg.train_rollout.steps, cfg.train_rollout.temperature) == (1, 6, 0.9)
+    assert cfg.eval_rollout.block_length == 3  # evaluation keeps the run's
+    assert setup(dare, cfg).components.estimator.temperature == 0.9
 
 
 def test_ar_states_and_exact_sampling_logprobs():
@@ -130,7 +152,6 @@ def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperatur
     """`dare compare --training-sampler`: the evaluation sampler is the forced training one."""
     from dare_core.config import resolve
     from dare_core.testing.digits import DigitsPlugin
-    from dare_core.workflows.runtime import eval_rollout_config
     from dare_plugin_report.compare import judged_by_training_rollout
 
     dare = build_for(toy, DigitsPlugin(), dare_plugin_justgrpo)
@@ -151,6 +172,6 @@ def test_judged_by_training_rollout_is_left_to_right_at_the_algorithm_temperatur
             f"model.path={tmp_path}",
         ],
     )
-    ev = eval_rollout_config(judged_by_training_rollout(dare, cfg), dare)
+    ev = judged_by_training_rollout(dare, cfg).eval_rollout
     assert (ev.block_length, ev.steps, ev.temperature) == (1, 6, 0.7)
-    assert eval_rollout_config(cfg, dare).block_length == 6  # the run's own evaluation is unchanged
+    assert cfg.eval_rollout.block_length == 6  # the run's own evaluation is unchanged

@@ -10,7 +10,7 @@ from dare_core.errors import DareError
 from dare_core.plugins import build
 from dare_core.testing import toy
 from dare_core.testing.digits import DigitsPlugin
-from dare_core.workflows.runtime import eval_backend_name, eval_rollout_config
+from dare_core.workflows.runtime import eval_backend_name
 from dare_plugin_report.compare import judged_by_training_rollout
 
 COMMON = [
@@ -38,8 +38,8 @@ def test_eval_takes_the_training_rollout(dare, tmp_path):
     )
     judged = judged_by_training_rollout(dare, cfg)
     assert judged.eval.backend is None and eval_backend_name(judged) == cfg.rollout_backend
-    assert eval_rollout_config(judged, dare) == cfg.rollout  # steps 2 and T 0.8, not eval's 4 and 0
-    assert attrs.evolve(judged, eval=cfg.eval) == cfg  # nothing else changes
+    assert judged.eval_rollout == cfg.rollout  # steps 2 and T 0.8, not eval's 4 and 0
+    assert attrs.evolve(judged, eval=cfg.eval, eval_rollout=cfg.eval_rollout) == cfg  # nothing else changes
 
 
 def test_needs_the_runs_algorithm(dare, tmp_path):

@@ -1,6 +1,6 @@
 """dare-plugin-cj-grpo: CJ-GRPO, consistency-trajectory GRPO (arXiv:2509.23924)."""
 
-from dare_core.api import AlgorithmSpec, hookimpl
+from dare_core.api import AlgorithmSpec, RolloutNeeds, hookimpl
 from dare_objectives import STEP_REPLAY_RECORDS
 from dare_plugin_cj_grpo.algorithm import RECIPE, CJConfig, build  # torch-free: options and composition
 
@@ -25,7 +25,7 @@ def dare_register_algorithms(register):
             paper="arXiv:2509.23924",
             description="GRPO on every recorded denoising transition (exact trajectory replay; "
             "block models: paper-exact block-parallel local steps)",
-            records=STEP_REPLAY_RECORDS,
+            rollout=RolloutNeeds(records=STEP_REPLAY_RECORDS),
             recipe=RECIPE,
         )
     )

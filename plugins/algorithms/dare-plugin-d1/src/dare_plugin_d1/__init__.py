@@ -1,7 +1,7 @@
 """dare-plugin-d1: d1 / diffu-GRPO (arXiv:2504.12216)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
-from dare_plugin_d1.config import RECIPE, D1Config
+from dare_core.api import AlgorithmSpec, ComponentSpec, RolloutNeeds, hookimpl, lazy
+from dare_plugin_d1.config import RECIPE, D1Config, eos_truncation
 
 __version__ = "0.1.0"
 
@@ -51,6 +51,6 @@ def dare_register_algorithms(register):
             paper="arXiv:2504.12216",
             description="diffu-GRPO: GRPO with a one-step mean-field log-prob estimate",
             recipe=RECIPE,
-            rollout_fields=frozenset({"truncate_at_eos"}),
+            rollout=RolloutNeeds(fields=frozenset({"truncate_at_eos"}), adjust=eos_truncation),
         )
     )

@@ -20,10 +20,6 @@ perturbation per draw that the paper uses as a regulariser.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
-import attrs
 import torch
 
 from dare_core.api import Components, Corrupted, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext
@@ -55,12 +51,6 @@ class D1Masking:
         p_row = torch.where(is_prompt, torch.full((B, S), self.p, device=dev), torch.ones(B, S, device=dev))
         p_mask = torch.where(valid, p_row, torch.zeros((), device=dev))[None].expand(self.mc_num, B, S)
         return Corrupted(noisy, masked, p_mask.clone())
-
-
-def eos_truncation(on: bool, rollout_cfg: Any) -> Any:
-    """``Components.rollout_config``: the training rollout config with ``truncate_at_eos=on`` (the
-    response mask, and so the decoded text the rewards read, ends at the first EOS)."""
-    return attrs.evolve(rollout_cfg, truncate_at_eos=on)
 
 
 class CompletionRows:
@@ -102,5 +92,4 @@ def build(cfg: D1Config, lookup) -> Components:
         advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
         remask_each_epoch=cfg.remask_each_update,
-        rollout_config=functools.partial(eos_truncation, cfg.truncate_at_eos),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -69,3 +69,18 @@ RECIPE = {
     },
     "rollout": {"temperature": 0.6},
 }
+
+
+def eos_truncation(cfg: D1Config, rollout_cfg: Any) -> Any:
+    """``RolloutNeeds.adjust``: the training rollout config with ``truncate_at_eos`` from the
+    algorithm (the response mask, and so the decoded text the rewards read, ends at the first
+    EOS); evaluation keeps the run's.
+
+    Args:
+        cfg: the algorithm config.
+        rollout_cfg: the run's rollout config (a backend with a ``truncate_at_eos`` option).
+
+    Returns:
+        The training rollout config.
+    """
+    return attrs.evolve(rollout_cfg, truncate_at_eos=cfg.truncate_at_eos)

@@ -1,7 +1,7 @@
 """dare-plugin-dtreerpo: d-TreeRPO, tree-structured RL over the denoising process
 (arXiv:2512.09675)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
+from dare_core.api import AlgorithmSpec, ComponentSpec, RolloutNeeds, hookimpl, lazy
 from dare_plugin_dtreerpo.config import RECIPE, RESUMABLE, DTreeConfig
 
 __version__ = "0.1.0"
@@ -48,8 +48,11 @@ def dare_register_algorithms(register):
             paper="arXiv:2512.09675",
             description="branching rollouts over the denoising steps; each parent->child transition "
             "trained with a sibling-relative advantage, plus self-distillation",
-            rollout_fields=frozenset({"steps", "gen_length"}),
-            rollout_methods=RESUMABLE,
+            rollout=RolloutNeeds(
+                fields=frozenset({"steps", "gen_length"}),
+                methods=RESUMABLE,
+                wrap=lazy("dare_plugin_dtreerpo.algorithm:tree_rollout"),
+            ),
             recipe=RECIPE,
         )
     )

@@ -10,7 +10,7 @@ tokens of positively rated siblings.
 
 Composition:
 
-* ``Components.wrap_rollout`` → :class:`TreeRollout` around the run's sampler (needs a backend
+* ``RolloutNeeds.wrap`` (:func:`tree_rollout`) → :class:`TreeRollout` around the run's sampler (needs a backend
   with ``continue_from`` and ``total_steps``, e.g. the core ``low_confidence`` and ``block``
   samplers); its leaves are the rollout
   rows, so ``trainer.group_size`` must equal the number of leaves per prompt;
@@ -158,8 +158,7 @@ class TreeTransitions:
     def rows(self, wrapper, rollout, context: TrajectoryContext) -> TrainingRows:
         if "tree_states" not in rollout.extras:
             raise DareError(
-                "dtreerpo trains tree transitions; the training rollout must be its "
-                "tree rollout (Components.wrap_rollout)"
+                "dtreerpo trains tree transitions; the training rollout must be its tree rollout (RolloutNeeds.wrap)"
             )
         states, widths = rollout.extras["tree_states"], rollout.extras["tree_widths"]
         advs = tree_values_and_advantages(context.rewards, widths)
@@ -352,10 +351,6 @@ def build(cfg: DTreeConfig, lookup) -> Components:
         beta=cfg.sd_beta,
     )
 
-    def wrap(backend: Any, run_config: Any) -> TreeRollout:
-        group = run_config.trainer.group_size if run_config is not None else None
-        return TreeRollout(backend, cfg.tree_samples(group), cfg.branch_factor, cfg.contraction)
-
     return Components(
         trajectory=lookup.trajectory("tree_transitions", schedule=schedule),
         estimator=lookup.estimator("response_token_logprob"),
@@ -363,5 +358,19 @@ def build(cfg: DTreeConfig, lookup) -> Components:
             "tree_loss", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, self_distillation=cfg.self_distillation
         ),
         needs_ref=cfg.kl_coef > 0,
-        wrap_rollout=wrap,
     )
+
+
+def tree_rollout(backend: Any, run_config: Any) -> TreeRollout:
+    """``RolloutNeeds.wrap``: the run's training backend branched into d-TreeRPO's tree
+    (``trainer.group_size`` leaves per prompt).
+
+    Args:
+        backend: the training rollout backend (it must offer ``continue_from``).
+        run_config: the resolved run config (``algorithm`` is a :class:`DTreeConfig`).
+
+    Returns:
+        The tree rollout around ``backend``.
+    """
+    cfg = run_config.algorithm
+    return TreeRollout(backend, cfg.tree_samples(run_config.trainer.group_size), cfg.branch_factor, cfg.contraction)

@@ -1,9 +1,9 @@
 """dare-plugin-justgrpo: JustGRPO, left-to-right decoding with exact log-probabilities
 (arXiv:2601.15165)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
+from dare_core.api import AlgorithmSpec, ComponentSpec, RolloutNeeds, hookimpl, lazy
 from dare_objectives import STEP_REPLAY_RECORDS
-from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig
+from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, RECIPE, JustConfig, left_to_right
 
 __version__ = "0.1.0"
 
@@ -37,8 +37,9 @@ def dare_register_algorithms(register):
                 "loss": "replay_clipped_pg",
                 "advantage": "group_norm",
             },
-            records=STEP_REPLAY_RECORDS,
-            rollout_fields=frozenset(LEFT_TO_RIGHT_FIELDS),
+            rollout=RolloutNeeds(
+                records=STEP_REPLAY_RECORDS, fields=frozenset(LEFT_TO_RIGHT_FIELDS), adjust=left_to_right
+            ),
             paper="arXiv:2601.15165",
             description="generate left to right one token per step; token GRPO with exact "
             "autoregressive-order log-probabilities at the sampling temperature",

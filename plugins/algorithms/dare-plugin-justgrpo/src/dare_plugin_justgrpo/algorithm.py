@@ -5,7 +5,7 @@ of length 1, ``steps = gen_length``); the probability of the sampled response is
 ``Π_t p_θ(y_t | prompt, y_<t, MASK…)`` and plain token-level GRPO is applied with these exact
 log-probabilities — no ELBO, no mean-field surrogate:
 
-* training rollout: ``Components.rollout_config`` forces ``block_length = 1`` and
+* training rollout: ``RolloutNeeds.adjust`` (:func:`~dare_plugin_justgrpo.config.left_to_right`) forces ``block_length = 1`` and
   ``steps = gen_length`` (and the sampling temperature, see :class:`JustConfig`) on the training
   rollout; evaluation keeps the run's rollout settings;
 * trajectory ``step_replay`` with ``left_to_right=True``: state ``t`` = prompt, clean ``y_<t``,
@@ -20,20 +20,19 @@ log-probabilities — no ELBO, no mean-field surrogate:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-import attrs
 import torch
 
 from dare_core.api import Components, Corrupted, DareError, SequenceBatch, gather_logprobs
 from dare_objectives.policy_options import advantage_from_options, clip_kwargs
-from dare_plugin_justgrpo.config import LEFT_TO_RIGHT_FIELDS, JustConfig
+from dare_plugin_justgrpo.config import JustConfig
 
 
 class TemperedTokenLogProb:
     """``log softmax(logits / T)[y_j]`` at every response position of every state row:
-    ``[M, B, R]``. ``temperature`` is set when the run's rollout is configured (it must be the
-    sampling temperature); calling before that raises. With ``exclude_mask_token`` the mask
+    ``[M, B, R]``. ``temperature`` must be the sampling temperature (the training rollout's);
+    calling without one raises. With ``exclude_mask_token`` the mask
     token's logit is removed first (the sampler never proposes it)."""
 
     granularity = "token"
@@ -60,43 +59,16 @@ class TemperedTokenLogProb:
         return torch.stack(rows, 0)
 
 
-def left_to_right_rollout(cfg: JustConfig, estimator: TemperedTokenLogProb):
-    """``rollout_config``: one token per step, left to right, at the algorithm's temperature."""
-
-    def adjust(rollout_cfg: Any) -> Any:
-        names = {f.name for f in attrs.fields(type(rollout_cfg))}
-        need = set(LEFT_TO_RIGHT_FIELDS)
-        if not need <= names:
-            raise DareError(
-                f"justgrpo needs a rollout backend with {', '.join(sorted(need))} options to "
-                f"decode left to right; the chosen backend lacks {', '.join(sorted(need - names))} "
-                f"(e.g. set rollout.backend=low_confidence)"
-            )
-        temp = cfg.temperature if cfg.temperature is not None else rollout_cfg.temperature
-        if temp <= 0:
-            raise DareError(
-                "justgrpo needs a sampling temperature > 0 (exact log-probabilities "
-                "of sampled tokens); set algorithm.temperature or rollout.temperature"
-            )
-        estimator.temperature = float(temp)
-        return attrs.evolve(rollout_cfg, block_length=1, steps=rollout_cfg.gen_length, temperature=float(temp))
-
-    return adjust
-
-
 def build(cfg: JustConfig, lookup) -> Components:
-    estimator = lookup.estimator(
-        "tempered_token_logprob", temperature=cfg.temperature, exclude_mask_token=cfg.exclude_mask_token
-    )
-    loss = lookup.loss(
-        "replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg)
-    )
+    # the training rollout's temperature (config.left_to_right set it; cfg's outside a run)
+    temperature = lookup.rollout.temperature if lookup.rollout is not None else cfg.temperature
+    estimator = lookup.estimator(temperature=temperature, exclude_mask_token=cfg.exclude_mask_token)
+    loss = lookup.loss(kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
     return Components(
-        trajectory=lookup.trajectory("step_replay", reduction="token_mean", left_to_right=True),
+        trajectory=lookup.trajectory(reduction="token_mean", left_to_right=True),
         estimator=estimator,
         loss=loss,
         accumulate=loss,
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
-        rollout_config=left_to_right_rollout(cfg, estimator),
     )

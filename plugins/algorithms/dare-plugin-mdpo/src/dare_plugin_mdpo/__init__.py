@@ -1,6 +1,6 @@
 """dare-plugin-mdpo: MDPO, Masked Diffusion Policy Optimization (arXiv:2508.13148)."""
 
-from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
+from dare_core.api import AlgorithmSpec, ComponentSpec, RolloutNeeds, hookimpl, lazy
 from dare_plugin_mdpo.config import RECIPE, RECORDS, MDPOConfig
 
 __version__ = "0.1.0"
@@ -53,7 +53,7 @@ def dare_register_algorithms(register):
             paper="arXiv:2508.13148",
             description="rewards intermediate predictions of every denoising step; trains the "
             "denoiser on the visited states with step-wise advantages",
-            records=RECORDS,
+            rollout=RolloutNeeds(records=RECORDS),
             recipe=RECIPE,
         )
     )

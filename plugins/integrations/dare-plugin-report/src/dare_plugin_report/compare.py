@@ -26,7 +26,6 @@ import attrs
 import click
 
 from dare_core.api import (
-    ComponentLookup,
     DareError,
     RunConfig,
     atomic_write_text,
@@ -34,7 +33,6 @@ from dare_core.api import (
     describe,
     eval_backend_name,
     eval_context,
-    eval_rollout_config,
     evaluate,
     paired_counts,
     resolve,
@@ -60,26 +58,24 @@ Echo = Callable[[str], None]
 
 def judged_by_training_rollout(dare: Any, config: RunConfig) -> RunConfig:
     """``config`` with its evaluation set to the sampler the run trains with, as its algorithm
-    adjusts it (``Components.rollout_config``, e.g. one token per step, left to right, at the
-    algorithm's temperature): the rollout section becomes the adjusted one, ``eval.backend`` is
-    cleared and ``eval.steps`` / ``eval.temperature`` are taken from it. An algorithm's
-    ``wrap_rollout`` (e.g. a tree of partial states) is training bookkeeping over the same sampler
-    and is not applied."""
+    adjusts it (``RunConfig.train_rollout``, e.g. one token per step, left to right, at the
+    algorithm's temperature): the rollout section and the evaluation rollout become it,
+    ``eval.backend`` is cleared and ``eval.steps`` / ``eval.temperature`` are taken from it. An
+    algorithm's ``RolloutNeeds.wrap`` (e.g. a tree of partial states) is training bookkeeping over
+    the same sampler and is not applied."""
     if not config.algo:
         raise DareError(
             "judging by the training sampler needs the run's algorithm; pass the run's "
             "config.yaml (--config) or algo=NAME"
         )
-    spec = dare.registries.algorithms.get(config.algo)
-    comps = spec.build(config.algorithm, ComponentLookup(dare.registries, config.rollout))
-    rc = comps.training_rollout_config(config.rollout)
+    rc = config.train_rollout
     names = {f.name for f in attrs.fields(type(rc))}
     changes: dict[str, Any] = {"backend": None}
     if "steps" in names:
         changes["steps"] = rc.steps
     if "temperature" in names:
         changes["temperature"] = rc.temperature
-    return attrs.evolve(config, rollout=rc, eval=attrs.evolve(config.eval, **changes))
+    return attrs.evolve(config, rollout=rc, eval=attrs.evolve(config.eval, **changes), eval_rollout=rc)
 
 
 def checkpoint_config(
@@ -105,7 +101,7 @@ def cache_key(dare: Any, cfg: Any, samples: int) -> str:
     decisive: dict[str, Any] = {key: data[key] for key in ("seed", "model", "task", "engine")}
     decisive["max_prompt_length"] = data["trainer"]["max_prompt_length"]
     decisive["eval_batch_size"] = cfg.eval.batch_size
-    decisive["sampler"] = [eval_backend_name(cfg), attrs.asdict(eval_rollout_config(cfg, dare))]
+    decisive["sampler"] = [eval_backend_name(cfg), attrs.asdict(cfg.eval_rollout)]
     decisive["samples"] = samples
     root = os.path.realpath(cfg.model.path)
     files = []
