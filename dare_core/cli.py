@@ -13,6 +13,7 @@ import click
 
 from dare_core._version import __version__
 from dare_core.errors import DareError
+from dare_core.scaffold import KINDS
 
 
 def _dare():
@@ -253,6 +254,32 @@ def config_show(algo: str, model: str, config_file: Optional[str], overrides: tu
     click.echo(render_with_help(config, dare), nl=False)
 
 
+@cli.group("plugin")
+def plugin_group() -> None:
+    """Create plugin distributions."""
+
+
+@plugin_group.command("new")
+@click.argument("kind", type=click.Choice(KINDS))
+@click.argument("name")
+@click.option(
+    "--dir",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory to write (must not exist); default ./dare-plugin-NAME.",
+)
+def plugin_new(kind: str, name: str, out_dir: Optional[str]) -> None:
+    """Write a working plugin distribution of KIND registering NAME, with its tests.
+
+    Example: dare plugin new algorithm my_algo && python -m pytest -q dare-plugin-my-algo/tests
+    """
+    from dare_core.scaffold import new_plugin
+
+    path = new_plugin(kind, name, out_dir)
+    click.echo(f"created {path}; test it: python -m pytest -q {path}/tests; install it: pip install -e '{path}[test]'")
+
+
 def _table(header, rows) -> None:
     rows = [tuple(str(c) for c in r) for r in rows]
     widths = [max([len(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
@@ -263,7 +290,7 @@ def _table(header, rows) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-_BUILTINS = {"train", "generate", "plugins", "list", "config"}
+_BUILTINS = {"train", "generate", "plugins", "list", "config", "plugin"}
 
 
 def main() -> None:  # console script
