@@ -1,5 +1,5 @@
-"""Make ``src/`` importable when the plugin is not pip-installed (e.g. the repository's own
-``pytest contrib`` run). With ``pip install -e .`` this does nothing."""
+"""Make ``src/`` importable when the plugin is not pip-installed (``python -m pytest tests`` right
+after ``dare plugin new``); after ``pip install -e .`` this does nothing."""
 
 import importlib.util
 import os

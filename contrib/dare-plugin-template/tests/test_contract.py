@@ -1,21 +1,28 @@
-"""The core's contract suite, run on this plugin, plus hand-computed checks of what it adds.
+"""The core's contract suite, run on this plugin, hand-computed checks of what it adds, and one
+step of the core's RL loop.
 
-``AlgorithmContract`` builds registries from the core's default plugins plus ``plugins`` only
-(installed entry points are not loaded), and checks on the family-free toy model: a documented,
-frozen config; registered components; unknown options rejected; one finite update that moves the
-parameters; the corruption reused bit-for-bit.
+``AlgorithmContract`` builds registries from the core's default plugins, ``plugins`` and what
+their installed distributions require (installed entry points are not loaded), and checks on the
+family-free toy model: a documented, frozen config; registered components; unknown options
+rejected; one finite update that moves the parameters; the gradient independent of the
+micro-batch and rank partition; the corruption reused bit-for-bit.
 """
+
+import importlib
+import math
 
 import pytest
 import torch
 
+import dare_core.testing.toy as toy
 import dare_plugin_myalgo
 from dare_core.api import ComponentLookup, SequenceBatch, structure
+from dare_core.testing.algorithm_checks import one_rl_step
 from dare_core.testing.contracts import AlgorithmContract
-from dare_plugin_myalgo.algorithm import MyAlgoConfig, build
+from dare_plugin_myalgo.algorithm import MyalgoConfig, build
 
 
-class TestMyAlgoContract(AlgorithmContract):
+class TestMyalgoContract(AlgorithmContract):
     algorithm = "myalgo"
     plugins = (dare_plugin_myalgo,)
 
@@ -23,7 +30,7 @@ class TestMyAlgoContract(AlgorithmContract):
 @pytest.fixture
 def components(dare_build):
     dare = dare_build(dare_plugin_myalgo)
-    return build(MyAlgoConfig(), ComponentLookup(dare.registries))
+    return build(MyalgoConfig(), ComponentLookup(dare.registries))
 
 
 def test_corruption_masks_the_whole_response_only(components, toy_wrapper):
@@ -49,5 +56,13 @@ def test_loss_and_group_mean_advantage_by_hand(components):
 
 
 def test_config_invariants():
-    _, problems = structure(MyAlgoConfig, {"adv_eps": 0.0, "loss_agg_mode": "sum"}, "algorithm")
+    _, problems = structure(MyalgoConfig, {"adv_eps": 0.0, "loss_agg_mode": "sum"}, "algorithm")
     assert len(problems) == 2
+
+
+def test_one_step_of_the_rl_loop_on_the_toy_family(tmp_path):
+    """The core's RL loop runs the algorithm: a rollout of the toy family's reference sampler,
+    rewards, this plugin's corruption and loss, one optimizer step that moves the weights."""
+    samplers = importlib.import_module("dare_plugin_samplers")  # the test extra: the toy's rollout backend
+    record = one_rl_step((dare_plugin_myalgo, toy, samplers), "myalgo", "toy", tmp_path)
+    assert math.isfinite(record["loss"]) and record["grad_norm"] > 0

@@ -1,4 +1,4 @@
-"""dare-plugin-myalgo: REINFORCE with a group-mean baseline (a template for algorithm plugins).
+"""dare-plugin-myalgo: REINFORCE with a group-mean baseline (written by ``dare plugin new algorithm``).
 
 This module is the plugin's *manifest*: it holds only ``@hookimpl`` functions, one per kind of
 thing the plugin registers, so a reader sees at a glance what the plugin adds. It stays light:
@@ -15,7 +15,7 @@ Registered here:
 """
 
 from dare_core.api import AlgorithmSpec, ComponentSpec, hookimpl, lazy
-from dare_plugin_myalgo.config import ALGORITHM, CORRUPTION, LOSS, PAPER, RECIPE, MyAlgoConfig
+from dare_plugin_myalgo.config import ALGORITHM, CORRUPTION, LOSS, PAPER, RECIPE, MyalgoConfig
 
 __version__ = "0.1.0"
 
@@ -51,7 +51,7 @@ def dare_register_algorithms(register):
         AlgorithmSpec(
             name=ALGORITHM,
             workflow="rl",
-            config_cls=MyAlgoConfig,
+            config_cls=MyalgoConfig,
             build=lazy("dare_plugin_myalgo.algorithm:build"),
             kinds=frozenset({"masked"}),
             components={

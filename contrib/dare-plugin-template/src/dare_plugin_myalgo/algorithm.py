@@ -1,6 +1,7 @@
 r"""myalgo: REINFORCE with a group-mean baseline on the one-step response log-likelihood.
 
-(Template: replace this docstring with your method, written like the paper's method section.)
+(Written by ``dare plugin new algorithm``: replace this docstring with your method, written like
+the paper's method section.)
 
 Setting. For a prompt ``x`` the rollout samples a group of ``n`` responses ``y_1 … y_n``
 (``trainer.group_size``) with rewards ``r_1 … r_n``.
@@ -36,8 +37,7 @@ Setting. For a prompt ``x`` the rollout samples a group of ``n`` responses ``y_1
 
 References: R. J. Williams, "Simple statistical gradient-following algorithms for connectionist
 reinforcement learning", Machine Learning 8 (1992) 229–256 (REINFORCE); the one-step mean-field
-estimate of a masked-diffusion model's log-likelihood follows Zhao et al. 2025, "d1: Scaling
-Reasoning in Diffusion Large Language Models via Reinforcement Learning", arXiv:2504.12216.
+estimate of a masked-diffusion model's log-likelihood follows Zhao et al. 2025, arXiv:2504.12216.
 
 Shapes: ``B`` sequences, ``P`` padded prompt length, ``R`` response length, ``S = P + R``,
 ``M`` corruption rows (1 here).
@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 
 from dare_core.api import Components, Corrupted, SequenceBatch, agg_loss, mask_totals, masked_mean
-from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyAlgoConfig
+from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyalgoConfig
 
 
 class MaskWholeResponse:
@@ -117,7 +117,7 @@ class ReinforceLoss:
         return loss, metrics
 
 
-def build(cfg: MyAlgoConfig, lookup) -> Components:
+def build(cfg: MyalgoConfig, lookup) -> Components:
     """Compose the run's components by registered name (``lookup`` is a ComponentLookup):
     two of this plugin's, three of the core's. Nothing here imports another plugin."""
     return Components(

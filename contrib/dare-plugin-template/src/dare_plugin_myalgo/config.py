@@ -9,7 +9,8 @@ import attrs
 
 from dare_core.api import one_of, option, positive
 
-# Every name this plugin registers, in one place (rename them together with the package).
+# Every name this plugin registers, in one place (component names are global across the
+# installed plugins: keep the plugin id as their prefix).
 ALGORITHM = "myalgo"
 CORRUPTION = "myalgo_mask_response"
 LOSS = "myalgo_pg"
@@ -18,7 +19,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 
 
 @attrs.frozen
-class MyAlgoConfig:
+class MyalgoConfig:
     """Options of the ``algorithm:`` section when ``--algo myalgo`` is chosen.
 
     Every field carries help text (shown by ``dare config show``) and a validator that states
@@ -27,8 +28,7 @@ class MyAlgoConfig:
 
     norm_adv_by_std: bool = option(
         False,
-        "Divide the group-centred rewards by the group std (GRPO style); "
-        "false = plain group-mean baseline, as REINFORCE.",
+        "Divide the group-centred rewards by the group std; false = plain group-mean baseline, as REINFORCE.",
     )
     adv_eps: float = option(
         1e-6, "Added to the group std before dividing (only used when norm_adv_by_std is true).", positive
