@@ -270,9 +270,13 @@ def plugin_group() -> None:
     help="Directory to write (must not exist); default ./dare-plugin-NAME.",
 )
 def plugin_new(kind: str, name: str, out_dir: Optional[str]) -> None:
-    """Write a working plugin distribution of KIND registering NAME, with its tests.
+    """Write a new plugin distribution of KIND named NAME.
 
-    Example: dare plugin new algorithm my_algo && python -m pytest -q dare-plugin-my-algo/tests
+    The distribution registers NAME and holds its tests, which pass as written.
+
+    \b
+    Example: dare plugin new algorithm my_algo
+             python -m pytest -q dare-plugin-my-algo/tests
     """
     from dare_core.scaffold import new_plugin
 
