@@ -39,7 +39,7 @@ def _lines_matching(root: pathlib.Path, pattern: re.Pattern, suffixes: set[str],
 
 def test_core_sources_name_no_family_or_algorithm():
     root = pathlib.Path(dare_core.__file__).parent
-    offenders = _lines_matching(root, NAMES, {".py", ".md", ".yaml", ".yml", ".txt", ".json", ".jinja"}, root)
+    offenders = _lines_matching(root, NAMES, {".py", ".md", ".yaml", ".yml", ".txt", ".json", ".jinja", ".tmpl"}, root)
     assert not offenders, "\n".join(offenders)
 
 

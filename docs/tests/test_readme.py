@@ -51,7 +51,7 @@ def test_readme_is_a_front_page():
 
 
 @pytest.mark.parametrize(
-    "command", ["train", "generate", "eval", "compare", "init", "bench", "plot", "plugins", "list", "config"]
+    "command", ["train", "generate", "eval", "compare", "init", "bench", "plot", "plugins", "plugin", "list", "config"]
 )
 def test_readme_commands_exist(command, dare_cli):
     assert f"dare {command}" in README.read_text()
