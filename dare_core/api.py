@@ -11,7 +11,7 @@ import importlib
 from dare_core.interfaces import __all__ as _seams
 
 #: module -> the names it exports here (workflows and engines in plugins use the run ``Context``,
-#: ``Tracker``, the batch stream, ``SingleProcessEngine``, ``ProcessGroupEngine``, ...)
+#: ``Tracker``, the batch stream, ``SingleProcessEngine``, ``ProcessGroup``, ...)
 _EXPORTS = {
     "dare_core.components": "ComponentLookup corrupted_logprobs",
     "dare_core.components.advantages": "GroupNormAdvantage RLOOAdvantage",
@@ -25,7 +25,7 @@ _EXPORTS = {
     "dare_core.errors": "CapabilityError ConfigError DareError DivergenceError run_script",
     "dare_core.interfaces": " ".join(_seams),
     "dare_core.models.base": "HFDiffusionWrapper gather_logprobs",
-    "dare_core.ops.attention": "FLEX_BLOCK HALF DocumentMask available_kernels cu_seqlens document_mask",
+    "dare_core.ops.attention": "HALF DocumentMask available_kernels cu_seqlens document_mask",
     "dare_core.ops.fused_ce": "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs",
     "dare_core.ops.packing": "plan_packing",
     "dare_core.ops.paths": "configure_training_paths param_dtype select_training_paths",
@@ -45,7 +45,7 @@ _EXPORTS = {
     "dare_core.workflows.tracker": "Tracker",
     "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
     "resolve_precision set_lr trainable_parameters",
-    "dare_core.engines.distributed": "LAUNCH_HINT ProcessGroupEngine",
+    "dare_core.engines.distributed": "ProcessGroup",
     "dare_core.engines.lockstep": "collective_generation lockstep",
     "dare_core.engines.single": "SingleProcessEngine",
 }

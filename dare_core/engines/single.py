@@ -2,8 +2,10 @@
 
 :class:`SingleProcessEngine` implements the whole :class:`~dare_core.interfaces.Engine` seam for
 one process: the precision policy on the module, AdamW (compensated for pure bf16), the clipped
-step that skips non-finite gradients, and state as one file. Multi-process engines override what
-sharding changes (:mod:`dare_core.engines.distributed`).
+step that skips non-finite gradients, and state as one file. Its collectives are those of the
+group it holds: :class:`LocalGroup` (one process, nothing to exchange) or, for a multi-process
+engine, a :class:`~dare_core.engines.distributed.ProcessGroup`; multi-process engines pass one in
+and override what sharding changes.
 """
 
 from __future__ import annotations
@@ -32,14 +34,44 @@ T = TypeVar("T")
 STATE_FILE = "engine_state.pt"
 
 
+class LocalGroup:
+    """The collectives of a single process: rank 0 of 1, nothing to exchange."""
+
+    rank = 0
+    world_size = 1
+
+    def average(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Average ``tensors`` over the ranks in place (one rank: unchanged)."""
+
+    def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        return dict(metrics)
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        return list(items)
+
+    def barrier(self) -> None:
+        pass
+
+    def any_active(self, local: bool) -> bool:
+        return bool(local)
+
+    def close(self) -> None:
+        pass
+
+
 class SingleProcessEngine:
+    """The ``Engine`` seam for one process; ``group``: the collectives the engine runs over
+    (default :class:`LocalGroup`), its ``rank`` and ``world_size`` the engine's."""
+
     name = "single"
     rank = 0
     world_size = 1
     collective_forwards = False
 
-    def __init__(self, config: Any, device: Optional[torch.device] = None):
+    def __init__(self, config: Any, device: Optional[torch.device] = None, group: Any = None):
         self.config = config
+        self.group = LocalGroup() if group is None else group
+        self.rank, self.world_size = self.group.rank, self.group.world_size
         self.device = torch.device(device or resolve_device(config.model.device))
         self.precision = resolve_precision(config.engine, self.device, self.precisions())
         self.module: Optional[torch.nn.Module] = None
@@ -66,7 +98,7 @@ class SingleProcessEngine:
         return items[self.rank * n : (self.rank + 1) * n]
 
     def any_active(self, local: bool) -> bool:
-        return bool(local)
+        return self.group.any_active(local)
 
     # -- models -------------------------------------------------------------------------------
     def prepare(self, wrapper: Any, *, trainable: bool) -> None:
@@ -102,15 +134,15 @@ class SingleProcessEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return norm, finite
 
-    # -- collectives (trivial with one process) ------------------------------------------------
+    # -- collectives (the group's) --------------------------------------------------------------
     def reduce_mean(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        return dict(metrics)
+        return self.group.reduce_mean(metrics)
 
     def gather(self, items: list[Any]) -> list[Any]:
-        return list(items)
+        return self.group.gather(items)
 
     def barrier(self) -> None:
-        pass
+        self.group.barrier()
 
     # -- state --------------------------------------------------------------------------------
     def _trainable_state(self) -> dict[str, torch.Tensor]:
@@ -148,7 +180,7 @@ class SingleProcessEngine:
         return {"parameters": size(params), "gradients": size(p.grad for p in params), "optimizer": size(state)}
 
     def close(self) -> None:
-        pass
+        self.group.close()
 
 
 def build_single(config: Any) -> SingleProcessEngine:

@@ -58,14 +58,14 @@ def test_bad_engine_input_is_one_line_before_any_work(invoke, tmp_path, override
 def test_a_world_size_that_does_not_divide_the_batch_is_refused(invoke, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
-    from dare_core.engines.distributed import ProcessGroupEngine
+    from dare_core.engines import distributed
+    from dare_core.engines.single import LocalGroup
 
-    # the process group itself is not needed to check the batch split
-    def fake_init(self, config):
-        self.rank, self.world_size, self._owns_group = 0, 3, False
-        super(ProcessGroupEngine, self).__init__(config)
+    class ThreeRanks(LocalGroup):  # the process group itself is not needed to check the batch split
+        world_size = 3
+        device = "cpu"
 
-    monkeypatch.setattr(ProcessGroupEngine, "__init__", fake_init)
+    monkeypatch.setattr(distributed, "ProcessGroup", lambda config: ThreeRanks())
     result = invoke("engine.name=ddp", "trainer.batch_size=4")
     assert result.exit_code == 2
     assert (

@@ -1,7 +1,8 @@
 """The ``deepspeed`` engine: DeepSpeed ZeRO stages 1/2/3 behind DARE's engine seam.
 
-:class:`DeepSpeedEngine` extends the core's :class:`~dare_core.api.ProcessGroupEngine` (process
-group from the launcher's ``RANK``/``WORLD_SIZE``, the rank's device, the collectives) and hands
+:class:`DeepSpeedEngine` extends the core's :class:`~dare_core.api.SingleProcessEngine`, holding
+the core's :class:`~dare_core.api.ProcessGroup` (process group from the launcher's
+``RANK``/``WORLD_SIZE``, the rank's device, the collectives), and hands
 the model, the optimizer, the gradient reduction, clipping and checkpoint state to a DeepSpeed
 engine (``deepspeed.initialize``). What it adds to DeepSpeed's own behaviour:
 
@@ -43,7 +44,15 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from dare_core.api import DareError, ProcessGroupEngine, adamw, cast_for_precision, set_lr, trainable_parameters
+from dare_core.api import (
+    DareError,
+    ProcessGroup,
+    SingleProcessEngine,
+    adamw,
+    cast_for_precision,
+    set_lr,
+    trainable_parameters,
+)
 from dare_plugin_deepspeed.config import SECTION, DeepSpeedConfig, deepspeed_config
 
 #: the tag of the DeepSpeed checkpoint inside the state directory the core gives
@@ -79,7 +88,7 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
-class DeepSpeedEngine(ProcessGroupEngine):
+class DeepSpeedEngine(SingleProcessEngine):
     """ZeRO data parallelism through DeepSpeed (``engine.name=deepspeed``, ``deepspeed.*``)."""
 
     name = "deepspeed"
@@ -99,7 +108,8 @@ class DeepSpeedEngine(ProcessGroupEngine):
                 "forward, where ZeRO-3 keeps it partitioned; use model.cross_entropy=naive "
                 "(or auto) with deepspeed.zero_stage=3, or zero_stage 1 or 2"
             )
-        super().__init__(config)
+        group = ProcessGroup(config)
+        super().__init__(config, group.device, group=group)
         try:
             self.ds_config = deepspeed_config(
                 self.section, config.trainer, self.precision, self.world_size, self.device.type
@@ -272,7 +282,7 @@ class DeepSpeedEngine(ProcessGroupEngine):
             if engine is not None:
                 engine.destroy()
         self.ds, self.frozen = None, []
-        if self._owns_group and dist.is_initialized():
+        if self.group.owns and dist.is_initialized():
             # the world group and DeepSpeed's own references to it (a later run builds new ones)
             self.deepspeed.comm.destroy_process_group()
         super().close()

@@ -1,7 +1,7 @@
 """The ``fsdp`` engine: data parallelism with sharded parameters, gradients and optimizer state.
 
-:class:`FSDPEngine` extends the core's process-group engine (process group, device, metric
-collectives) with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``; the FSDP design: Zhao
+:class:`FSDPEngine` extends the core's single-process engine, holding the core's process group
+(``dare_core.api.ProcessGroup``: process group, device, collectives), with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``; the FSDP design: Zhao
 et al. 2023, *PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel*,
 arXiv:2304.11277; the API: https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html):
 
@@ -43,7 +43,7 @@ from torch.distributed.fsdp import (
     register_fsdp_forward_method,
 )
 
-from dare_core.api import DareError, ProcessGroupEngine, SingleProcessEngine
+from dare_core.api import DareError, ProcessGroup, SingleProcessEngine
 from dare_plugin_fsdp.config import SECTION, FSDPConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -84,9 +84,9 @@ def reshard(module: torch.nn.Module) -> None:
             m.reshard()
 
 
-class FSDPEngine(ProcessGroupEngine):
-    """``engine.name=fsdp``: FSDP2 sharding on top of the process-group engine (see the module
-    docstring). Options: the ``fsdp:`` config section (:class:`FSDPConfig`)."""
+class FSDPEngine(SingleProcessEngine):
+    """``engine.name=fsdp``: FSDP2 sharding over the ranks of a :class:`ProcessGroup` (see the
+    module docstring). Options: the ``fsdp:`` config section (:class:`FSDPConfig`)."""
 
     name = "fsdp"
     collective_forwards = True  # every forward all-gathers the sharded parameters
@@ -99,7 +99,8 @@ class FSDPEngine(ProcessGroupEngine):
                 "sharded DTensor weights); set engine.bf16_update=kahan"
             )
         self.options: FSDPConfig = config.plugin_section(SECTION, FSDPConfig)
-        super().__init__(config)
+        group = ProcessGroup(config)
+        super().__init__(config, group.device, group=group)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         self._skeleton: Optional[torch.nn.Module] = None
 
@@ -169,8 +170,8 @@ class FSDPEngine(ProcessGroupEngine):
     def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
         # FSDP reduce-scattered the gradients in backward: the single-process step (clip by the
         # global norm, reduced over the shards; skip when it is not finite: the norm is the same
-        # on every rank), not the all-reduce of full replicas
-        norm, stepped = SingleProcessEngine.step(self, max_norm, lr)
+        # on every rank)
+        norm, stepped = super().step(max_norm, lr)
         if stepped:
             reshard(self.module)  # a gathered copy left by a forward without backward is stale
         return norm, stepped
