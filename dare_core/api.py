@@ -8,22 +8,28 @@ Names resolve on first use (PEP 562), so importing this module, or a light name 
 
 import importlib
 
-from dare_core.interfaces import __all__ as _seams
-
-#: module -> the names it exports here (workflows and engines in plugins use the run ``Context``,
-#: ``Tracker``, the batch stream, ``SingleProcessEngine``, ``ProcessGroup``, ...)
+#: module -> the names it exports here: what plugins, libraries, ``contrib/``, ``research/``,
+#: ``scripts/`` and the plugin templates import, and the names the docs give plugin authors (the
+#: seams, the run ``Context``, ``Tracker``, the batch stream, ``SingleProcessEngine``,
+#: ``ProcessGroup``, ...). ``tests/test_core_layout.py`` holds the same list (``PUBLIC_API``) and
+#: fails when the two differ, when a name is neither used nor documented, or when a distribution
+#: imports a name that is not here.
 _EXPORTS = {
     "dare_core.components": "ComponentLookup corrupted_logprobs",
-    "dare_core.components.advantages": "GroupNormAdvantage RLOOAdvantage",
+    "dare_core.components.advantages": "GroupNormAdvantage",
     "dare_core.components.corruptions": "RandomRatioMasking mask_tokens",
-    "dare_core.components.estimators": "MaskedTokenLogProb ResponseTokenLogProb",
+    "dare_core.components.estimators": "MaskedTokenLogProb",
     "dare_core.components.losses": "ClippedPolicyLoss agg_loss kl_penalty mask_totals masked_mean sum_totals",
     "dare_core.components.trajectories": "FinalSequence",
     "dare_core.config": "RunConfig TaskConfig option resolve structure to_dict",
     "dare_core.config.loader": "misfit parse_overrides",
     "dare_core.config.validators": "divides in_range non_negative one_of optional positive probability",
-    "dare_core.errors": "CapabilityError ConfigError DareError DivergenceError run_script",
-    "dare_core.interfaces": " ".join(_seams),
+    "dare_core.errors": "CapabilityError ConfigError DareError run_script",
+    "dare_core.interfaces": "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection "
+    "Corrupted Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily "
+    "ModelWrapper PolicyLoss PreferenceLoss RolloutBackend RolloutBatch RolloutNeeds RolloutSpec "
+    "RowEstimate SFTObjective Score SequenceBatch SyncedRolloutBackend Task TaskSpec Totals "
+    "TrainingRows TrajectoryBuilder TrajectoryContext UpdateBatch UpdateObjective WorkflowSpec",
     "dare_core.models.base": "HFDiffusionWrapper gather_logprobs",
     "dare_core.ops.attention": "HALF DocumentMask available_kernels cu_seqlens document_mask",
     "dare_core.ops.fused_ce": "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs",
@@ -39,13 +45,12 @@ _EXPORTS = {
     "dare_core.workflows.evaluation": "evaluate",
     "dare_core.workflows.rl": "PolicyObjective ReferencePolicy collect estimate_no_grad require_totals "
     "rows_update_batch training_rollout",
-    "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context eval_rollout_config setup",
-    "dare_core.workflows.sft": "SupervisedObjective default_collate",
-    "dare_core.workflows.update": "UpdatePlan UpdateStats backward_minibatch global_totals update",
+    "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context setup",
+    "dare_core.workflows.sft": "default_collate",
+    "dare_core.workflows.update": "UpdatePlan UpdateStats backward_minibatch update",
     "dare_core.workflows.tracker": "Tracker",
-    "dare_core.engines.common": "CompensatedAdamW adamw autocast_for cast_for_precision grad_norm lr_at "
-    "resolve_precision set_lr trainable_parameters",
-    "dare_core.engines.distributed": "ProcessGroup",
+    "dare_core.engines.common": "adamw cast_for_precision lr_at set_lr trainable_parameters",
+    "dare_core.engines.distributed": "ProcessGroup ProcessGroupEngine",
     "dare_core.engines.lockstep": "collective_generation lockstep",
     "dare_core.engines.single": "SingleProcessEngine",
 }

@@ -1,6 +1,8 @@
 """The core stays small and layered: its logical lines are within budget and no function of the core
 or the libraries is past the structural limits (``scripts/core_size.py``), and no
-two of its packages import each other, directly or through others (lazy imports included)."""
+two of its packages import each other, directly or through others (lazy imports included). The
+distributions built on it reach it through ``dare_core.api`` only, whose names are the listed
+:data:`PUBLIC_API`, and libraries and plugins import no plugin."""
 
 import ast
 import importlib.util
@@ -10,7 +12,45 @@ import re
 import dare_core
 
 ROOT = pathlib.Path(dare_core.__file__).parent
-SCRIPT = ROOT.parent / "scripts" / "core_size.py"
+REPO = ROOT.parent
+SCRIPT = REPO / "scripts" / "core_size.py"
+
+#: ``dare_core.api.__all__``: what plugins, libraries, ``contrib/``, ``research/``, ``scripts/`` and
+#: the plugin templates import, and the names the docs give plugin authors. A name joins or leaves
+#: the public API in ``dare_core/api.py`` and here together.
+PUBLIC_API = frozenset(
+    " ".join(
+        [
+            # the seams (dare_core.interfaces)
+            "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection Corrupted",
+            "Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily ModelWrapper PolicyLoss",
+            "PreferenceLoss RolloutBackend RolloutBatch RolloutNeeds RolloutSpec RowEstimate SFTObjective Score",
+            "SequenceBatch SyncedRolloutBackend Task TaskSpec Totals TrainingRows TrajectoryBuilder",
+            "TrajectoryContext UpdateBatch UpdateObjective WorkflowSpec",
+            # registration, config and errors
+            "build get_dare hookimpl lazy RunConfig TaskConfig option resolve structure to_dict misfit",
+            "parse_overrides divides in_range non_negative one_of optional positive probability preflight",
+            "CapabilityError ConfigError DareError run_script",
+            # generic components
+            "ComponentLookup corrupted_logprobs GroupNormAdvantage RandomRatioMasking mask_tokens",
+            "MaskedTokenLogProb ClippedPolicyLoss agg_loss kl_penalty mask_totals masked_mean sum_totals",
+            "FinalSequence",
+            # models and training paths
+            "HFDiffusionWrapper gather_logprobs HALF DocumentMask available_kernels cu_seqlens document_mask",
+            "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs plan_packing",
+            "configure_training_paths param_dtype select_training_paths for_device",
+            # what workflows and commands in plugins drive
+            "Context build_rollout eval_backend_name eval_context setup evaluate PolicyObjective",
+            "ReferencePolicy collect estimate_no_grad require_totals rows_update_batch training_rollout",
+            "default_collate UpdatePlan UpdateStats backward_minibatch update Tracker STREAM_CORRUPTION",
+            "STREAM_DATA BatchStream chunks decode_responses encode_prompts left_pad compare describe",
+            "paired_counts RunDir atomic_write_file atomic_write_text",
+            # engines
+            "SingleProcessEngine ProcessGroup ProcessGroupEngine adamw cast_for_precision lr_at set_lr",
+            "trainable_parameters collective_generation lockstep",
+        ]
+    ).split()
+)
 
 
 def _unit(module: str) -> str:
@@ -130,4 +170,98 @@ def test_distributions_use_the_public_api():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if re.match(r"^\s*(from|import)\s+dare_core", line) and not allowed.match(line):
                 offenders.append(f"{path.relative_to(repo)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+_API_IMPORT = re.compile(r"^[ \t]*from[ \t]+dare_core\.api[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def api_imports(text: str) -> set[str]:
+    """The names ``text`` (Python, a template or Markdown) imports with ``from dare_core.api import``."""
+    names = set()
+    for match in _API_IMPORT.finditer(text):
+        for line in match.group(1).strip("()").splitlines():
+            for item in line.split("#")[0].split(","):
+                if item.strip():
+                    names.add(item.split()[0])  # "X as Y" imports X
+    return names
+
+
+def api_users() -> dict[str, set[str]]:
+    """Each name imported from ``dare_core.api`` -> the files importing it: the sources and tests of
+    plugins, libraries and ``contrib/``, ``research/``, ``scripts/``, the plugin templates and the
+    examples of the docs."""
+    files = [
+        *REPO.glob("plugins/*/*/**/*.py"),
+        *REPO.glob("libs/*/**/*.py"),
+        *REPO.glob("contrib/*/**/*.py"),
+        *REPO.glob("research/*.py"),
+        *REPO.glob("scripts/**/*.py"),
+        *ROOT.glob("templates/**/*.tmpl"),
+        *REPO.glob("docs/*.md"),
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+    ]
+    users: dict[str, set[str]] = {}
+    for path in files:
+        for name in api_imports(path.read_text()):
+            users.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return users
+
+
+def test_the_import_scan_reads_every_form():
+    text = "from dare_core.api import A, B as C  # note\n    from dare_core.api import (\n    D,\n    E,  # e\n)\n"
+    assert api_imports(text) == {"A", "B", "D", "E"}
+    assert api_imports("from dare_core.apix import F\nimport dare_core.api\n") == set()
+
+
+def test_the_public_api_is_the_listed_set():
+    import dare_core.api as api
+
+    extra, missing = sorted(set(api.__all__) - PUBLIC_API), sorted(PUBLIC_API - set(api.__all__))
+    assert not extra and not missing, (
+        f"dare_core.api exports {extra} beyond PUBLIC_API and lacks {missing}; "
+        f"change dare_core/api.py and PUBLIC_API (tests/test_core_layout.py) together"
+    )
+    unresolved = [name for name in api.__all__ if not hasattr(api, name)]
+    assert not unresolved, f"dare_core.api lists names its modules do not define: {unresolved}"
+
+
+def test_distributions_import_only_public_names():
+    private = {name: sorted(files) for name, files in api_users().items() if name not in PUBLIC_API}
+    assert not private, f"imported from dare_core.api but not public (PUBLIC_API): {private}"
+
+
+def test_every_public_name_is_used_or_documented():
+    """A public name is imported by a plugin, library, ``contrib/``, ``research/``, ``scripts/``, a
+    plugin template or a docs example, or named (in backticks) in the docs plugin authors read."""
+    docs = "\n".join(p.read_text() for p in sorted(REPO.glob("docs/*.md")))
+    used = set(api_users())
+    unused = sorted(n for n in PUBLIC_API - used if not re.search(rf"`[^`\n]*\b{n}\b[^`\n]*`", docs))
+    assert not unused, (
+        f"public names nobody outside the core imports and no doc names: {unused}; remove them from "
+        f"dare_core/api.py and PUBLIC_API, or document them (docs/plugin-guide.md)"
+    )
+
+
+def test_libraries_and_plugins_import_no_other_plugin():
+    """Plugins meet through the registries: a library's code imports no plugin, and a plugin's code
+    imports no other plugin (what two of them share lives in a library, ``libs/``)."""
+    offenders = []
+    for src in sorted([*REPO.glob("libs/*/src"), *REPO.glob("plugins/*/*/src"), *REPO.glob("contrib/*/src")]):
+        own = {p.name for p in src.iterdir() if p.is_dir() and p.name.startswith("dare_plugin_")}
+        for path in sorted(src.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    modules = [node.module]
+                else:
+                    continue
+                tops = {m.split(".")[0] for m in modules}
+                offenders += [
+                    f"{path.relative_to(REPO)}:{node.lineno}: {top}"
+                    for top in sorted(tops)
+                    if top.startswith("dare_plugin_") and top not in own
+                ]
     assert not offenders, "\n".join(offenders)
