@@ -43,24 +43,37 @@ class SequenceBatch:
 
     @property
     def response_ids(self) -> torch.Tensor:
+        """``[B, R]`` the response columns of ``input_ids``."""
         return self.input_ids[:, self.prompt_len :]
 
     @property
     def response_mask(self) -> torch.Tensor:
+        """``[B, R]`` the response columns of ``attention_mask``."""
         return self.attention_mask[:, self.prompt_len :]
 
     @property
     def prompt_mask(self) -> torch.Tensor:
+        """``[B, P]`` the prompt columns of ``attention_mask``."""
         return self.attention_mask[:, : self.prompt_len]
 
     @property
     def batch_size(self) -> int:
+        """``B``, the number of rows."""
         return self.input_ids.shape[0]
 
     def select(self, idx: torch.Tensor) -> "SequenceBatch":
+        """Some rows.
+
+        Args:
+            idx: ``[k]`` long row indices.
+
+        Returns:
+            the ``[k, S]`` batch of those rows, same ``prompt_len``.
+        """
         return SequenceBatch(_index(self.input_ids, idx, 0), _index(self.attention_mask, idx, 0), self.prompt_len)
 
     def to(self, device: torch.device | str) -> "SequenceBatch":
+        """The batch on ``device``."""
         return SequenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.prompt_len)
 
 
@@ -90,6 +103,8 @@ class RolloutBatch:
     extras: dict[str, Any] = attrs.field(factory=dict)
 
     def sequences(self) -> SequenceBatch:
+        """The ``[B, S]`` ``[prompt | response]`` rows (``S = P + R``, ``prompt_len = P``) with
+        the prompt and response masks as the attention mask."""
         import torch
 
         return SequenceBatch(
@@ -118,9 +133,18 @@ class Corrupted:
 
     @property
     def num_samples(self) -> int:
+        """``M``, the number of Monte-Carlo rows."""
         return self.noisy_ids.shape[0]
 
     def select(self, idx: torch.Tensor) -> "Corrupted":
+        """Some sequences (dim 1 of every member and extra).
+
+        Args:
+            idx: ``[k]`` long indices of sequences.
+
+        Returns:
+            the ``[M, k, S]`` corruption of those sequences.
+        """
         return Corrupted(
             _index(self.noisy_ids, idx, 1),
             _index(self.masked, idx, 1),
@@ -129,8 +153,15 @@ class Corrupted:
         )
 
     def select_samples(self, rows: Sequence[int]) -> "Corrupted":
-        """The Monte-Carlo rows ``rows`` (dim 0). Extras whose first dimension is the number of
-        rows are selected too; the others are kept as they are."""
+        """Some Monte-Carlo rows (dim 0).
+
+        Args:
+            rows: indices of Monte-Carlo rows.
+
+        Returns:
+            the ``[len(rows), B, S]`` corruption; extras whose first dimension is ``M`` are
+            selected too, the others are kept as they are.
+        """
         import torch
 
         idx = torch.as_tensor(list(rows), dtype=torch.long)

@@ -44,60 +44,138 @@ class Engine(Protocol):
         """Rank 0: the one process that writes the run directory and the console."""
 
     def shard(self, items: Sequence[T]) -> list[T]:
-        """This rank's contiguous slice of a global batch (``len(items)`` divisible by the
-        world size)."""
+        """This rank's part of a global batch.
+
+        Args:
+            items: the global batch (its length divisible by the world size).
+
+        Returns:
+            this rank's contiguous slice, ``len(items) / world_size`` items.
+        """
 
     def prepare(self, wrapper: Any, *, trainable: bool) -> None:
         """Place, cast and (sharding engines) wrap ``wrapper.module`` in place for the precision
-        policy, after the checkpoint (and LoRA) is loaded. ``trainable=False``: inference only."""
+        policy, after the checkpoint (and LoRA) is loaded.
+
+        Args:
+            wrapper: the :class:`~dare_core.interfaces.ModelWrapper` to prepare.
+            trainable: ``False``: inference only (no gradients, no optimizer).
+        """
 
     def reference(self, wrapper: Any) -> Any:
         """A frozen copy of the policy for reference log-likelihoods (full fine-tuning; under
-        LoRA the workflows use the base model with the adapters disabled instead)."""
+        LoRA the workflows use the base model with the adapters disabled instead).
+
+        Args:
+            wrapper: the prepared policy.
+
+        Returns:
+            a wrapper around the copy (eval mode, no gradients).
+        """
 
     def autocast(self) -> ContextManager[Any]:
-        """The compute context of forward passes (bf16 autocast for ``bf16-mixed`` where the
-        engine does not cast through its own wrapping; else a no-op)."""
+        """The compute context of forward passes.
+
+        Returns:
+            bf16 autocast for ``bf16-mixed`` where the engine does not cast through its own
+            wrapping; else a no-op context.
+        """
 
     def setup_optimizer(self, wrapper: Any, trainer: Any) -> None:
-        """Build the optimizer over the trainable parameters (AdamW with ``trainer``'s
-        hyper-parameters, in the precision policy's master dtype). Collective."""
+        """Build the optimizer over the trainable parameters (AdamW, in the precision policy's
+        master dtype). Collective.
+
+        Args:
+            wrapper: the prepared policy.
+            trainer: the run's ``trainer:`` section (its optimizer hyper-parameters).
+        """
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate the gradient of ``loss`` (already scaled by its share of the step)."""
+        """Accumulate the gradient of a loss.
+
+        Args:
+            loss: a scalar, already scaled by its share of the step (and by the world size:
+                the engine averages gradients over ranks).
+        """
 
     def step(self, max_norm: float, lr: float) -> tuple[float, bool]:
-        """Clip the global gradient norm to ``max_norm`` (0 = no clipping), set the learning rate
-        to ``lr`` and step — unless the norm is not finite; then zero the gradients.
-        Returns ``(norm, stepped)``. Collective."""
+        """Clip, set the learning rate and step the optimizer — unless the gradient norm is not
+        finite; then zero the gradients. Collective.
+
+        Args:
+            max_norm: the global gradient norm to clip to (0 = no clipping).
+            lr: the learning rate of this step.
+
+        Returns:
+            ``(norm, stepped)``: the global gradient norm before clipping and whether the
+            optimizer stepped.
+        """
 
     def reduce_mean(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Every numeric metric averaged over ranks (others as rank 0 has them). Collective."""
+        """Average a step's record over ranks. Collective.
+
+        Args:
+            metrics: this rank's record.
+
+        Returns:
+            the record with every number (not a bool, not ``step``) averaged over the ranks
+            that report it; other values as this rank has them.
+        """
 
     def gather(self, items: list[Any]) -> list[Any]:
-        """Every rank's ``items`` concatenated in rank order, on every rank. Collective."""
+        """Collect picklable items from every rank. Collective.
+
+        Args:
+            items: this rank's items.
+
+        Returns:
+            every rank's ``items`` concatenated in rank order, on every rank.
+        """
 
     def barrier(self) -> None:
         """Wait for every rank. Collective."""
 
     def any_active(self, local: bool) -> bool:
-        """Whether this rank (``local``) or any other is still active: one all-reduce. Collective."""
+        """One all-reduce of activity flags (lockstep generation). Collective.
+
+        Args:
+            local: whether this rank is still active.
+
+        Returns:
+            whether this rank or any other is still active.
+        """
 
     def save_state(self, path: str) -> None:
-        """Write model and optimizer state (sharded where the engine shards) into the existing
-        directory ``path``. Collective."""
+        """Write model and optimizer state (sharded where the engine shards). Collective.
+
+        Args:
+            path: an existing directory.
+        """
 
     def load_state(self, path: str) -> None:
-        """Restore what :meth:`save_state` wrote (same world size and engine). Collective."""
+        """Restore what :meth:`save_state` wrote (same world size and engine). Collective.
+
+        Args:
+            path: the directory :meth:`save_state` wrote.
+        """
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
-        """The module's consolidated (unsharded, CPU) state dict on the main rank, ``None`` on
-        the others — or ``None`` everywhere when the module already holds its full weights.
-        Collective. Used to export HF-layout checkpoints."""
+        """The module's consolidated weights, to export HF-layout checkpoints. Collective.
+
+        Args:
+            wrapper: the prepared policy.
+
+        Returns:
+            the consolidated (unsharded, CPU) state dict on the main rank, ``None`` on the
+            others — or ``None`` everywhere when the module already holds its full weights.
+        """
 
     def memory(self) -> dict[str, int]:
-        """Bytes this rank holds for the policy: ``parameters``, ``gradients``,
-        ``optimizer`` (its state) — local shards only (``dare bench engines``)."""
+        """What this rank holds for the policy (``dare bench engines``).
+
+        Returns:
+            bytes of ``parameters``, ``gradients`` and ``optimizer`` (its state), local shards only.
+        """
 
     def close(self) -> None:
         """Tear down what the engine set up (process group)."""

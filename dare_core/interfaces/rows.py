@@ -36,9 +36,9 @@ class TrajectoryContext:
     """What ``TrajectoryBuilder.rows`` may use besides the rollout.
 
     Attributes:
-        rewards: ``[B]`` task rewards of the final responses.
-        advantages: ``[B]`` advantages from the algorithm's advantage estimator.
-        group_ids: ``[B]`` prompt-group id of every rollout row.
+        rewards: ``[B]`` float32 task rewards of the final responses (CPU).
+        advantages: ``[B]`` advantages from the algorithm's advantage estimator (model device).
+        group_ids: ``[B]`` long prompt-group id of every rollout row (CPU).
         score: :data:`ScoreFn`, rewards of other (e.g. intermediate) responses.
         step: 1-based training step; ``total_steps`` the run's number of steps.
         generator: the run's random stream.
@@ -77,17 +77,21 @@ class TrainingRows:
 
     @property
     def num_rows(self) -> int:
+        """``N``, the number of training rows."""
         return self.batch.batch_size
 
     def loss_weights(self) -> torch.Tensor:
-        """``weights`` or the float response mask; the row dim is ``-2``."""
+        """The loss's ``mask``: ``weights`` (``[N, R]`` or ``[M, N, R]``) or the float response
+        mask ``[N, R]``; the row dim is ``-2``."""
         if self.weights is not None:
             return self.weights
         return self.batch.response_mask.float()
 
     def select_weights(self, idx: torch.Tensor) -> torch.Tensor:
+        """The loss weights of the rows ``idx`` (``[k]`` long): ``[k, R]`` or ``[M, k, R]``."""
         w = self.loss_weights()
         return w.index_select(w.dim() - 2, idx.to(w.device))
 
     def select_extras(self, idx: torch.Tensor) -> dict[str, Any]:
+        """The extras of the rows ``idx`` (``[k]`` long), each ``[k, ...]``."""
         return {k: v.index_select(0, idx.to(v.device)) for k, v in self.extras.items()}

@@ -35,6 +35,21 @@ class ModelWrapper(Protocol):
     (``None``: every linear layer but the output head). ``prompt_len`` (the first response column
     of a ``[prompt | response]`` row) is given by every caller that knows it; a family whose
     denoiser works on the response only (a canvas decoder) needs it, the others ignore it.
+
+    Shapes: ``B`` rows, ``L`` / ``S`` sequence length (``S = P + R`` for ``[prompt | response]``
+    rows), ``V`` vocabulary. Token ids are ``long``; an ``attention_mask`` is 1 on valid tokens,
+    0 on padding.
+
+    Attributes:
+        family: the registered :attr:`ModelFamily.name`.
+        kind: ``masked`` or ``block``.
+        capabilities: what the family declares (``mask_token``, ``absorbing_elbo``, ...).
+        module: the ``torch.nn.Module`` engines prepare and optimise.
+        tokenizer: the checkpoint's tokenizer.
+        mask_token_id, eos_token_id, pad_token_id: special token ids from the checkpoint.
+        stop_token_ids: ids that end a response (default: the EOS id).
+        block_size: the block length of a block family (``None`` for masked families).
+        lora_target_modules: see above.
     """
 
     family: str
@@ -51,26 +66,66 @@ class ModelWrapper(Protocol):
 
     @property
     def device(self) -> torch.device:
-        """The device of the module's parameters."""
+        """The device of the module's parameters (where the loops put prompts and batches)."""
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
+        """Tokenize ``text``.
+
+        Args:
+            text: a prompt or a reference response.
+
+        Returns:
+            its token ids, no special tokens added.
+        """
 
     def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` with special tokens removed."""
+        """Detokenize a response.
+
+        Args:
+            ids: token ids (the valid part of a response row).
+
+        Returns:
+            the text, special tokens removed.
+        """
 
     def supports_packing(self) -> bool:
-        """Whether ``token_logprobs`` can run on packed rows (``model.train_attention=packed``)."""
+        """Whether ``token_logprobs`` can run on packed rows (``model.train_attention=packed``).
+
+        Returns:
+            ``True`` when the padded and the packed layout give the same log-probabilities.
+        """
 
     def supports_fused_ce(self) -> bool:
-        """Whether ``token_logprobs`` can use the logits-free fused cross entropy."""
+        """Whether ``token_logprobs`` can use the logits-free fused cross entropy.
+
+        Returns:
+            ``True`` when the output head can be applied chunk by chunk after the forward.
+        """
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Inference forward over ``[B, L]`` ids; returns aligned ``[B, L, V]`` logits."""
+        """Inference forward (rollouts, evaluation).
+
+        Args:
+            input_ids: ``[B, L]`` token ids, MASK (or noise) tokens where not yet decoded.
+            attention_mask: ``[B, L]``, 1 on valid tokens; ``None``: every token is valid.
+
+        Returns:
+            ``[B, L, V]`` logits, aligned so that position ``i`` predicts token ``i``.
+        """
 
     def noise(self, ids: torch.Tensor, where: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """``ids`` with the positions ``where`` (broadcast shape) replaced by the family's noise: the
-        MASK token (absorbing, ``mask_token`` capability) or uniform random tokens (``uniform_noise``)."""
+        """The family's forward-noise kernel, what corruptions and samplers call to corrupt tokens.
+
+        Args:
+            ids: token ids, e.g. ``[B, S]`` (or ``[M, B, S]``).
+            where: bool, broadcastable with ``ids`` (e.g. ``[M, B, S]``): the positions to corrupt.
+            generator: the random stream of uniform noise (CPU); absorbing families ignore it.
+
+        Returns:
+            ``ids`` in the broadcast shape of ``ids`` and ``where``, with the positions ``where``
+            replaced by the MASK token (absorbing, ``mask_token`` capability) or by uniform
+            random tokens (``uniform_noise``).
+        """
 
     def denoise_logits(
         self,
@@ -79,8 +134,18 @@ class ModelWrapper(Protocol):
         clean_ids: Optional[torch.Tensor] = None,
         prompt_len: Optional[int] = None,
     ) -> torch.Tensor:
-        """Training forward: logits for ``noisy_ids`` (block families use ``clean_ids`` as the
-        clean half of the ``[noisy | clean]`` layout). Returns aligned ``[B, S, V]``."""
+        """Training forward of one corruption row.
+
+        Args:
+            noisy_ids: ``[B, S]`` model inputs (a row of :attr:`Corrupted.noisy_ids`).
+            attention_mask: ``[B, S]``, 1 on valid tokens; ``None``: every token is valid.
+            clean_ids: ``[B, S]`` clean sequence; block families use it as the clean half of the
+                ``[noisy | clean]`` layout, the others ignore it.
+            prompt_len: ``P``, the first response column (see above).
+
+        Returns:
+            ``[B, S, V]`` logits, aligned so that position ``i`` predicts token ``i``.
+        """
 
     def token_logprobs(
         self,
@@ -90,18 +155,46 @@ class ModelWrapper(Protocol):
         clean_ids: Optional[torch.Tensor] = None,
         prompt_len: Optional[int] = None,
     ) -> torch.Tensor:
-        """``log p(targets[b, i] | noisy)`` in float32 for every position, shape ``[B, S]``."""
+        """Log-probabilities of the targets under one corruption row: what every estimator reads.
+
+        Args:
+            noisy_ids: ``[B, S]`` model inputs, as for :meth:`denoise_logits`.
+            targets: ``[B, S]`` token ids to score (the clean sequence).
+            attention_mask: ``[B, S]``, 1 on valid tokens; ``None``: every token is valid.
+            clean_ids: ``[B, S]``, as for :meth:`denoise_logits`.
+            prompt_len: ``P``, as for :meth:`denoise_logits`.
+
+        Returns:
+            ``[B, S]`` float32, ``log p(targets[b, i] | noisy_ids[b])`` at every position ``i``
+            (the packed path gives 0 at padding); differentiable.
+        """
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The chat-template text of ``messages`` ending with the assistant header."""
+        """Render a task prompt for generation.
+
+        Args:
+            messages: chat messages ``[{"role": ..., "content": ...}]`` (:attr:`Example.prompt`).
+
+        Returns:
+            the chat-template text, ending with the assistant header.
+        """
 
     def decoder_layers(self) -> list[Any]:
-        """The network's repeated blocks in order (sharding engines wrap each; activation
-        checkpointing recomputes them)."""
+        """The network's repeated blocks.
+
+        Returns:
+            the blocks in order (sharding engines wrap each; activation checkpointing recomputes
+            them).
+        """
 
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
-        """Write the model and tokenizer in the published HF layout; ``state_dict`` (a sharding
-        engine's consolidated weights) replaces the module's own."""
+        """Write the model and tokenizer in the published HF layout.
+
+        Args:
+            path: the output directory.
+            state_dict: a sharding engine's consolidated weights, written instead of the module's
+                own; ``None``: the module's.
+        """
 
 
 @attrs.frozen
@@ -146,10 +239,27 @@ class ModelFamily:
 
 # --------------------------------------------------------------------------- components
 class ForwardCorruption(Protocol):
-    """``(batch, generator) -> Corrupted``; drawn once per rollout batch and shared by the old,
-    reference and new likelihood evaluations."""
+    """``(wrapper, batch, generator) -> Corrupted``: the forward noise process of an algorithm.
 
-    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted: ...
+    The RL loop draws it once per rollout batch (once per PPO epoch with
+    ``Components.remask_each_epoch``), over the global batch, and shares it between the old,
+    reference and new likelihood evaluations; the supervised and preference loops draw it once
+    per step. All randomness comes from ``generator``.
+    """
+
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, generator: torch.Generator) -> Corrupted:
+        """Corrupt a batch.
+
+        Args:
+            wrapper: the policy (its ``noise`` kernel and ``mask_token_id``).
+            batch: ``[B, S]`` sequences; ``input_ids`` are the clean tokens.
+            generator: the step's seeded CPU stream (draw on the CPU and move, or through
+                ``dare_core.api.for_device``).
+
+        Returns:
+            :class:`Corrupted` with ``noisy_ids`` / ``masked`` / ``p_mask`` ``[M, B, S]`` and
+            ``extras`` with the batch on dim 1.
+        """
 
 
 class TrajectoryBuilder(Protocol):
@@ -165,19 +275,47 @@ class TrajectoryBuilder(Protocol):
 
     records: frozenset[str]
 
-    def rows(self, wrapper: ModelWrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows: ...
+    def rows(self, wrapper: ModelWrapper, rollout: RolloutBatch, context: TrajectoryContext) -> TrainingRows:
+        """The training rows of one rollout batch (this rank's ``B`` rollouts).
+
+        Args:
+            wrapper: the policy.
+            rollout: prompts ``[B, P]``, responses ``[B, R]`` and what ``records`` asked for
+                (``reveal_step`` ``[B, R]``, ``extras``).
+            context: rewards, advantages and group ids ``[B]``, the score function, the step
+                and the run's random stream (:class:`~dare_core.interfaces.TrajectoryContext`).
+
+        Returns:
+            :class:`~dare_core.interfaces.TrainingRows` of ``N`` rows (``N`` may exceed ``B``):
+            ``batch`` ``[N, S]``, ``advantages`` ``[N]``, optional ``corrupted`` ``[M, N, S]``,
+            ``weights`` ``[N, R]`` or ``[M, N, R]``, ``extras`` (dim 0 = ``N``) and ``metrics``.
+        """
 
 
 class LikelihoodEstimator(Protocol):
-    """Log-likelihood surrogate of the response.
+    """Log-likelihood surrogate of the response, per token (``granularity == "token"``) or per
+    sequence (``"sequence"``). The estimator's docstring states its normaliser.
 
-    Returns ``[M, B, R]`` per-token values (``granularity == "token"``) or ``[M, B]`` per
-    sequence. The estimator's docstring states its normaliser.
+    The batch is on dim 1 of the result: the loops concatenate micro-batches and select rows
+    along it, and the same estimator gives the old, reference and new values.
     """
 
     granularity: Literal["token", "sequence"]
 
-    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor: ...
+    def __call__(self, wrapper: ModelWrapper, batch: SequenceBatch, corrupted: Optional[Corrupted]) -> torch.Tensor:
+        """Estimate the log-likelihood of some rows.
+
+        Args:
+            wrapper: the policy, or the reference policy for ``ref_logp``.
+            batch: ``[B, S]`` sequences; ``input_ids`` are the likelihood targets.
+            corrupted: the rows' corruption ``[M, B, S]`` (or the trajectory builder's states);
+                ``None`` when the algorithm has no corruption.
+
+        Returns:
+            float ``[M, B, R]`` per response token (or ``[M, B, S]`` per position, e.g.
+            ``masked_token_logprob``, for an objective that reads them so), or ``[M, B]`` per
+            sequence; differentiable (the loops add ``torch.no_grad`` for old and reference values).
+        """
 
 
 #: ``estimate(rows) -> [len(rows), B, ...]``: the algorithm's estimator on the given Monte-Carlo
@@ -191,9 +329,11 @@ class PolicyLoss(Protocol):
 
     ``logp``/``old_logp``/``ref_logp`` have the estimator's shape (``[M, B, R]`` per token or
     ``[M, B]`` per sequence; ``ref_logp`` is ``None`` unless ``Components.needs_ref``);
-    ``advantages`` is ``[B]``; ``mask`` is ``[B, R]`` (float weights allowed); ``extras`` are the
-    trajectory builder's row-aligned tensors (:attr:`TrainingRows.extras`), ``None`` when it gives
-    none. ``metrics`` are plain floats. Each loss documents its equation and reference.
+    ``advantages`` is ``[B]``; ``mask`` is the rows' loss weights, ``[B, R]`` (float weights
+    allowed) or ``[M, B, R]`` when the trajectory builder gives weights per corruption row
+    (:meth:`TrainingRows.loss_weights`); ``extras`` are the trajectory builder's row-aligned
+    tensors (:attr:`TrainingRows.extras`), ``None`` when it gives none. ``metrics`` are plain
+    floats. Each loss documents its equation and reference.
 
     Normalisation is over the whole mini-batch: the loop sums ``totals`` of every micro-batch
     over micro-batches and ranks and passes the sums to every call, so the calls' losses add up
@@ -201,7 +341,16 @@ class PolicyLoss(Protocol):
     """
 
     def totals(self, mask: torch.Tensor, extras: Optional[dict[str, torch.Tensor]]) -> Totals:
-        """What the loss divides by, of these rows (before any forward), e.g. ``mask_totals``."""
+        """What the loss divides by, of these rows, computed before any forward.
+
+        Args:
+            mask: the rows' loss weights, ``[B, R]`` or ``[M, B, R]``.
+            extras: the rows' extras (dim 0 = ``B``), ``None`` when the builder gives none.
+
+        Returns:
+            additive float64 statistics (e.g. ``mask_totals(mask)``: ``tokens``, ``rows``,
+            ``cells``); the loop sums them over the mini-batch's micro-batches and ranks.
+        """
 
     def __call__(
         self,
@@ -214,7 +363,22 @@ class PolicyLoss(Protocol):
         extras: Optional[dict[str, torch.Tensor]] = None,
         totals: Optional[Totals] = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """These rows' numerator over ``totals`` (``None``: ``self.totals(mask, extras)``)."""
+        """These rows' share of the mini-batch loss.
+
+        Args:
+            logp: the policy's estimate, ``[M, B, R]`` or ``[M, B]``, with gradients.
+            old_logp: the rollout policy's, same shape, no gradients (``logp.detach()`` when the
+                batch gets one optimizer step and ``trainer.reuse_logprob`` is on).
+            ref_logp: the reference policy's, same shape; ``None`` unless ``Components.needs_ref``.
+            advantages: ``[B]`` one scalar per row.
+            mask: ``[B, R]`` or ``[M, B, R]`` loss weights.
+            extras: the rows' extras (dim 0 = ``B``); ``None`` when the builder gives none.
+            totals: the mini-batch's summed :meth:`totals`; ``None``: ``self.totals(mask, extras)``.
+
+        Returns:
+            ``(loss, metrics)``: the rows' numerator over ``totals``, a scalar with gradients
+            (the loop backpropagates it scaled by the world size), and plain-float metrics.
+        """
 
 
 class AccumulatingLoss(Protocol):
@@ -245,7 +409,26 @@ class AccumulatingLoss(Protocol):
         extras: Optional[dict[str, torch.Tensor]] = None,
         backward: Callable[[torch.Tensor], None] = ...,
         totals: Optional[Totals] = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Accumulate the gradient of these rows' loss, one Monte-Carlo row at a time.
+
+        Args:
+            estimate: ``estimate(rows) -> [len(rows), B, ...]`` (:data:`RowEstimate`), the
+                estimator on the given corruption rows, with gradients.
+            num_rows: ``M``, the number of corruption rows.
+            old_logp: ``[M, B, R]`` or ``[M, B]``, no gradients; ``None`` only when
+                ``computes_own_old``.
+            ref_logp: same shape; ``None`` unless ``Components.needs_ref``.
+            advantages: ``[B]``.
+            mask: ``[B, R]`` or ``[M, B, R]`` loss weights.
+            scale: the factor of every backward (the world size).
+            extras: the rows' extras (dim 0 = ``B``); ``None`` when the builder gives none.
+            backward: the engine's backward, called on each scaled partial loss.
+            totals: the mini-batch's summed totals (``Components.loss.totals``).
+
+        Returns:
+            ``(loss, metrics)``: the detached loss of the rows and plain-float metrics.
+        """
 
 
 @runtime_checkable
@@ -254,7 +437,15 @@ class SFTObjective(Protocol):
     (``logp`` of the estimator over ``corrupted``), normalised by the step's ``totals`` (summed
     over micro-batches and ranks; ``None``: ``self.totals(batch)``) as in :class:`PolicyLoss`."""
 
-    def totals(self, batch: SequenceBatch) -> Totals: ...
+    def totals(self, batch: SequenceBatch) -> Totals:
+        """What the objective divides by, of these rows, computed before any forward.
+
+        Args:
+            batch: ``[B, S]`` rows of a micro-batch.
+
+        Returns:
+            additive float64 statistics (e.g. target tokens, rows).
+        """
 
     def __call__(
         self,
@@ -263,7 +454,19 @@ class SFTObjective(Protocol):
         batch: SequenceBatch,
         *,
         totals: Optional[Totals] = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """These rows' share of the step's supervised loss.
+
+        Args:
+            logp: the estimator over ``corrupted``, with the rows on dim 1 (e.g. ``[M, B, S]``).
+            corrupted: the rows' corruption ``[M, B, S]`` (``p_mask`` for ELBO weights); ``None``
+                when the algorithm has none.
+            batch: ``[B, S]`` rows (``input_ids`` the targets, ``response_mask`` what is trained).
+            totals: the step's summed :meth:`totals`; ``None``: ``self.totals(batch)``.
+
+        Returns:
+            ``(loss, metrics)``: a scalar with gradients and plain-float metrics.
+        """
 
 
 @runtime_checkable
@@ -272,17 +475,47 @@ class PreferenceLoss(Protocol):
     ``(logp, ref_logp, batch) -> (loss, metrics)``, normalised by ``totals`` as in
     :class:`SFTObjective`."""
 
-    def totals(self, batch: SequenceBatch) -> Totals: ...
+    def totals(self, batch: SequenceBatch) -> Totals:
+        """What the objective divides by, of these rows (e.g. their pairs), before any forward.
+
+        Args:
+            batch: ``[2N, S]`` interleaved rows of a micro-batch (row ``2i`` chosen, ``2i + 1``
+                rejected).
+
+        Returns:
+            additive float64 statistics.
+        """
 
     def __call__(
         self, logp: torch.Tensor, ref_logp: torch.Tensor, batch: SequenceBatch, *, totals: Optional[Totals] = None
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """These pairs' share of the step's preference loss.
+
+        Args:
+            logp: the policy's estimate with the rows on dim 1 (``[M, 2N, ...]``), with gradients.
+            ref_logp: the reference policy's under the same corruption, same shape.
+            batch: ``[2N, S]`` interleaved rows.
+            totals: the step's summed :meth:`totals`; ``None``: ``self.totals(batch)``.
+
+        Returns:
+            ``(loss, metrics)``: a scalar with gradients and plain-float metrics.
+        """
 
 
 class AdvantageEstimator(Protocol):
-    """``(rewards [N], group_ids [N]) -> advantages [N]``."""
+    """``(rewards [N], group_ids [N]) -> advantages [N]``; groups are the ``trainer.group_size``
+    rollouts of one prompt."""
 
-    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages of this rank's rollouts.
+
+        Args:
+            rewards: ``[N]`` float32 task rewards (CPU).
+            group_ids: ``[N]`` long, the prompt group of every rollout (CPU).
+
+        Returns:
+            ``[N]`` float advantages (the loop moves them to the model's device).
+        """
 
 
 class RolloutBackend(Protocol):
@@ -291,7 +524,15 @@ class RolloutBackend(Protocol):
     Lockstep (docs/engines.md): every model forward of ``generate`` runs through
     ``wrapper.module``'s forward, so that under an engine whose forwards are collective the loops
     keep a finished rank stepping until every rank is done (:func:`dare_core.api.lockstep`); a
-    backend that cannot refuses with a one-line ``DareError`` when ``collective_generation()``."""
+    backend that cannot refuses with a one-line ``DareError`` when ``collective_generation()``.
+
+    Optional methods, offered by a backend that lists them in :attr:`RolloutSpec.methods` and
+    called only by an algorithm that declares them in :attr:`RolloutNeeds.methods`:
+    ``total_steps(wrapper, prompt_mask [B, P]) -> int`` (the global denoising steps of a full
+    run) and ``continue_from(wrapper, prompt_ids [B, P], prompt_mask [B, P], response [B, R], *,
+    start_step, stop_step, generator=None) -> RolloutBatch`` (denoise partial responses over the
+    global steps ``[start_step, stop_step)``, drawing the random stream as ``generate`` would).
+    """
 
     def generate(
         self,
@@ -301,7 +542,23 @@ class RolloutBackend(Protocol):
         *,
         record: frozenset[str] = frozenset(),
         generator: Optional[torch.Generator] = None,
-    ) -> RolloutBatch: ...
+    ) -> RolloutBatch:
+        """Generate one response per prompt row (training rollouts, evaluation, ``dare generate``).
+
+        Args:
+            wrapper: the policy (its live module; a synced backend uses its own copy).
+            prompt_ids: ``[B, P]`` left-padded prompt ids on the wrapper's device (RL repeats
+                each prompt ``trainer.group_size`` times).
+            prompt_mask: ``[B, P]``, 1 on prompt tokens.
+            record: what to record besides the tokens (the trajectory builder's ``records``,
+                each among :attr:`RolloutSpec.records`); empty: nothing.
+            generator: the call's seeded CPU stream; ``None``: unseeded (the caller fixes no draws).
+
+        Returns:
+            :class:`~dare_core.interfaces.RolloutBatch` of the ``B`` rows: ``response_ids`` /
+            ``response_mask`` ``[B, R]``, ``reveal_step`` ``[B, R]`` when recorded, ``extras``
+            for the other records, ``num_steps`` and ``nfe``.
+        """
 
 
 class SyncedRolloutBackend(RolloutBackend, Protocol):
@@ -310,16 +567,31 @@ class SyncedRolloutBackend(RolloutBackend, Protocol):
     HF export (``directory``), LoRA merged, in the checkpoint's names — and ``step`` (0 as the run
     starts; an engine serving several backends loads each step's policy once)."""
 
-    def load_weights(self, weights: Any, step: int) -> None: ...
+    def load_weights(self, weights: Any, step: int) -> None:
+        """Take the updated policy (called on every rank; collective for the trainer).
+
+        Args:
+            weights: ``sync="state"``: an iterable of ``(name, tensor)`` pairs, the full state
+                dict; ``sync="directory"``: the path of the HF export ``<run>/rollout-policy``.
+            step: the optimizer steps the policy has had in this process (0: as the run
+                starts or resumes).
+        """
 
 
 @attrs.frozen
 class ComponentSpec:
     """A registered corruption / trajectory builder / estimator / loss / advantage estimator.
 
-    ``factory(**kwargs)`` builds the component object; ``kinds`` lists the wrapper kinds it
-    supports (empty = all); ``requires`` lists wrapper capabilities it needs; ``needs_groups``: an
-    advantage estimator comparing a prompt's rollouts (``trainer.group_size=1`` is refused)."""
+    Attributes:
+        name: the registered name (``AlgorithmSpec.components`` and ``ComponentLookup`` use it).
+        factory: ``factory(**kwargs)`` builds the component object (usually the class itself).
+        description: one line for ``dare list``.
+        kinds: wrapper kinds it supports (empty = all).
+        requires: wrapper capabilities it needs.
+        reference: the paper or source it implements (e.g. an arXiv id).
+        needs_groups: an advantage estimator comparing a prompt's rollouts
+            (``trainer.group_size=1`` is refused).
+    """
 
     name: str
     factory: Callable[..., Any]
@@ -510,17 +782,41 @@ class Task(Protocol):
     name: str
 
     def examples(self, split: str, limit: Optional[int] = None, seed: int = 0) -> list[Example]:
-        """Items of ``split`` (``train`` or ``eval``); deterministic for a given seed."""
+        """The items of a split.
+
+        Args:
+            split: ``train`` or ``eval``.
+            limit: at most this many items (``task.num_eval`` for evaluation); ``None``: all.
+            seed: the run's seed.
+
+        Returns:
+            the items, deterministic for a given seed.
+        """
 
     def score(self, example: Example, response: str) -> Score:
-        """Reward of ``response`` (decoded text, special tokens removed) for ``example``."""
+        """Reward a response.
+
+        Args:
+            example: the item the response answers.
+            response: the decoded response text, special tokens removed.
+
+        Returns:
+            its :class:`Score`.
+        """
 
 
 @attrs.frozen
 class TaskSpec:
-    """A registered task: ``build(task_config) -> Task``; ``max_score``: the largest
-    ``Score.score`` a response can get (``None``: unknown, so the RL loop reports no
-    ``solved_group_frac`` under ``task.reward=score``; ``Score.acc`` is at most 1)."""
+    """A registered task.
+
+    Attributes:
+        name: the ``task.name`` value.
+        build: ``build(task_config) -> Task`` (``task_config``: the run's ``task:`` section).
+        description: one line for ``dare list tasks``.
+        max_score: the largest ``Score.score`` a response can get (``None``: unknown, so the RL
+            loop reports no ``solved_group_frac`` under ``task.reward=score``; ``Score.acc`` is
+            at most 1).
+    """
 
     name: str
     build: Callable[..., Task]

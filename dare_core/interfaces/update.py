@@ -22,8 +22,8 @@ class UpdateBatch:
     """This rank's row-aligned inputs of one update (``B`` rows).
 
     Attributes:
-        batch: ``[B, L]`` sequences; ``input_ids`` are the likelihood targets.
-        corrupted: model inputs ``[M, B, L]``; ``None``: the estimator needs none.
+        batch: ``[B, S]`` sequences; ``input_ids`` are the likelihood targets.
+        corrupted: model inputs ``[M, B, S]``; ``None``: the estimator needs none.
         old_logp: the rollout policy's log-likelihoods, estimator-shaped with the rows on dim 1
             (``[M, B, R]`` or ``[M, B]``); ``None``: the policy has not changed since the rollout,
             so they are the update's own forward, detached.
@@ -67,8 +67,27 @@ class UpdateObjective(Protocol):
     preference), wrapping the algorithm's components."""
 
     def totals(self, part: UpdateBatch) -> Totals:
-        """What the loss divides by, of the rows ``part`` (before any forward)."""
+        """What the loss divides by, of some rows, before any forward.
+
+        Args:
+            part: a micro-batch of ``B`` rows.
+
+        Returns:
+            the loss's totals of those rows (RL: ``PolicyLoss.totals(part.weights, part.extras)``;
+            SFT and preference: ``loss.totals(part.batch)``); :func:`~dare_core.workflows.update.update`
+            sums them over the mini-batch's micro-batches and ranks.
+        """
 
     def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """Add ``scale · ∇loss(part)`` (normalised by the mini-batch's ``totals``) to the
-        gradients; returns the detached loss and its metrics (plain floats)."""
+        """Add ``scale · ∇loss(part)`` to the gradients, through the engine's backward.
+
+        Args:
+            part: a micro-batch of ``B`` rows (``corrupted`` ``[M, B, S]``, ``old_logp`` /
+                ``ref_logp`` estimator-shaped, ``advantages`` ``[B]``, ``weights`` ``[B, R]`` or
+                ``[M, B, R]``).
+            totals: the mini-batch's summed :meth:`totals` the loss is normalised by.
+            scale: the factor of the backward (the world size).
+
+        Returns:
+            ``(loss, metrics)``: the detached loss of the rows and plain-float metrics.
+        """
