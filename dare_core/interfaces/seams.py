@@ -204,7 +204,8 @@ class ModelFamily:
     Attributes:
         name: the ``--model`` name.
         kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
-        load: ``load(path, dtype, device) -> ModelWrapper``.
+        load: ``load(path, dtype=..., device=..., attn_implementation=None) -> ModelWrapper``
+            (``attn_implementation``: ``model.attn_implementation``, ``None`` unless set).
         capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
         model_types: HF ``model_type`` values the family loads; listing them declares Hugging
             Face-layout checkpoints, checked before the model loads (:mod:`dare_core.preflight`).
