@@ -31,6 +31,12 @@ def toy_build():
     return build_for(toy, dare_plugin_reinforce_rloo)
 
 
+def declared_lookup():
+    """The lookup a run gives ``build``: this plugin's registries and its spec's components."""
+    registries = toy_build().registries
+    return ComponentLookup(registries, components=registries.algorithms.get("reinforce_rloo").components)
+
+
 class TableWrapper:
     """Stands in for a model: the m-th ``token_logprobs`` call returns ``tables[m]`` ([B, S])."""
 
@@ -75,7 +81,7 @@ def test_estimator_hand_computed():
 def test_estimator_on_toy_model_matches_direct_computation(toy_wrapper):
     roll = fake_rollout(toy_wrapper)
     batch = roll.sequences()
-    comps = build(ReinforceRLOOConfig(mc_num=3), ComponentLookup(toy_build().registries))
+    comps = build(ReinforceRLOOConfig(mc_num=3), declared_lookup())
     c = comps.corruption(toy_wrapper, batch, torch.Generator().manual_seed(0))
     assert c.noisy_ids.shape[0] == 3
     ell = comps.estimator(toy_wrapper, batch, c)
@@ -108,7 +114,7 @@ def test_loss_hand_computed_value_and_gradient():
 
 
 def test_composed_advantage_is_leave_one_out():
-    comps = build(ReinforceRLOOConfig(), ComponentLookup(toy_build().registries))
+    comps = build(ReinforceRLOOConfig(), declared_lookup())
     adv = comps.advantage(torch.tensor([1.0, 0.0, 0.0, 2.0]), torch.tensor([0, 0, 0, 1]))
     # group 0: 1 - (0+0)/2 = 1, 0 - (1+0)/2 = -0.5 (twice); singleton group 1 -> its reward (baseline 0)
     torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, 2.0]))

@@ -134,12 +134,12 @@ class SequenceReinforceLoss:
 
 def build(cfg: ReinforceRLOOConfig, lookup) -> Components:
     """Core ``random_ratio`` corruption, ``final_sequence`` input and ``rloo`` advantage, with this
-    plugin's estimator and loss, all built by registered name."""
+    plugin's estimator and loss: the components the spec declares (``AlgorithmSpec.components``)."""
     return Components(
-        corruption=lookup.corruption("random_ratio", eps=cfg.eps, mc_num=cfg.mc_num),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator(ESTIMATOR),
-        loss=lookup.loss(LOSS),
-        advantage=lookup.advantage("rloo"),
+        corruption=lookup.corruption(eps=cfg.eps, mc_num=cfg.mc_num),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(),
+        loss=lookup.loss(),
+        advantage=lookup.advantage(),
         needs_ref=False,
     )

@@ -131,15 +131,16 @@ def clip_kwargs(cfg: ClipOptions) -> dict[str, float]:
 
 
 def clipped_from_options(cfg: ClipOptions, lookup: Any) -> Any:
-    """The registered ``clipped_pg`` loss configured from ``cfg``."""
-    return lookup.loss("clipped_pg", agg=getattr(cfg, "loss_agg_mode", "token-mean"), **clip_kwargs(cfg))
+    """The loss the algorithm's spec declares (``clipped_pg``), configured from ``cfg``."""
+    return lookup.loss(agg=getattr(cfg, "loss_agg_mode", "token-mean"), **clip_kwargs(cfg))
 
 
 def build_clipped_objective(cfg: ClippedObjectiveOptions, lookup: Any) -> PenalizedClippedLoss:
-    """:class:`PenalizedClippedLoss` around the registered ``clipped_pg`` loss."""
+    """:class:`PenalizedClippedLoss` around the declared ``clipped_pg`` loss (:func:`clipped_from_options`)."""
     return PenalizedClippedLoss(clipped_from_options(cfg, lookup), cfg.kl_coef, cfg.kl_type, cfg.loss_agg_mode)
 
 
 def advantage_from_options(cfg: ClipOptions, lookup: Any) -> Any:
-    """The registered group-normalised advantage with ``cfg.norm_adv_by_std``."""
-    return lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std)
+    """The advantage the algorithm's spec declares (``group_norm`` by default) with
+    ``cfg.norm_adv_by_std``."""
+    return lookup.advantage(norm_by_std=cfg.norm_adv_by_std)

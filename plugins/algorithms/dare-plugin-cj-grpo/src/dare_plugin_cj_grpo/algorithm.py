@@ -49,12 +49,10 @@ class CJConfig(ClipOptions):
 
 
 def build(cfg: CJConfig, lookup) -> Components:
-    loss = lookup.loss(
-        "replay_clipped_pg", kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg)
-    )
+    loss = lookup.loss(kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
     return Components(
-        trajectory=lookup.trajectory("step_replay", reduction=cfg.reduction),
-        estimator=lookup.estimator("response_token_logprob"),
+        trajectory=lookup.trajectory(reduction=cfg.reduction),
+        estimator=lookup.estimator(),
         loss=loss,
         accumulate=loss,
         advantage=advantage_from_options(cfg, lookup),

@@ -129,11 +129,9 @@ class CoupledTokenLogProb:
 
 def build(cfg: CoupledConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption(
-            "coupled_masking", t_low=cfg.t_low, t_high=cfg.t_high, seed_mode=cfg.seed_mode, seed=cfg.seed
-        ),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("coupled_token_logprob"),
+        corruption=lookup.corruption(t_low=cfg.t_low, t_high=cfg.t_high, seed_mode=cfg.seed_mode, seed=cfg.seed),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(),
         loss=build_clipped_objective(cfg, lookup),
         advantage=advantage_from_options(cfg, lookup),
         needs_ref=cfg.kl_coef > 0,
