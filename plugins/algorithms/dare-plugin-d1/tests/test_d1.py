@@ -22,7 +22,8 @@ class TestD1Contract(AlgorithmContract):
 
 def _components(**cfg):
     dare = build_for(dare_plugin_d1)
-    return build_d1(D1Config(**cfg), ComponentLookup(dare.registries))
+    spec = dare.registries.algorithms.get("d1")
+    return build_d1(D1Config(**cfg), ComponentLookup(dare.registries, components=spec.components))
 
 
 def test_masking_oracle_prompt_rate_response_all_padding_none():

@@ -28,7 +28,8 @@ class TestVRPOContract(AlgorithmContract):
 
 def _components(**cfg):
     dare = build_for(dare_plugin_vrpo)
-    return build_vrpo(VRPOConfig(**cfg), ComponentLookup(dare.registries))
+    spec = dare.registries.algorithms.get("vrpo")
+    return build_vrpo(VRPOConfig(**cfg), ComponentLookup(dare.registries, components=spec.components))
 
 
 def test_dpo_oracle_and_policy_equals_reference():

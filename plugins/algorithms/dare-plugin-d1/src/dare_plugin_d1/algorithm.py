@@ -78,18 +78,17 @@ D1Loss = PenalizedClippedLoss
 
 def build(cfg: D1Config, lookup) -> Components:
     clipped = lookup.loss(
-        "clipped_pg",
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c,
         agg=cfg.loss_agg_mode,
     )
     return Components(
-        corruption=lookup.corruption("d1_masking", p_mask_prompt=cfg.p_mask_prompt, mc_num=cfg.mc_num),
-        trajectory=lookup.trajectory("d1_completion"),
-        estimator=lookup.estimator("response_token_logprob"),
+        corruption=lookup.corruption(p_mask_prompt=cfg.p_mask_prompt, mc_num=cfg.mc_num),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(),
         loss=D1Loss(clipped, cfg.kl_coef, cfg.kl_type, cfg.loss_agg_mode),
-        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        advantage=lookup.advantage(norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
         remask_each_epoch=cfg.remask_each_update,
     )

@@ -352,11 +352,9 @@ def build(cfg: DTreeConfig, lookup) -> Components:
     )
 
     return Components(
-        trajectory=lookup.trajectory("tree_transitions", schedule=schedule),
-        estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss(
-            "tree_loss", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, self_distillation=cfg.self_distillation
-        ),
+        trajectory=lookup.trajectory(schedule=schedule),
+        estimator=lookup.estimator(),
+        loss=lookup.loss(clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, self_distillation=cfg.self_distillation),
         needs_ref=cfg.kl_coef > 0,
     )
 

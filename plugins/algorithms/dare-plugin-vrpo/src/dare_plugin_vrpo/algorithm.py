@@ -97,8 +97,8 @@ class DPOLoss:
 
 def build(cfg: VRPOConfig, lookup) -> Components:
     return Components(
-        corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l or cfg.mc_num),
-        estimator=lookup.estimator("sequence_elbo", norm=cfg.normalize),
-        loss=lookup.loss("dpo", beta=cfg.beta),
+        corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l or cfg.mc_num),
+        estimator=lookup.estimator(norm=cfg.normalize),
+        loss=lookup.loss(beta=cfg.beta),
         needs_ref=True,
     )
