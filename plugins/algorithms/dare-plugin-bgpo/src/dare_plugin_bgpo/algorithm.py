@@ -181,7 +181,6 @@ class BGPOLoss:
 
 def build(cfg: BGPOConfig, lookup) -> Components:
     loss = lookup.loss(
-        "bgpo",
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c,
@@ -191,11 +190,11 @@ def build(cfg: BGPOConfig, lookup) -> Components:
         kl_type=cfg.kl_type,
     )
     return Components(
-        corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.n_l),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("sequence_elbo", norm=cfg.length_norm),
+        corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(norm=cfg.length_norm),
         loss=loss,
         accumulate=loss if cfg.accumulate else None,
-        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        advantage=lookup.advantage(norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
     )

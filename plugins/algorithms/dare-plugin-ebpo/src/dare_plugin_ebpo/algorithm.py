@@ -203,20 +203,17 @@ class EBPOLoss(RowMeanObjective):
 
 def build(cfg: EBPOConfig, lookup) -> Components:
     loss = lookup.loss(
-        "ebpo",
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         kl_coef=cfg.kl_coef,
         kl_type=cfg.kl_type,
     )
     return Components(
-        corruption=lookup.corruption(
-            "block_elbo_masking", mc_num=cfg.mc_num, n_l=cfg.n_l, block_length=cfg.block_length
-        ),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("sequence_elbo", norm="none"),
+        corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l, block_length=cfg.block_length),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(norm="none"),
         loss=loss,
         accumulate=loss,
-        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        advantage=lookup.advantage(norm_by_std=cfg.norm_adv_by_std),
         needs_ref=cfg.kl_coef > 0,
     )

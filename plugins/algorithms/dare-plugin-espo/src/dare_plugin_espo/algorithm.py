@@ -137,13 +137,13 @@ class ESPOLoss(RowMeanObjective):
 
 
 def build(cfg: ESPOConfig, lookup) -> Components:
-    loss = lookup.loss("espo", clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
+    loss = lookup.loss(clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
     return Components(
-        corruption=lookup.corruption("complement_masking", mc_num=cfg.mc_num),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("sequence_elbo", norm="none"),
+        corruption=lookup.corruption(mc_num=cfg.mc_num),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(norm="none"),
         loss=loss,
         accumulate=loss,
-        advantage=lookup.advantage("rloo"),
+        advantage=lookup.advantage(),
         needs_ref=cfg.kl_coef > 0,
     )
