@@ -23,7 +23,7 @@ def components():
     spec = dare.registries.algorithms.get("sft")
     cfg, problems = structure(spec.config_cls, {})
     assert not problems
-    return spec.build(cfg, ComponentLookup(dare.registries))
+    return spec.build(cfg, ComponentLookup(dare.registries, components=spec.components))
 
 
 def _batch(w):

@@ -26,7 +26,7 @@ def components(dare):
     spec = dare.registries.algorithms.get("sft")
     cfg, problems = structure(spec.config_cls, {})
     assert not problems
-    return spec.build(cfg, ComponentLookup(dare.registries))
+    return spec.build(cfg, ComponentLookup(dare.registries, components=spec.components))
 
 
 def _uniform_toy():

@@ -191,16 +191,15 @@ class MDPOLoss:
 
 
 def build(cfg: MDPOConfig, lookup) -> Components:
-    advantage = lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std)
+    advantage = lookup.advantage(norm_by_std=cfg.norm_adv_by_std)
     return Components(
         trajectory=lookup.trajectory(
-            "intermediate_states",
             advantage=advantage,
             sample_train_steps=cfg.sample_train_steps,
             count_after_eos=cfg.count_after_eos,
         ),
-        estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss("mdpo_loss", epsilon=cfg.epsilon, kl_coef=cfg.kl_coef),
+        estimator=lookup.estimator(),
+        loss=lookup.loss(epsilon=cfg.epsilon, kl_coef=cfg.kl_coef),
         advantage=advantage,
         needs_ref=cfg.kl_coef > 0,
     )

@@ -239,15 +239,14 @@ def masking_block(cfg: SPGConfig, rollout: Any) -> int:
 def build(cfg: SPGConfig, lookup) -> Components:
     return Components(
         corruption=lookup.corruption(
-            "spg_block_masking",
             mc_num=cfg.mc_num,
             block_length=masking_block(cfg, lookup.rollout),
             p_mask_prompt=cfg.p_mask_prompt,
             min_t=cfg.min_t,
             max_t=cfg.max_t,
         ),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("spg_bounds", eubo_beta=cfg.eubo_beta),
-        loss=lookup.loss("spg", logp_estimation=cfg.logp_estimation, mix_weight=cfg.mix_weight),
-        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(eubo_beta=cfg.eubo_beta),
+        loss=lookup.loss(logp_estimation=cfg.logp_estimation, mix_weight=cfg.mix_weight),
+        advantage=lookup.advantage(norm_by_std=cfg.norm_adv_by_std),
     )
