@@ -7,6 +7,7 @@ from typing import Any
 
 def list_rows(dare: Any, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     regs = dare.registries
+    rows: list[tuple[Any, ...]]  # one table row of the kind's columns
     if kind == "models":
         rows = [
             (

@@ -63,7 +63,8 @@ class lazy:
     def __init__(self, target: str):
         if target.count(":") != 1 or not all(target.split(":")):
             raise ValueError(f"lazy target must be 'package.module:attr', got {target!r}")
-        self.target, self._obj = target, None
+        self.target = target
+        self._obj: Any = None  # the target, whatever object it names, once imported
 
     def resolve(self) -> Any:
         if self._obj is None:
@@ -127,7 +128,7 @@ def _env_list(name: str, installed: list[str]) -> Optional[set[str]]:
 
 
 def _selected_entry_points() -> list[md.EntryPoint]:
-    eps = {}
+    eps: dict[str, md.EntryPoint] = {}
     for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         eps.setdefault(ep.name, ep)
     allow = _env_list("DARE_PLUGINS", list(eps))

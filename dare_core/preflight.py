@@ -30,11 +30,11 @@ def _json(path: str) -> Any:
         raise DareError(f"{path} is not readable JSON ({getattr(exc, 'msg', None) or exc}); {FIX}") from None
 
 
-def checkpoint(dare: Any, family: Any, path: Optional[str]) -> tuple[Optional[str], Optional[dict]]:
+def checkpoint(dare: Any, family: Any, path: Optional[str]) -> Optional[tuple[str, dict]]:
     """``(base directory, config.json)`` of the checkpoint at ``path`` (a LoRA adapter: its base),
-    checked; ``(path, None)`` for a family without ``model_types``."""
+    checked; ``None`` for a family without ``model_types``."""
     if not family.model_types:
-        return path, None
+        return None
     if not path or not os.path.isdir(path):
         raise DareError(f"model.path={path}: no such directory; give a checkpoint directory")
     base = resolve_checkpoint(path)[0]
@@ -118,8 +118,8 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
     """The checks of the module docstring (``train``: with the training data and ``output_dir``;
     ``prompts``: ``dare generate``'s, instead of a task); returns the task, its data read, or None."""
     family = dare.registries.models.get(config.model.family)
-    base, cfg = checkpoint(dare, family, config.model.path)
-    params = _params(base) if cfg is not None else 0
+    found = checkpoint(dare, family, config.model.path)
+    params = _params(found[0]) if found is not None else 0
     if train:
         _output(config, params)
     task, chats = None, [[{"role": "user", "content": p}] for p in prompts or ()]
@@ -133,8 +133,9 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
             else []
         )
         chats = [ex.prompt for ex in items]
-    if cfg is None:
+    if found is None:
         return task
+    base, cfg = found
     from transformers import AutoTokenizer, PretrainedConfig
 
     for name in ("tokenizer.json", "tokenizer_config.json"):  # a damaged file names itself

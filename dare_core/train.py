@@ -22,6 +22,7 @@ from dare_core.workflows.runtime import setup
 
 def _agree(engine: Any, fn: Callable[[], Any], main_only: bool = False) -> Any:
     """``fn()`` on every rank (``main_only``: on rank 0, its result to all); a DareError on any is raised on all."""
+    out: tuple[Any, Optional[DareError]]
     try:
         out = (fn() if engine.is_main or not main_only else None, None)
     except DareError as exc:

@@ -3,7 +3,7 @@ Monte-Carlo corruption samples."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, cast
 
 import torch
 
@@ -20,17 +20,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def mask_totals(mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The statistics :func:`agg_loss` divides by, of ``mask`` ``[B, R]`` (float weights allowed):
     ``{"tokens": Σ mask, "rows": B, "cells": B·R}``, float64 scalars on ``mask``'s device."""
-    f64 = dict(dtype=torch.float64, device=mask.device)
     return {
         "tokens": mask.to(torch.float64).sum(),
-        "rows": torch.tensor(float(mask.shape[-2]), **f64),
-        "cells": torch.tensor(float(mask.numel()), **f64),
+        "rows": torch.tensor(float(mask.shape[-2]), dtype=torch.float64, device=mask.device),
+        "cells": torch.tensor(float(mask.numel()), dtype=torch.float64, device=mask.device),
     }
 
 
 def sum_totals(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Key-wise sum of several rows' totals (same keys, same shapes)."""
-    return {k: sum(p[k].to(parts[0][k].device) for p in parts) for k in parts[0]}
+    # a sum of tensors (``parts`` is not empty) is a tensor, not sum()'s int start
+    return {k: cast(torch.Tensor, sum(p[k].to(parts[0][k].device) for p in parts)) for k in parts[0]}
 
 
 def agg_loss(

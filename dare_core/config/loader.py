@@ -152,9 +152,10 @@ def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any
     if problem := misfit(f"algorithm {algo.name!r}", algo, family, hint):
         raise CapabilityError(problem)
     for role in algo.components:
-        registry = regs[ROLES[role]] if role in ROLES else None
-        names = declared_names(algo.components, role)
-        present = [n for n in names if registry is not None and n in registry]
+        if role not in ROLES:  # a role without a registry: nothing to check
+            continue
+        registry = regs[ROLES[role]]
+        present = [n for n in declared_names(algo.components, role) if n in registry]
         problems = [
             misfit(f"algorithm {algo.name!r} uses {role} {n!r}, which", registry.get(n), family, hint) for n in present
         ]
@@ -186,7 +187,7 @@ def resolve(
     if model:
         raw["model"] = dict(raw["model"] if isinstance(raw.get("model"), dict) else {}, family=model)
     algo_name = raw.get("algo") or ""
-    model_sec = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    model_sec = section if isinstance(section := raw.get("model"), dict) else {}
     family_name = model_sec.get("family") or ""
     if not algo_name and need_algo:
         raise DareError("no algorithm given; pass --algo NAME (see `dare list algorithms`)")

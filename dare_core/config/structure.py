@@ -137,7 +137,7 @@ def _validate(fields: dict[str, Any], kwargs: dict[str, Any], broken: set[str], 
         if name in broken:
             continue
         value = kwargs.get(name, field.default)
-        if isinstance(value, attrs.Factory):  # type: ignore[arg-type]  (a default only)
+        if isinstance(value, attrs.Factory):  # type: ignore[arg-type]  # a class the attrs stubs type as a function
             value = value.factory(view) if value.takes_self else value.factory()
         setattr(view, name, value)
     problems: list[str] = []

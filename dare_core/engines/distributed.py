@@ -12,7 +12,7 @@ the checkpoint state themselves.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -121,7 +121,7 @@ class ProcessGroupEngine(SingleProcessEngine):
         for p in self.params:  # every rank reduces the same tensors, used or not
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.group.average([p.grad for p in self.params])
+        self.group.average([cast(torch.Tensor, p.grad) for p in self.params])  # each set above
         return super().step(max_norm, lr)
 
     def save_state(self, path: str) -> None:

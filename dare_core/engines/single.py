@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Optional, Sequence, TypeVar
+from typing import Any, Optional, Sequence, TypeVar, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -145,8 +145,13 @@ class SingleProcessEngine:
         self.group.barrier()
 
     # -- state --------------------------------------------------------------------------------
+    @property
+    def _trained(self) -> torch.nn.Module:
+        """The trained module, which ``prepare(trainable=True)`` or ``setup_optimizer`` set."""
+        return cast(torch.nn.Module, self.module)
+
     def _trainable_state(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
+        return {n: p.detach() for n, p in self._trained.named_parameters() if p.requires_grad}
 
     def save_state(self, path: str) -> None:
         torch.save(
@@ -162,7 +167,7 @@ class SingleProcessEngine:
                 f"written by a run with other trainable parameters (LoRA settings)"
             )
         with torch.no_grad():
-            for n, p in self.module.named_parameters():
+            for n, p in self._trained.named_parameters():
                 if n in state["model"]:
                     p.copy_(state["model"][n])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -175,7 +180,7 @@ class SingleProcessEngine:
             local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
             return sum(t.numel() * t.element_size() for t in local if isinstance(t, torch.Tensor))
 
-        params = list(self.module.parameters())
+        params = list(self._trained.parameters())
         state = [v for s in self.optimizer.state.values() for v in s.values()] if self.optimizer else []
         return {"parameters": size(params), "gradients": size(p.grad for p in params), "optimizer": size(state)}
 

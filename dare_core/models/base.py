@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol, cast
 
 import torch
 
 from dare_core.ops.fused_ce import DEFAULT_CHUNK_ELEMENTS, fused_token_logprobs
-from dare_core.ops.packing import plan_packing
+from dare_core.ops.packing import PackPlan, plan_packing
+
+
+class _HFModule(Protocol):
+    """The methods of a family's HF module the wrapper calls beyond ``torch.nn.Module``'s: the
+    native modules' ``forward_hidden`` (``[B, S]`` ids -> ``[B, S, D]`` final hidden states) and
+    output head (``supports_fused_ce`` checks both), and the checkpoint export."""
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: Optional[torch.Tensor] = ...,
+        position_ids: Optional[torch.Tensor] = ...,
+    ) -> torch.Tensor: ...
+
+    def get_output_embeddings(self) -> torch.nn.Linear: ...
+
+    def save_pretrained(self, path: str, *, state_dict: Optional[dict] = ...) -> None: ...
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
@@ -86,6 +104,11 @@ class HFDiffusionWrapper:
     # -- forward ------------------------------------------------------------------------------
     #: where inputs go, when an engine keeps the weights elsewhere (e.g. offloaded to the CPU)
     placed: Optional[torch.device] = None
+
+    @property
+    def _hf(self) -> _HFModule:
+        """``module`` as the HF module it is, for the methods ``torch.nn.Module`` does not declare."""
+        return cast(_HFModule, self.module)
 
     @property
     def device(self) -> torch.device:
@@ -215,7 +238,7 @@ class HFDiffusionWrapper:
 
     def output_head(self) -> tuple[torch.Tensor, Optional[torch.Tensor], float]:
         """``(weight [V, D], bias [V] or None, logit multiplier)`` of the output head."""
-        head = self.module.get_output_embeddings()
+        head = self._hf.get_output_embeddings()
         return head.weight, getattr(head, "bias", None), float(getattr(self.module, "logit_scale", 1.0))
 
     def denoise_hidden(
@@ -228,7 +251,7 @@ class HFDiffusionWrapper:
         ``denoise_logits`` computes before the head. Block layouts override this."""
         if self.kind != "masked":
             raise NotImplementedError(f"{type(self).__name__} must implement denoise_hidden for {self.kind} diffusion")
-        hidden = self.module.forward_hidden(noisy_ids, attention_mask=self._padding_mask(attention_mask))
+        hidden = self._hf.forward_hidden(noisy_ids, attention_mask=self._padding_mask(attention_mask))
         return self.align(hidden)
 
     def token_logprobs(
@@ -264,10 +287,16 @@ class HFDiffusionWrapper:
             takes_mask = len(inspect.signature(self.align).parameters) >= 2
         except (TypeError, ValueError):
             takes_mask = False
-        return self.align(values, attention_mask) if takes_mask else self.align(values)
+        if not takes_mask:
+            return self.align(values)
+        return cast(Callable[..., torch.Tensor], self.align)(values, attention_mask)  # the family's, inspected
 
     def _packed_token_logprobs(
-        self, noisy_ids: torch.Tensor, targets: torch.Tensor, attention_mask: torch.Tensor, plan=None
+        self,
+        noisy_ids: torch.Tensor,
+        targets: torch.Tensor,
+        attention_mask: torch.Tensor,
+        plan: Optional[PackPlan] = None,
     ) -> torch.Tensor:
         """Pack the valid tokens into rows (document mask, per-document positions), run the
         module once, unpack; ``log p`` at valid positions, 0 at padding."""
@@ -275,9 +304,10 @@ class HFDiffusionWrapper:
         ids = plan.pack(noisy_ids, self.pad_token_id)
         mask, positions = plan.attention_mask(self.attention_kernel), plan.position_ids
         if self.fused_ce:
-            out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=positions)
+            out = self._hf.forward_hidden(ids, attention_mask=mask, position_ids=positions)
         else:
             out = self.module(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        where: tuple[torch.Tensor, ...]
         if type(self).align is HFDiffusionWrapper.align:
             # unshifted: read the valid rows straight from the packed output (padded row-major order)
             where = (plan.src_batch, plan.src_col)
@@ -299,14 +329,15 @@ class HFDiffusionWrapper:
         activation checkpointing recomputes): modules whose class the HF model lists in
         ``_no_split_modules``, else the children of its longest ``ModuleList``."""
         mods = list(self.module.modules())
-        names = set()
+        names: set[str] = set()
         for m in mods:
             names.update(getattr(m, "_no_split_modules", None) or ())
         layers = [m for m in mods if type(m).__name__ in names]
         if layers:
             return layers
         lists = [m for m in mods if isinstance(m, torch.nn.ModuleList)]
-        return list(max(lists, key=len)) if lists else []
+        longest: Optional[torch.nn.ModuleList] = max(lists, key=len) if lists else None
+        return list(longest) if longest is not None else []
 
     # -- text ---------------------------------------------------------------------------------
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -321,5 +352,5 @@ class HFDiffusionWrapper:
     # -- persistence --------------------------------------------------------------------------
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        self.module.save_pretrained(path, state_dict=state_dict)
+        self._hf.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)

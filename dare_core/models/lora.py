@@ -27,7 +27,7 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, overload
 
 from dare_core.errors import DareError
 
@@ -63,6 +63,10 @@ def find_adapter(path: str) -> Optional[str]:
     return None
 
 
+@overload
+def resolve_checkpoint(path: str) -> tuple[str, Optional[str]]: ...
+@overload
+def resolve_checkpoint(path: None) -> tuple[None, None]: ...
 def resolve_checkpoint(path: Optional[str]) -> tuple[Optional[str], Optional[str]]:
     """``(base checkpoint, adapter dir or None)`` for a ``model.path``: a directory with full weights
     (``config.json``) is its own base; an adapter-only LoRA checkpoint resolves to the base

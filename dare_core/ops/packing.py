@@ -138,5 +138,6 @@ def plan_packing(attention_mask: torch.Tensor, capacity: Optional[int] = None, p
         doc_ids[r, start : start + n] = i
         pos[r, start : start + n] = cols if positions == "padded" else torch.arange(n)
     flat = [torch.cat(xs) for xs in zip(*coords)] if coords else [torch.zeros(0, dtype=torch.long)] * 4
-    plan = PackPlan((b, s), rows, width, *flat, doc_ids, pos, lengths.long())
+    src_batch, src_col, dst_row, dst_slot = flat
+    plan = PackPlan((b, s), rows, width, src_batch, src_col, dst_row, dst_slot, doc_ids, pos, lengths.long())
     return plan.to(attention_mask.device) if attention_mask.device.type != "cpu" else plan

@@ -118,6 +118,7 @@ def partition_gradient(
     micro-batches of ``micro``; under a multi-process ``engine`` this rank takes its
     contiguous share of the rows and the gradients are averaged over ranks as the engine's step
     does. ``toy``: ``"module:function"`` making the toy wrapper."""
+    from dare_core.interfaces import UpdateObjective
     from dare_core.testing.contracts import _corrupted, toy_rows
     from dare_core.workflows.rl import PolicyObjective, rows_update_batch
     from dare_core.workflows.sft import SupervisedObjective
@@ -133,6 +134,7 @@ def partition_gradient(
     world, rank = (engine.world_size, engine.rank) if engine is not None else (1, 0)
     n = rows.batch.batch_size // world
     mine = torch.arange(rank * n, (rank + 1) * n)
+    objective: UpdateObjective
     if build_for(*plugins).registries.algorithms.get(algo).workflow == "sft":
         objective, part = SupervisedObjective(comps, wrapper, engine), rows_update_batch(rows, corrupted)
     else:

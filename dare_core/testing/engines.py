@@ -80,8 +80,11 @@ def same_records(a: list[dict[str, Any]], b: list[dict[str, Any]], rel: float = 
     for ra, rb in zip(a, b):
         for k in sorted((set(ra) | set(rb)) - {k for k in ra if k.startswith(TIMING)}):
             va, vb = ra.get(k), rb.get(k)
-            numbers = isinstance(va, (int, float)) and isinstance(vb, (int, float))
-            if (abs(va - vb) > rel * max(1.0, abs(va), abs(vb))) if numbers else va != vb:
+            if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+                differ = abs(va - vb) > rel * max(1.0, abs(va), abs(vb))
+            else:
+                differ = va != vb
+            if differ:
                 out.append(f"step {ra.get('step')}: {k} {va!r} vs {vb!r}")
     return out
 

@@ -14,7 +14,7 @@ import functools
 import importlib.metadata as md
 import re
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from dare_core.plugins import ENTRY_POINT_GROUP, Dare, build
 
@@ -40,7 +40,7 @@ def _required(dist: str) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=1)
-def _installed() -> tuple[dict, dict]:
+def _installed() -> tuple[Mapping[str, list[str]], dict[str, md.EntryPoint]]:
     """``(top-level module -> distributions, distribution -> its dare entry point)``, read once
     per process (scanning the installed metadata takes a few hundred milliseconds)."""
     entry = {_canonical(ep.dist.name): ep for ep in md.entry_points(group=ENTRY_POINT_GROUP) if ep.dist is not None}

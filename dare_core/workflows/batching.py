@@ -60,7 +60,7 @@ class BatchStream:
         return self
 
     def __next__(self) -> list[Any]:
-        batch = []
+        batch: list[Any] = []
         while len(batch) < self.batch_size:
             if not self.order:
                 self.order = torch.randperm(len(self.items), generator=self.generator).tolist()

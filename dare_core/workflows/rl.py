@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence, cast
 
 import attrs
 import torch
@@ -32,6 +32,7 @@ from dare_core.interfaces import (
     Components,
     Corrupted,
     Engine,
+    ForwardCorruption,
     ModelWrapper,
     PolicyLoss,
     RolloutBackend,
@@ -131,7 +132,7 @@ class RLSetup:
     advantage: AdvantageEstimator
     rollout: RolloutBackend
     #: the backends outside this process and how the policy is pushed to them
-    synced: list[tuple[Any, str]]
+    synced: Sequence[tuple[RolloutBackend, str]]
     reference: Optional[ReferencePolicy]
     objective: PolicyObjective
     tracker: Tracker
@@ -230,13 +231,12 @@ def _on_policy(ctx: Context, plan: UpdatePlan, c: Collected) -> bool:
     """One optimizer step per batch (``trainer.reuse_logprob``): the policy that produced the
     rollouts is the one being differentiated, so its log-likelihoods are the update's own forward,
     detached (a loss that runs its own backward passes must say it can take ``old_logp=None``)."""
-    comps = ctx.components
-    accumulating = comps.accumulate is not None and c.corrupted is not None
+    accumulate = ctx.components.accumulate
     return (
         ctx.config.trainer.reuse_logprob
         and plan.epochs == 1
         and plan.mini_batch >= c.rows.num_rows
-        and (not accumulating or comps.accumulate.computes_own_old)
+        and (accumulate is None or c.corrupted is None or accumulate.computes_own_old)
     )
 
 
@@ -397,12 +397,13 @@ def _join(parts: list[RolloutBatch]) -> RolloutBatch:
     )
 
 
-def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Any:
+def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Corrupted:
     """The corruption of this rank's rows (stream ``key``: the step, then the PPO epoch after the
     first), drawn over the global batch (every rank gathers the rows' ids and draws the same global
     corruption), so a corruption coupled across rows (e.g. stratified over the batch) and its random
     draws are those of one process. Rows whose shape differs between ranks are drawn per rank."""
-    engine, corrupt = ctx.engine, ctx.components.corruption
+    # called only for an algorithm with a corruption (its callers check Components.corruption)
+    engine, corrupt = ctx.engine, cast(ForwardCorruption, ctx.components.corruption)
     if engine.world_size == 1:
         return corrupt(ctx.wrapper, batch, ctx.stream(STREAM_CORRUPTION, *key))
     shapes = engine.gather([(tuple(batch.input_ids.shape), batch.prompt_len)])
@@ -431,7 +432,8 @@ class PolicyObjective:
 
     def totals(self, part: UpdateBatch) -> Totals:
         """:meth:`PolicyLoss.totals` of the rows' weights and extras."""
-        return self.components.loss.totals(part.weights, part.extras or None)
+        loss = cast(PolicyLoss, self.components.loss)  # RL: require_totals checked it
+        return loss.totals(cast(torch.Tensor, part.weights), part.extras or None)  # RL rows carry weights
 
     def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
         """``scale · ∇loss`` of the rows into the gradients; ``part.old_logp=None``: the old
@@ -439,6 +441,9 @@ class PolicyObjective:
         comps, engine = self.components, self.engine
         backward = engine.backward if engine is not None else torch.Tensor.backward
         extras = part.extras or None
+        # RL rows (rows_update_batch) carry advantages and weights; require_totals checked the loss
+        advantages, weights = cast(torch.Tensor, part.advantages), cast(torch.Tensor, part.weights)
+        policy_loss = cast(PolicyLoss, comps.loss)
         with engine.autocast() if engine is not None else contextlib.nullcontext():
             if comps.accumulate is not None and part.corrupted is not None:
                 return comps.accumulate.accumulate(
@@ -446,8 +451,8 @@ class PolicyObjective:
                     part.corrupted.num_samples,
                     part.old_logp,
                     part.ref_logp,
-                    part.advantages,
-                    part.weights,
+                    advantages,
+                    weights,
                     scale,
                     extras=extras,
                     backward=backward,
@@ -455,9 +460,7 @@ class PolicyObjective:
                 )
             logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
             old = logp.detach() if part.old_logp is None else part.old_logp
-            loss, metrics = comps.loss(
-                logp, old, part.ref_logp, part.advantages, part.weights, extras=extras, totals=totals
-            )
+            loss, metrics = policy_loss(logp, old, part.ref_logp, advantages, weights, extras=extras, totals=totals)
         backward(loss * scale)
         return loss.detach(), metrics
 

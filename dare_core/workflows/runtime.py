@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import attrs
 import numpy as np
@@ -195,16 +195,18 @@ def eval_context(dare: Any, config: RunConfig, task: Any = None) -> Context:
     wrapper = load_model(dare, config, trainable=False, device=engine.device)
     gen = seed_everything(config.seed, engine.rank)
     engine.prepare(wrapper, trainable=False)
+    # no algorithm, training rollout or components: the evaluation reads none of them (the
+    # training workflows run on setup's context, which has all three)
     return Context(
         dare,
         config,
-        None,
+        cast("AlgorithmSpec", None),
         dare.registries.models.get(config.model.family),
         wrapper,
-        None,
+        cast("RolloutBackend", None),
         eval_rollout,
         task,
-        None,
+        cast("Components", None),
         engine,
         None,
         gen,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import attrs
 import torch
@@ -117,13 +117,14 @@ class SupervisedObjective:
 
     def totals(self, part: UpdateBatch) -> Totals:
         """:meth:`SFTObjective.totals` of the rows."""
-        return self.components.loss.totals(part.batch)
+        return cast(SFTObjective, self.components.loss).totals(part.batch)  # require_totals checked it
 
     def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
         """``scale · ∇loss`` of the rows into the gradients; returns ``(detached loss, metrics)``."""
         comps, engine = self.components, self.engine
         with engine.autocast() if engine is not None else contextlib.nullcontext():
             logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
-            loss, metrics = comps.loss(logp, part.corrupted, part.batch, totals=totals)
+            sft_loss = cast(SFTObjective, comps.loss)  # require_totals checked it
+            loss, metrics = sft_loss(logp, part.corrupted, part.batch, totals=totals)
         (engine.backward if engine is not None else torch.Tensor.backward)(loss * scale)
         return loss.detach(), metrics

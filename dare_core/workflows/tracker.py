@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import torch
 
@@ -21,6 +21,11 @@ from dare_core.pairing import compare, describe, paired_counts
 from dare_core.workflows.checkpoint import TRAINER_STATE, save_final, save_training_checkpoint, set_rng_state
 from dare_core.workflows.evaluation import evaluate
 from dare_core.workflows.runtime import Context
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from dare_core.rundir import RunDir
 
 #: the console line of a step (a loop may pass its own): the keys the record has, in this order
 LINE = ("loss", "grad_norm", "time_step")
@@ -51,7 +56,7 @@ class Tracker:
         self.eval_examples = eval_examples
         self.data = data
         self.summary: dict[str, Any] = {"eval": {}}
-        self.bar = None
+        self.bar: Optional[tqdm] = None
         self.before_items: Optional[list[float]] = None
         self.history: list[dict[str, Any]] = []
         self.nonfinite = 0  # consecutive steps with a non-finite loss or gradient norm
@@ -107,7 +112,7 @@ class Tracker:
         ctx.dare.pm.hook.dare_on_step_end(step=step, metrics=record)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(**postfix)
+            self.bar.set_postfix(dict(sorted(postfix.items())))  # as tqdm orders keyword postfixes
         if step % cfg.trainer.log_every == 0:
             ctx.log(" ".join([f"step {step}"] + [f"{k}={raw[k]:.4g}" for k in line if k in raw]))
         self._guard(step, raw)
@@ -141,7 +146,8 @@ class Tracker:
     def checkpoint(self, step: int) -> str:
         """Write the training checkpoint of ``step`` (collective)."""
         ctx = self.ctx
-        lines = ctx.rundir.metrics_lines() if ctx.engine.is_main else 0
+        rundir = cast("RunDir", ctx.rundir)  # step_end checkpoints only a run with a run directory
+        lines = rundir.metrics_lines() if ctx.engine.is_main else 0
         trainer_state = {
             "summary": self.summary,
             "before_items": self.before_items,

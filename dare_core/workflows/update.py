@@ -97,7 +97,8 @@ def backward_minibatch(
     micro = [rows.select(idx) for idx in parts]
     totals = global_totals(engine, [objective.totals(m) for m in micro])
     scale = float(engine.world_size if engine is not None else 1)
-    loss_sum, metrics = 0.0, {}
+    loss_sum = 0.0
+    metrics: dict[str, float] = {}
     for m in micro:
         loss, values = objective.backward(m, totals, scale)
         loss_sum += float(loss)
