@@ -109,6 +109,11 @@ class BlockCounts:
     """``num_blocks`` and ``steps_per_block`` of a config with ``gen_length``, ``block_length``
     and ``steps`` (a mixin of the semi-autoregressive backends' configs)."""
 
+    # the fields of the config it is mixed into (declared here for the type checker only)
+    gen_length: int
+    block_length: int
+    steps: int
+
     @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
