@@ -248,7 +248,7 @@ def test_corruptions_use_the_family_noise(algo, family):
 
     dare = _dare(*ALGORITHM_PLUGINS)
     spec = dare.registries.algorithms.get(algo)
-    comps = spec.build(spec.config_cls(), ComponentLookup(dare.registries))
+    comps = spec.build(spec.config_cls(), ComponentLookup(dare.registries, components=spec.components))
     w = dare.registries.models.get(family).load()
     ids = torch.randint(10, 60, (3, 12), generator=torch.Generator().manual_seed(0))
     batch = SequenceBatch(ids, torch.ones_like(ids), 4)
