@@ -18,7 +18,7 @@ in bf16 and fp32 (``docs/benchmarks.md``); the CUDA kernels are tested by
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -109,4 +109,4 @@ def document_attention(
         )
     else:
         raise ValueError(f"unknown document attention kernel {kernel!r}; valid: {available_kernels(q.device)}")
-    return out.reshape(rows, width, heads, padded).transpose(1, 2)[..., :dim]
+    return cast(torch.Tensor, out).reshape(rows, width, heads, padded).transpose(1, 2)[..., :dim]

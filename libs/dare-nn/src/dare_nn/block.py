@@ -189,6 +189,12 @@ def bd3lm_compact_output(out: torch.Tensor, length: int, c0: int, noisy_block: t
     return torch.where(sel, noisy, clean)
 
 
+def _batch_shape(ids: torch.Tensor) -> tuple[int, int]:
+    """``(B, L)`` of a ``[B, L]`` id tensor."""
+    batch, length = ids.shape
+    return batch, length
+
+
 def block_causal_inputs(
     attention_mask: Optional[torch.Tensor], shape: tuple[int, int], block_size: int, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,7 +281,7 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
 
     def logits(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Block-causal forward; ``attention_mask`` is the 2-D ``[B, L]`` padding mask (left padding)."""
-        pos, mask = block_causal_inputs(attention_mask, tuple(input_ids.shape), self.block_size, input_ids.device)
+        pos, mask = block_causal_inputs(attention_mask, _batch_shape(input_ids), self.block_size, input_ids.device)
         return self.module(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
 
     def denoise_logits(
@@ -309,7 +315,7 @@ class BlockDiffusionWrapper(HFDiffusionWrapper):
         """Final hidden states (head not applied) of what :meth:`denoise_logits` computes; lets
         the core's logits-free fused cross entropy run on the ``[noisy | clean]`` layout."""
         if clean_ids is None:
-            pos, mask = block_causal_inputs(attention_mask, tuple(noisy_ids.shape), self.block_size, noisy_ids.device)
+            pos, mask = block_causal_inputs(attention_mask, _batch_shape(noisy_ids), self.block_size, noisy_ids.device)
             return self.module.forward_hidden(noisy_ids, attention_mask=mask, position_ids=pos)
         ids, pos, mask, c0, noisy = bd3lm_compact_layout(noisy_ids, clean_ids, self.block_size, attention_mask)
         out = self.module.forward_hidden(ids, attention_mask=mask, position_ids=pos)

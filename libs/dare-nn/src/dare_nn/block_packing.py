@@ -101,6 +101,7 @@ def pack_bd3lm(
     mask = bd3lm_packed_mask(plan.doc_ids, clean, block_index(positions, block_size))
     flat = torch.full((b, 2 * length), -1, dtype=torch.long, device=dev)
     flat[plan.src_batch, plan.src_col] = plan.dst_row * plan.width + plan.dst_slot
-    where = torch.nonzero(valid, as_tuple=True)
+    in_batch, in_column = torch.nonzero(valid, as_tuple=True)
+    where = (in_batch, in_column)
     source = torch.where(noisy[where], flat[where], flat[where[0], where[1] + length])
     return BlockPacking(ids, positions, mask, where, source, b * (2 * length - c0))

@@ -457,7 +457,7 @@ def check_kv_cache(
             )
         length = int(k.shape[2])
         out.append((k, v))
-    return out, int(length)
+    return out, int(length or 0)
 
 
 def position_ids_or_default(
@@ -617,7 +617,8 @@ class NativeModelDefaults:
         init_weights(module, float(self.config.initializer_range))  # type: ignore[attr-defined]
 
 
-def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str]:
+def _resolve(root: object, path: str) -> tuple[object, str]:
+    """``(parent, leaf)`` of the dotted attribute ``path`` below ``root``."""
     *parents, leaf = path.split(".")
     for name in parents:
         root = getattr(root, name)

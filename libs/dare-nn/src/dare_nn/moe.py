@@ -48,7 +48,7 @@ weights are cast to the autocast dtype; gradients come back in each tensor's own
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +72,15 @@ __all__ = [
 IMPLS = ("grouped", "loop")
 KERNELS = ("auto", "grouped_mm", "segments")
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+class _SwiGLU(Protocol):
+    """A SwiGLU expert ``down_proj(silu(gate_proj(x)) * up_proj(x))`` (the projections the
+    module docstring names)."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
 
 
 def check_impl(impl: str) -> None:
@@ -105,7 +114,7 @@ def sort_by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
 def _owns_storage(w: torch.Tensor) -> bool:
     """A plain, non-empty tensor alone in its storage (not a view into a buffer someone else
     manages, not in shared CPU memory)."""
-    return (
+    return bool(
         type(w.data) is torch.Tensor
         and not w.is_meta
         and w.numel() > 0
@@ -372,7 +381,8 @@ def grouped_swiglu(
     (long). Result in the compute dtype (the autocast dtype under autocast, else ``x``'s)."""
     n, k = experts.shape
     dtype = _compute_dtype(x)
-    out_dim = modules[0].down_proj.weight.shape[0]
+    first = cast(_SwiGLU, modules[0])
+    out_dim = first.down_proj.weight.shape[0]
     if n == 0:
         return x.new_zeros(0, k, out_dim, dtype=dtype)
     order, offsets = sort_by_expert(experts, len(modules))
@@ -380,7 +390,7 @@ def grouped_swiglu(
         xs = x.to(dtype).repeat_interleave(k, dim=0).index_select(0, order)
     else:  # one gather; its backward adds the k copies in order
         xs = x.to(dtype).index_select(0, order // k)
-    inner, e = modules[0].down_proj.in_features, len(modules)
+    inner, e = first.down_proj.in_features, len(modules)
     if kernel == "auto":
         fast = auto_kernel(xs, e, 2 * inner, xs.shape[1]) == auto_kernel(xs, e, out_dim, inner) == "grouped_mm"
         kernel = "grouped_mm" if fast else "segments"
@@ -390,7 +400,7 @@ def grouped_swiglu(
 
     if kernel == "grouped_mm":  # gate and up in one GEMM, then down
         gate_up = grouped_linear(xs, offsets, weights("gate_proj"), weights("up_proj"), kernel=kernel)
-        gate, up = gate_up.split([modules[0].gate_proj.out_features, modules[0].up_proj.out_features], dim=1)
+        gate, up = gate_up.split([first.gate_proj.out_features, first.up_proj.out_features], dim=1)
         y = grouped_linear(F.silu(gate) * up, offsets, weights("down_proj"), kernel=kernel)
     else:
         y = _SegmentSwiGLU.apply(
@@ -412,16 +422,17 @@ class GroupedExperts(nn.Module):
 
     experts_impl: str = "grouped"
     experts_kernel: str = "auto"
+    experts: nn.ModuleList  # the subclass's SwiGLU experts
 
     def grouped(self) -> bool:
         """Whether this forward uses the grouped computation."""
         check_impl(self.experts_impl)
-        return self.experts_impl == "grouped" and groupable(self.experts)
+        return self.experts_impl == "grouped" and groupable(list(self.experts))
 
     def pack_experts(self) -> bool:
-        return pack_experts(self.experts)
+        return pack_experts(list(self.experts))
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
-        pack_experts(self.experts)
+        pack_experts(list(self.experts))
         return out

@@ -8,6 +8,8 @@ from typing import Any, Callable
 import torch
 
 from dare_core.api import MaskedTokenLogProb, RandomRatioMasking, SequenceBatch
+from dare_nn.block import BlockDiffusionWrapper
+from dare_nn.moe import GroupedExperts
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -16,7 +18,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def run_experts(module: torch.nn.Module, block_cls: type, impl: str, fn: Callable[[Any], Any]):
+def run_experts(module: torch.nn.Module, block_cls: type[GroupedExperts], impl: str, fn: Callable[[Any], Any]):
     """``(fn(module), {name: gradient (None as 0)})`` with every ``block_cls`` MoE block set to
     ``experts_impl = impl`` (``loop`` or ``grouped``)."""
     for m in module.modules():
@@ -58,7 +60,9 @@ def nelbo_step(wrapper: Any, batch: SequenceBatch):
     return loss.detach(), logp.detach(), grads, inputs
 
 
-def packed_sft_losses(dare: Any, family: str, wrapper_cls: type, tmp_path: Any, monkeypatch: Any) -> dict:
+def packed_sft_losses(
+    dare: Any, family: str, wrapper_cls: type[BlockDiffusionWrapper], tmp_path: Any, monkeypatch: Any
+) -> dict:
     """One-step SFT runs of the bundled ``family`` checkpoint with ``model.train_attention`` padded
     and packed: ``{attention: [loss per step]}``; checks each run took the path it names (packed
     rows forced even where packing saves no slots)."""
@@ -70,7 +74,12 @@ def packed_sft_losses(dare: Any, family: str, wrapper_cls: type, tmp_path: Any, 
     monkeypatch.setattr(wrapper_cls, "packing_max_slots", 1.0)
     calls = []
     run_packed = wrapper_cls._packed_bd3lm_logprobs
-    monkeypatch.setattr(wrapper_cls, "_packed_bd3lm_logprobs", lambda self, *a: calls.append(1) or run_packed(self, *a))
+
+    def counted(self: Any, *args: Any) -> torch.Tensor:
+        calls.append(1)
+        return run_packed(self, *args)
+
+    monkeypatch.setattr(wrapper_cls, "_packed_bd3lm_logprobs", counted)
     losses = {}
     for attention in ("padded", "packed"):
         overrides = [
