@@ -27,8 +27,8 @@ _EXPORTS = {
     "dare_core.errors": "CapabilityError ConfigError DareError run_script",
     "dare_core.interfaces": "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection "
     "Corrupted Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily "
-    "ModelWrapper PolicyLoss PreferenceLoss RolloutBackend RolloutBatch RolloutNeeds RolloutSpec "
-    "RowEstimate SFTObjective Score SequenceBatch SyncedRolloutBackend Task TaskSpec Totals "
+    "ModelWrapper PolicyLoss PreferenceComponents PreferenceLoss RLComponents RolloutBackend RolloutBatch "
+    "RolloutNeeds RolloutSpec RowEstimate SFTComponents SFTObjective Score SequenceBatch SyncedRolloutBackend Task TaskSpec Totals "
     "TrainingRows TrajectoryBuilder TrajectoryContext UpdateBatch UpdateObjective WorkflowSpec",
     "dare_core.models.base": "HFDiffusionWrapper gather_logprobs",
     "dare_core.ops.attention": "HALF DocumentMask available_kernels cu_seqlens document_mask",
@@ -43,9 +43,9 @@ _EXPORTS = {
     "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
     "encode_prompts left_pad",
     "dare_core.workflows.evaluation": "evaluate",
-    "dare_core.workflows.rl": "PolicyObjective ReferencePolicy collect estimate_no_grad require_totals "
+    "dare_core.workflows.rl": "PolicyObjective ReferencePolicy collect estimate_no_grad "
     "rows_update_batch training_rollout",
-    "dare_core.workflows.runtime": "Context build_rollout eval_backend_name eval_context setup",
+    "dare_core.workflows.runtime": "Context build_components build_rollout eval_backend_name eval_context setup",
     "dare_core.workflows.sft": "default_collate",
     "dare_core.workflows.update": "UpdatePlan UpdateStats backward_minibatch update",
     "dare_core.workflows.tracker": "Tracker",

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 
 from dare_core._version import __version__
 from dare_core.errors import DareError
 from dare_core.scaffold import KINDS
+
+if TYPE_CHECKING:
+    from dare_core.plugins import Dare
 
 
 def _dare():
@@ -70,7 +73,7 @@ class DareGroup(click.Group):
         except DareError as exc:
             _fail(exc)
 
-    def _add_plugin_commands(self, dare: Any) -> None:
+    def _add_plugin_commands(self, dare: Dare) -> None:
         """Call each plugin's ``dare_register_commands`` in turn (registration order) and
         refuse a command name that a built-in or an earlier plugin already uses; a hook that
         raises marks its plugin broken and adds nothing."""

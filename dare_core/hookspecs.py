@@ -192,8 +192,9 @@ def dare_register_algorithms(register: RegisterAlgorithm) -> None:
     training rollout needs, required capabilities and kinds, recipe defaults.
 
     :param register: ``register(spec: AlgorithmSpec) -> None``; call it once per algorithm.
-        ``spec.build(algorithm_config, lookup)`` returns the run's
-        :class:`~dare_core.interfaces.Components`; ``spec.name`` is the ``--algo`` name
+        ``spec.build(algorithm_config, lookup)`` returns the run's components, the bundle its
+        workflow names (:attr:`~dare_core.interfaces.WorkflowSpec.components`, e.g.
+        :class:`~dare_core.interfaces.RLComponents`); ``spec.name`` is the ``--algo`` name
         (registry ``algorithms``).
     :return: nothing; the return value is ignored.
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dare_core.plugins import Dare
 
 
-def list_rows(dare: Any, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     regs = dare.registries
     rows: list[tuple[Any, ...]]  # one table row of the kind's columns
     if kind == "models":
@@ -68,7 +71,7 @@ def supports(algo: Any, family: Any) -> bool:
     return set(algo.requires) <= set(family.capabilities)
 
 
-def support_matrix(dare: Any) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+def support_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     regs = dare.registries
     families = regs.models.names()
     rows = []

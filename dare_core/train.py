@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import yaml
 
@@ -18,6 +18,9 @@ from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
 from dare_core.workflows.checkpoint import check_compatible, find_resume
 from dare_core.workflows.runtime import setup
+
+if TYPE_CHECKING:
+    from dare_core.plugins import Dare
 
 
 def _agree(engine: Any, fn: Callable[[], Any], main_only: bool = False) -> Any:
@@ -78,7 +81,7 @@ def _check_batches(config: RunConfig, world_size: int) -> None:
             )
 
 
-def train(dare: Any, config: RunConfig, *, rundir: Optional[RunDir] = None, overwrite: bool = False) -> dict[str, Any]:
+def train(dare: Dare, config: RunConfig, *, rundir: Optional[RunDir] = None, overwrite: bool = False) -> dict[str, Any]:
     """Train with ``config``; returns the summary (also written to ``summary.json``).
     ``overwrite``: replace the run directory ``run_name`` names (``dare train --overwrite``)."""
     spec = dare.registries.algorithms.get(config.algo)

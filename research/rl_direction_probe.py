@@ -35,6 +35,7 @@ from dare_core.api import (
     FinalSequence,
     GroupNormAdvantage,
     PolicyObjective,
+    RLComponents,
     UpdatePlan,
     backward_minibatch,
     build,
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         overrides=["progress=false", "eval.temperature=1.0", f"seed={args.seed}", *args.overrides],
     )
     ctx = setup(dare, cfg)
-    wrapper, comps = ctx.wrapper, ctx.components
+    wrapper, comps = ctx.wrapper, ctx.bundle(RLComponents)
     examples = ctx.task.examples("train", limit=args.prompts, seed=cfg.seed)[: args.prompts]
     n = args.group
     c = collect(

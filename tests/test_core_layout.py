@@ -24,7 +24,8 @@ PUBLIC_API = frozenset(
             # the seams (dare_core.interfaces)
             "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection Corrupted",
             "Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily ModelWrapper PolicyLoss",
-            "PreferenceLoss RolloutBackend RolloutBatch RolloutNeeds RolloutSpec RowEstimate SFTObjective Score",
+            "PreferenceComponents PreferenceLoss RLComponents RolloutBackend RolloutBatch RolloutNeeds RolloutSpec",
+            "RowEstimate SFTComponents SFTObjective Score",
             "SequenceBatch SyncedRolloutBackend Task TaskSpec Totals TrainingRows TrajectoryBuilder",
             "TrajectoryContext UpdateBatch UpdateObjective WorkflowSpec",
             # registration, config and errors
@@ -41,7 +42,7 @@ PUBLIC_API = frozenset(
             "configure_training_paths param_dtype select_training_paths for_device",
             # what workflows and commands in plugins drive
             "Context build_rollout eval_backend_name eval_context setup evaluate PolicyObjective",
-            "ReferencePolicy collect estimate_no_grad require_totals rows_update_batch training_rollout",
+            "ReferencePolicy collect estimate_no_grad rows_update_batch training_rollout build_components",
             "default_collate UpdatePlan UpdateStats backward_minibatch update Tracker STREAM_CORRUPTION",
             "STREAM_DATA BatchStream chunks decode_responses encode_prompts left_pad compare describe",
             "paired_counts RunDir atomic_write_file atomic_write_text",

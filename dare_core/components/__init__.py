@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -12,7 +12,10 @@ from dare_core.components.estimators import MaskedTokenLogProb, ResponseTokenLog
 from dare_core.components.losses import ClippedPolicyLoss, agg_loss, masked_mean
 from dare_core.components.trajectories import FinalSequence
 from dare_core.errors import DareError
+from dare_core.interfaces import Components
 from dare_core.registry import DEFAULTS, ROLES, declared_names
+
+C = TypeVar("C", bound="Components")
 
 
 class ComponentLookup:
@@ -73,13 +76,14 @@ class ComponentLookup:
     def advantage(self, name: str | None = None, **kwargs: Any) -> Any:
         return self._make("advantage", name, **kwargs)
 
-    def with_defaults(self, components: Any) -> Any:
-        """``components`` with the default trajectory builder and advantage estimator
-        (:data:`DEFAULTS`, built from the registries) where the algorithm gives none."""
+    def with_defaults(self, components: C) -> C:
+        """``components`` with the registry's default (:data:`DEFAULTS`) built for each role its
+        bundle has and the algorithm left ``None`` (an RL bundle's trajectory and advantage)."""
+        fields = attrs.fields_dict(type(components))
         changes = {
             role: self._r[ROLES[role]].get(name).factory()
             for role, name in DEFAULTS.items()
-            if getattr(components, role) is None
+            if role in fields and getattr(components, role) is None
         }
         return attrs.evolve(components, **changes) if changes else components
 

@@ -4,7 +4,7 @@ so registering imports no torch."""
 
 from __future__ import annotations
 
-from dare_core.interfaces import ComponentSpec, EngineSpec, WorkflowSpec
+from dare_core.interfaces import ComponentSpec, EngineSpec, RLComponents, SFTComponents, WorkflowSpec
 from dare_core.plugins import hookimpl, lazy
 
 C = "dare_core.components."
@@ -100,6 +100,18 @@ def dare_register_engines(register):
 @hookimpl
 def dare_register_workflows(register):
     register(
-        WorkflowSpec("rl", lazy("dare_core.workflows.rl:run_rl"), "rollouts → rewards → advantages → policy update")
+        WorkflowSpec(
+            "rl",
+            lazy("dare_core.workflows.rl:run_rl"),
+            "rollouts → rewards → advantages → policy update",
+            components=RLComponents,
+        )
     )
-    register(WorkflowSpec("sft", lazy("dare_core.workflows.sft:run_sft"), "supervised training on reference responses"))
+    register(
+        WorkflowSpec(
+            "sft",
+            lazy("dare_core.workflows.sft:run_sft"),
+            "supervised training on reference responses",
+            components=SFTComponents,
+        )
+    )

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Proto
 
 import attrs
 
+from dare_core.interfaces.seams import Components
+
 if TYPE_CHECKING:
     import torch
 
@@ -207,8 +209,11 @@ class WorkflowSpec:
         name: the workflow name (``rl``, ``sft``, ...).
         run: ``run(ctx) -> summary dict`` given the run's ``Context``.
         description: one line for ``dare list workflows``.
+        components: the bundle its loop reads (:class:`~dare_core.interfaces.RLComponents`,
+            ...); config resolution refuses an algorithm whose ``build`` returns another.
     """
 
     name: str
     run: Callable[[Any], dict[str, Any]]
     description: str = ""
+    components: type[Components] = Components

@@ -7,13 +7,14 @@ those objects directly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import attrs
 
 if TYPE_CHECKING:
     import torch
 
+from dare_core.errors import DareError
 from dare_core.interfaces.batch import Corrupted, RolloutBatch, SequenceBatch
 from dare_core.interfaces.rows import TrainingRows, TrajectoryContext
 from dare_core.interfaces.update import Totals
@@ -243,7 +244,7 @@ class ForwardCorruption(Protocol):
     """``(wrapper, batch, generator) -> Corrupted``: the forward noise process of an algorithm.
 
     The RL loop draws it once per rollout batch (once per PPO epoch with
-    ``Components.remask_each_epoch``), over the global batch, and shares it between the old,
+    ``RLComponents.remask_each_epoch``), over the global batch, and shares it between the old,
     reference and new likelihood evaluations; the supervised and preference loops draw it once
     per step. All randomness comes from ``generator``.
     """
@@ -329,7 +330,7 @@ class PolicyLoss(Protocol):
     """The RL objective: ``(loss, metrics)`` of some rows of a mini-batch.
 
     ``logp``/``old_logp``/``ref_logp`` have the estimator's shape (``[M, B, R]`` per token or
-    ``[M, B]`` per sequence; ``ref_logp`` is ``None`` unless ``Components.needs_ref``);
+    ``[M, B]`` per sequence; ``ref_logp`` is ``None`` unless ``RLComponents.needs_ref``);
     ``advantages`` is ``[B]``; ``mask`` is the rows' loss weights, ``[B, R]`` (float weights
     allowed) or ``[M, B, R]`` when the trajectory builder gives weights per corruption row
     (:meth:`TrainingRows.loss_weights`); ``extras`` are the trajectory builder's row-aligned
@@ -370,7 +371,7 @@ class PolicyLoss(Protocol):
             logp: the policy's estimate, ``[M, B, R]`` or ``[M, B]``, with gradients.
             old_logp: the rollout policy's, same shape, no gradients (``logp.detach()`` when the
                 batch gets one optimizer step and ``trainer.reuse_logprob`` is on).
-            ref_logp: the reference policy's, same shape; ``None`` unless ``Components.needs_ref``.
+            ref_logp: the reference policy's, same shape; ``None`` unless ``RLComponents.needs_ref``.
             advantages: ``[B]`` one scalar per row.
             mask: ``[B, R]`` or ``[M, B, R]`` loss weights.
             extras: the rows' extras (dim 0 = ``B``); ``None`` when the builder gives none.
@@ -384,7 +385,7 @@ class PolicyLoss(Protocol):
 
 class AccumulatingLoss(Protocol):
     """A policy loss that runs its own backward passes, one Monte-Carlo row of the corruption at a
-    time (constant memory in the number of rows). Set as ``Components.accumulate``; the RL loop
+    time (constant memory in the number of rows). Set as ``RLComponents.accumulate``; the RL loop
     calls it instead of ``estimator → loss → backward`` whenever the batch has a corruption.
 
     ``computes_own_old``: with ``old_logp=None`` the loss takes the old log-likelihoods from its
@@ -392,7 +393,7 @@ class AccumulatingLoss(Protocol):
     ``accumulate`` adds ``scale · ∇loss`` to the parameters' gradients — through ``backward``
     (the engine's, which a distributed engine needs to see; default ``torch.Tensor.backward``) —
     and returns the detached loss and its metrics; ``totals`` as in :class:`PolicyLoss` (the
-    ``Components.loss`` of the algorithm gives them).
+    ``RLComponents.loss`` of the algorithm gives them).
     """
 
     computes_own_old: bool
@@ -419,13 +420,13 @@ class AccumulatingLoss(Protocol):
             num_rows: ``M``, the number of corruption rows.
             old_logp: ``[M, B, R]`` or ``[M, B]``, no gradients; ``None`` only when
                 ``computes_own_old``.
-            ref_logp: same shape; ``None`` unless ``Components.needs_ref``.
+            ref_logp: same shape; ``None`` unless ``RLComponents.needs_ref``.
             advantages: ``[B]``.
             mask: ``[B, R]`` or ``[M, B, R]`` loss weights.
             scale: the factor of every backward (the world size).
             extras: the rows' extras (dim 0 = ``B``); ``None`` when the builder gives none.
             backward: the engine's backward, called on each scaled partial loss.
-            totals: the mini-batch's summed totals (``Components.loss.totals``).
+            totals: the mini-batch's summed totals (``RLComponents.loss.totals``).
 
         Returns:
             ``(loss, metrics)``: the detached loss of the rows and plain-float metrics.
@@ -631,35 +632,102 @@ class RolloutSpec:
     sync: Literal["", "state", "directory"] = ""
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Components:
-    """The objects one algorithm run is made of; built once by ``AlgorithmSpec.build``.
+    """The objects one algorithm run is made of, built once by ``AlgorithmSpec.build``: the base
+    of the bundle each workflow runs on (:attr:`WorkflowSpec.components`).
 
-    Every member the loops use, with its default:
+    A workflow's bundle narrows ``loss`` to its loss seam (``loss_seam``) and adds the members its
+    loop reads; config resolution refuses, before any work, a build that returns another bundle
+    or a loss lacking a member of the seam (:meth:`check`).
 
-    * ``estimator`` (:class:`LikelihoodEstimator`) and ``loss`` (:class:`PolicyLoss`,
-      :class:`SFTObjective` or :class:`PreferenceLoss`, by the algorithm's workflow);
-    * ``corruption`` (:class:`ForwardCorruption`, ``None`` = the estimator needs none);
-    * ``trajectory`` (:class:`TrajectoryBuilder`, ``None`` = the final sequence);
-    * ``advantage`` (:class:`AdvantageEstimator`, ``None`` = group-normalised rewards);
-    * ``accumulate`` (:class:`AccumulatingLoss`, ``None`` = the loop differentiates ``loss``);
-    * ``needs_ref``: reference log-likelihoods from a frozen copy of the initial policy;
-    * ``remask_each_epoch``: a new corruption for each PPO epoch (all drawn, with their old and
-      reference log-likelihoods, before the first update; ``False`` = one per rollout batch);
-    * ``collate(prompts, responses, wrapper) -> SequenceBatch`` (SFT; ``None`` = pad id, padding
-      not attended);
-    * what the training rollout needs is declared on the spec (:class:`RolloutNeeds`).
+    Attributes:
+        estimator: the likelihood estimator (:class:`LikelihoodEstimator`).
+        corruption: the forward corruption (:class:`ForwardCorruption`); ``None`` = the
+            estimator needs none.
+        loss: the workflow's loss (its bundle names the seam).
     """
 
+    #: the runtime-checkable Protocol ``loss`` implements (set by each bundle)
+    loss_seam: ClassVar[type] = object
+
     estimator: LikelihoodEstimator
-    loss: Union[PolicyLoss, SFTObjective, PreferenceLoss]
     corruption: Optional[ForwardCorruption] = None
+    loss: object
+
+    def check(self, algorithm: str) -> None:
+        """Refuse a loss that lacks a member of the bundle's ``loss_seam`` (e.g. ``totals``, which
+        the loops normalise by).
+
+        Args:
+            algorithm: the ``--algo`` name, for the message.
+
+        Raises:
+            DareError: naming the loss, the seam and the fix.
+        """
+        if not isinstance(self.loss, self.loss_seam):
+            raise DareError(
+                f"the loss {type(self.loss).__name__} of algorithm {algorithm!r} lacks a member of the "
+                f"{self.loss_seam.__name__} seam (totals(...) and __call__(..., totals=None)), which "
+                "the loops normalise by; implement it"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class RLComponents(Components):
+    """The RL workflow's bundle.
+
+    Attributes:
+        loss: :class:`PolicyLoss`.
+        trajectory: :class:`TrajectoryBuilder`; ``None`` = the registry's default
+            (``final_sequence``), filled in by the lookup.
+        advantage: :class:`AdvantageEstimator`; ``None`` = the registry's default
+            (``group_norm``), filled in by the lookup.
+        accumulate: :class:`AccumulatingLoss`; ``None`` = the loop differentiates ``loss``.
+        needs_ref: reference log-likelihoods from a frozen copy of the initial policy.
+        remask_each_epoch: a new corruption for each PPO epoch (all drawn, with their old and
+            reference log-likelihoods, before the first update; ``False`` = one per rollout batch).
+
+    What the training rollout needs is declared on the spec (:class:`RolloutNeeds`).
+    """
+
+    loss_seam: ClassVar[type] = PolicyLoss
+
+    loss: PolicyLoss
     trajectory: Optional[TrajectoryBuilder] = None
     advantage: Optional[AdvantageEstimator] = None
     accumulate: Optional[AccumulatingLoss] = None
     needs_ref: bool = False
     remask_each_epoch: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class SFTComponents(Components):
+    """The SFT workflow's bundle.
+
+    Attributes:
+        loss: :class:`SFTObjective`.
+        collate: ``collate(prompts, responses, wrapper) -> SequenceBatch``; ``None`` = pad id,
+            padding not attended.
+    """
+
+    loss_seam: ClassVar[type] = SFTObjective
+
+    loss: SFTObjective
     collate: Optional[Callable[..., SequenceBatch]] = None
+
+
+@attrs.frozen(kw_only=True)
+class PreferenceComponents(Components):
+    """The preference workflow's bundle (the reference policy is always evaluated).
+
+    Attributes:
+        loss: :class:`PreferenceLoss`.
+    """
+
+    loss_seam: ClassVar[type] = PreferenceLoss
+
+    loss: PreferenceLoss
 
 
 @attrs.frozen
@@ -697,8 +765,9 @@ class AlgorithmSpec:
         name: the ``--algo`` name.
         workflow: which registered workflow runs it (``rl``, ``sft``, ``preference``, ...).
         config_cls: frozen attrs class of the ``algorithm:`` section (recipe defaults).
-        build: ``build(config, lookup) -> Components``; ``lookup`` builds registered
-            components by name (:class:`dare_core.components.ComponentLookup`).
+        build: ``build(config, lookup) -> Components``, the bundle its workflow names
+            (:attr:`WorkflowSpec.components`); ``lookup`` builds the registered components the
+            spec declares (:class:`dare_core.components.ComponentLookup`).
         requires: model capabilities it needs; the CLI refuses models lacking one.
         kinds: model kinds it supports (empty = all).
         components: the registered component names it composes, by role (a name, or a tuple of

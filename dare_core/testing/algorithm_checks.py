@@ -1,6 +1,6 @@
 """Reusable checks for algorithm plugin tests: build an algorithm's components from options, run
 one RL step through the core loop on a toy family, and check that a loss's Monte-Carlo
-accumulation (``Components.accumulate``) gives the gradient of one backward over all rows, and
+accumulation (``RLComponents.accumulate``) gives the gradient of one backward over all rows, and
 that the gradient of a mini-batch does not depend on how it is split into micro-batches and
 ranks."""
 
@@ -14,18 +14,19 @@ from typing import Any, Optional, Sequence
 import attrs
 import torch
 
-from dare_core.components import ComponentLookup
 from dare_core.config.structure import structure_or_raise
 from dare_core.testing.registries import build_for
 from dare_core.testing.rl_probe import ProbePlugin, tiny_rl_run
+from dare_core.workflows.runtime import build_components
 
 
 def algorithm_components(plugins: Sequence[Any], algo: str, **options: Any):
-    """``Components`` of the registered algorithm ``algo`` built with ``options`` for its config."""
+    """The components of the registered algorithm ``algo`` built with ``options`` for its config,
+    as its workflow runs them (:func:`~dare_core.workflows.runtime.build_components`)."""
     dare = build_for(*plugins)
     spec = dare.registries.algorithms.get(algo)
     config = structure_or_raise(spec.config_cls, options, "algorithm")
-    return spec.build(config, ComponentLookup(dare.registries, components=spec.components))
+    return build_components(dare, spec, config)
 
 
 def one_rl_step(

@@ -15,24 +15,28 @@ does not depend on what else is installed.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import attrs
 import pytest
 import torch
 
-from dare_core.components import ComponentLookup
 from dare_core.config.loader import backend_offers
 from dare_core.config.schema import RunConfig, TrainerConfig
 from dare_core.config.structure import structure
+from dare_core.interfaces import RLComponents
 from dare_core.registry import ROLES
 from dare_core.testing.registries import build_for
 from dare_core.testing.toy import fake_rollout, make_toy_wrapper
+from dare_core.workflows.runtime import build_components
+
+if TYPE_CHECKING:
+    from dare_core.plugins import Dare
 
 _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _recording_backend(dare: Any, wrapper: Any, records: frozenset, methods: frozenset = frozenset()):
+def _recording_backend(dare: Dare, wrapper: Any, records: frozenset, methods: frozenset = frozenset()):
     """The first registered rollout backend that drives ``wrapper``'s kind, records ``records``
     and offers ``methods`` (the plugins under test must bring one)."""
     for _, spec in dare.registries.rollouts.items():
@@ -308,7 +312,7 @@ class AlgorithmContract(_PluginSuite):
     @pytest.fixture(scope="class")
     @classmethod
     def components(cls, dare, spec, config):
-        return spec.build(config, ComponentLookup(dare.registries, components=spec.components))
+        return build_components(dare, spec, config)
 
     def test_config_is_documented_and_frozen(self, spec, config):
         assert attrs.has(spec.config_cls)
@@ -342,23 +346,20 @@ class AlgorithmContract(_PluginSuite):
     def test_trajectory_records_are_declared(self, dare, spec, config):
         """The built trajectory builder records only what ``RolloutNeeds.records`` declares: the
         loader and the CLI read the spec, never a build."""
-        comps = spec.build(config, ComponentLookup(dare.registries, components=spec.components))
-        records = comps.trajectory.records if comps.trajectory is not None else frozenset()
+        comps = build_components(dare, spec, config)
+        trajectory = comps.trajectory if isinstance(comps, RLComponents) else None
+        records = trajectory.records if trajectory is not None else frozenset()
         assert records <= spec.rollout.records, (
             f"{spec.name}'s trajectory records {sorted(records - spec.rollout.records)}, not in RolloutNeeds.records"
         )
 
-    def test_members_the_loops_call_are_declared(self, spec, components):
-        """Each member the loop calls is one the interfaces declare (dare_core.interfaces); the
-        loss has the ``totals`` its loop normalises by."""
-        from dare_core.interfaces import PolicyLoss, PreferenceLoss, SFTObjective
-
-        seam = {"rl": PolicyLoss, "sft": SFTObjective, "preference": PreferenceLoss}.get(spec.workflow)
-        assert seam is None or isinstance(components.loss, seam), (
-            f"{spec.name}'s loss {type(components.loss).__name__} lacks a member of {seam.__name__} "
-            "(totals(...) and __call__(..., totals=None))"
-        )
-        if spec.workflow != "rl":
+    def test_members_the_loops_call_are_declared(self, dare, spec, components):
+        """``build`` returns its workflow's bundle (:attr:`WorkflowSpec.components`), whose loss
+        has the members of its seam (``totals``, which the loop normalises by); an RL bundle's
+        members are those the interfaces declare."""
+        bundle = dare.registries.workflows.get(spec.workflow).components
+        assert isinstance(components, bundle) and isinstance(components.loss, bundle.loss_seam)
+        if not isinstance(components, RLComponents):
             pytest.skip("not an RL algorithm")
         traj = components.trajectory
         if traj is not None:
@@ -462,6 +463,13 @@ def _corrupted(components, wrapper, rows):
     return components.corruption(wrapper, rows.batch, torch.Generator().manual_seed(0))
 
 
+def _rl_members(components: Any) -> tuple[Any, Any]:
+    """``(trajectory, advantage)`` of an RL bundle; ``(None, None)`` for another workflow's."""
+    if isinstance(components, RLComponents):
+        return components.trajectory, components.advantage
+    return None, None
+
+
 def _rollout(plugins, algorithm, components, wrapper, lengths=None, config=None):
     """A random rollout (response lengths ``lengths``, default all full), or (when the trajectory
     builder asks for records, or the algorithm adjusts or wraps its rollout) a real one from the
@@ -471,7 +479,8 @@ def _rollout(plugins, algorithm, components, wrapper, lengths=None, config=None)
     if lengths is not None:
         keep = torch.arange(roll.response_ids.shape[1])[None] < torch.tensor(lengths)[:, None]
         roll = attrs.evolve(roll, response_mask=keep.long())
-    records = components.trajectory.records if components.trajectory is not None else frozenset()
+    trajectory, _ = _rl_members(components)
+    records = trajectory.records if trajectory is not None else frozenset()
     dare = build_for(*plugins)
     algo = dare.registries.algorithms.get(algorithm)
     needs = algo.rollout
@@ -503,10 +512,11 @@ def toy_rows(plugins, algorithm, components, wrapper, lengths=None, config=None)
     roll = _rollout(plugins, algorithm, components, wrapper, lengths, config)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
     groups = torch.tensor([0, 0, 1, 1])
-    adv = components.advantage(rewards, groups) if components.advantage else rewards
+    trajectory, advantage = _rl_members(components)
+    adv = advantage(rewards, groups) if advantage is not None else rewards
 
     def score(ids, mask, rows):  # a reward that depends on the response tokens
         return ((ids % 3 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
 
-    traj = components.trajectory or FinalSequence()
+    traj = trajectory or FinalSequence()
     return traj.rows(wrapper, roll, TrajectoryContext(rewards, adv, groups, score))

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import attrs
 
 from dare_core.config import option
-from dare_core.interfaces import AlgorithmSpec, Components, Example, Score, TaskSpec
+from dare_core.interfaces import AlgorithmSpec, Example, RLComponents, Score, SFTComponents, TaskSpec
 from dare_core.plugins import hookimpl
 
 __all__ = ["ClipConfig", "DigitsPlugin", "DigitsTask", "masked_nll", "pg_components", "sup_components"]
@@ -51,9 +51,9 @@ class ClipConfig:
     clip: float = option(0.2, "clip epsilon")
 
 
-def pg_components(cfg: Any, lookup: Any) -> Components:
+def pg_components(cfg: Any, lookup: Any) -> RLComponents:
     """Clipped policy gradient (``cfg.clip`` both ways) on one ``random_ratio`` Monte-Carlo row."""
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption("random_ratio", mc_num=1),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("response_token_logprob"),
@@ -77,9 +77,9 @@ class MaskedNLL:
 masked_nll = MaskedNLL()
 
 
-def sup_components(cfg: Any, lookup: Any) -> Components:
+def sup_components(cfg: Any, lookup: Any) -> SFTComponents:
     """Supervised masked-token cross entropy (:func:`masked_nll`) on ``random_ratio`` masks."""
-    return Components(
+    return SFTComponents(
         corruption=lookup.corruption("random_ratio"),
         estimator=lookup.estimator("masked_token_logprob"),
         loss=masked_nll,

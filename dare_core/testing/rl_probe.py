@@ -10,7 +10,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.interfaces import AlgorithmSpec, Corrupted, Example, Score, TaskSpec
+from dare_core.interfaces import AlgorithmSpec, Corrupted, Example, RLComponents, Score, TaskSpec
 from dare_core.plugins import hookimpl
 
 
@@ -105,7 +105,7 @@ def spy_algorithm(spec: AlgorithmSpec, name: Optional[str] = None) -> tuple[Algo
         changes: dict[str, Any] = {"estimator": _Spy(comps.estimator, log, "estimator")}
         if comps.corruption is not None:
             changes["corruption"] = _Spy(comps.corruption, log, "corruption")
-        if comps.trajectory is not None:
+        if isinstance(comps, RLComponents) and comps.trajectory is not None:
             changes["trajectory"] = _Spy(comps.trajectory, log, "trajectory")
         return attrs.evolve(comps, **changes)
 

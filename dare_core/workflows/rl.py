@@ -3,7 +3,7 @@
 *Collect* (:func:`collect`): sample prompts (sharded by rank, before group expansion so groups
 stay whole) → ``n`` rollouts per prompt → reward → advantage (the algorithm's estimator,
 group-normalised by default) → training rows from the trajectory builder → corruption drawn
-**once** for the batch (once per PPO epoch with ``Components.remask_each_epoch``) → old (and
+**once** for the batch (once per PPO epoch with ``RLComponents.remask_each_epoch``) → old (and
 optional reference) log-likelihoods under that same corruption (:func:`update_batches`).
 *Update* (:func:`dare_core.workflows.update.update`): for each PPO epoch and mini-batch,
 estimator → policy loss → backward over micro-batches → clip → optimizer step. With one optimizer
@@ -22,19 +22,17 @@ from typing import Any, Iterator, Optional, Sequence, cast
 import attrs
 import torch
 
-from dare_core.components import ComponentLookup
 from dare_core.config.loader import backend_offers
 from dare_core.engines.common import lr_at
 from dare_core.engines.lockstep import lockstep
 from dare_core.errors import DareError
 from dare_core.interfaces import (
     AdvantageEstimator,
-    Components,
     Corrupted,
     Engine,
     ForwardCorruption,
     ModelWrapper,
-    PolicyLoss,
+    RLComponents,
     RolloutBackend,
     RolloutBatch,
     SequenceBatch,
@@ -167,12 +165,13 @@ def run_rl(ctx: Context) -> dict[str, Any]:
 def _setup(ctx: Context) -> RLSetup:
     """The run's data stream, components with their defaults, training rollout, synced backends,
     reference policy and optimizer; refuses, before any work, what the algorithm cannot run with."""
-    cfg, comps = ctx.config, ComponentLookup(ctx.dare.registries).with_defaults(ctx.components)
+    cfg, comps = ctx.config, ctx.bundle(RLComponents)
+    trajectory, advantage = comps.trajectory, comps.advantage
+    assert trajectory is not None and advantage is not None, "setup fills the registry's defaults"
     train_examples = ctx.task.examples("train", seed=cfg.seed)
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     batches = BatchStream(train_examples, cfg.trainer.batch_size, ctx.stream(STREAM_DATA))
-    _check_records(ctx, comps.trajectory.records)
-    require_totals(comps.loss, PolicyLoss, cfg.algo)
+    _check_records(ctx, trajectory.records)
     base = ctx.rollout
     specs = ctx.dare.registries.rollouts
     synced = [
@@ -185,8 +184,8 @@ def _setup(ctx: Context) -> RLSetup:
     ctx.engine.setup_optimizer(ctx.wrapper, cfg.trainer)
     return RLSetup(
         batches,
-        comps.trajectory,
-        comps.advantage,
+        trajectory,
+        advantage,
         rollout,
         synced,
         reference,
@@ -231,7 +230,7 @@ def _on_policy(ctx: Context, plan: UpdatePlan, c: Collected) -> bool:
     """One optimizer step per batch (``trainer.reuse_logprob``): the policy that produced the
     rollouts is the one being differentiated, so its log-likelihoods are the update's own forward,
     detached (a loss that runs its own backward passes must say it can take ``old_logp=None``)."""
-    accumulate = ctx.components.accumulate
+    accumulate = ctx.bundle(RLComponents).accumulate
     return (
         ctx.config.trainer.reuse_logprob
         and plan.epochs == 1
@@ -244,9 +243,9 @@ def update_batches(
     ctx: Context, reference: Optional[ReferencePolicy], c: Collected, step: int, on_policy: bool
 ) -> list[UpdateBatch]:
     """The collected rows under each corruption draw (the batch's, plus one per further PPO epoch
-    with ``Components.remask_each_epoch``), with their old (unless ``on_policy``) and reference
+    with ``RLComponents.remask_each_epoch``), with their old (unless ``on_policy``) and reference
     log-likelihoods, all computed before the first update."""
-    comps, rows, micro = ctx.components, c.rows, ctx.config.trainer.micro_batch_size
+    comps, rows, micro = ctx.bundle(RLComponents), c.rows, ctx.config.trainer.micro_batch_size
     batch = rows.batch
     fresh = comps.remask_each_epoch and rows.corrupted is None and c.corrupted is not None
     draws = [c.corrupted] + [_corruption(ctx, batch, step, e) for e in range(1, ctx.config.trainer.ppo_epochs) if fresh]
@@ -422,18 +421,19 @@ def _corruption(ctx: Context, batch: SequenceBatch, *key: int) -> Corrupted:
 @attrs.frozen
 class PolicyObjective:
     """The RL objective of some rows (:class:`~dare_core.workflows.update.UpdateObjective`):
-    estimator → policy loss → backward, or the algorithm's ``Components.accumulate`` (one
+    estimator → policy loss → backward, or the algorithm's ``RLComponents.accumulate`` (one
     Monte-Carlo row at a time) when it has one and the rows have a corruption. ``engine``: its
     backward and compute precision (``None``: torch's)."""
 
-    components: Components
+    components: RLComponents
     wrapper: ModelWrapper
     engine: Optional[Engine] = None
 
     def totals(self, part: UpdateBatch) -> Totals:
         """:meth:`PolicyLoss.totals` of the rows' weights and extras."""
-        loss = cast(PolicyLoss, self.components.loss)  # RL: require_totals checked it
-        return loss.totals(cast(torch.Tensor, part.weights), part.extras or None)  # RL rows carry weights
+        return self.components.loss.totals(
+            cast(torch.Tensor, part.weights), part.extras or None
+        )  # RL rows carry weights
 
     def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
         """``scale · ∇loss`` of the rows into the gradients; ``part.old_logp=None``: the old
@@ -441,9 +441,8 @@ class PolicyObjective:
         comps, engine = self.components, self.engine
         backward = engine.backward if engine is not None else torch.Tensor.backward
         extras = part.extras or None
-        # RL rows (rows_update_batch) carry advantages and weights; require_totals checked the loss
+        # RL rows (rows_update_batch) carry advantages and weights
         advantages, weights = cast(torch.Tensor, part.advantages), cast(torch.Tensor, part.weights)
-        policy_loss = cast(PolicyLoss, comps.loss)
         with engine.autocast() if engine is not None else contextlib.nullcontext():
             if comps.accumulate is not None and part.corrupted is not None:
                 return comps.accumulate.accumulate(
@@ -460,18 +459,9 @@ class PolicyObjective:
                 )
             logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
             old = logp.detach() if part.old_logp is None else part.old_logp
-            loss, metrics = policy_loss(logp, old, part.ref_logp, advantages, weights, extras=extras, totals=totals)
+            loss, metrics = comps.loss(logp, old, part.ref_logp, advantages, weights, extras=extras, totals=totals)
         backward(loss * scale)
         return loss.detach(), metrics
-
-
-def require_totals(loss: Any, seam: type, algo: str) -> None:
-    """Refuse, before any work, a loss without the ``totals`` method of its seam (``seam``)."""
-    if not isinstance(loss, seam):
-        raise DareError(
-            f"the loss {type(loss).__name__} of algorithm {algo!r} has no method 'totals' "
-            f"({seam.__name__} seam), which the loops normalise by; implement it"
-        )
 
 
 def _reward(ctx: Context, scored: Any) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -16,13 +16,18 @@ from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
 from dare_core.engines import build_engine
 from dare_core.engines.common import resolve_device
+from dare_core.errors import DareError
 from dare_core.ops.paths import configure_training_paths
 from dare_core.preflight import preflight
 from dare_core.rundir import RunDir
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from dare_core.interfaces import AlgorithmSpec, Components, Engine, ModelFamily, ModelWrapper, RolloutBackend, Task
     from dare_core.plugins import Dare
+
+C = TypeVar("C", bound="Components")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,7 +49,7 @@ def seed_everything(seed: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: Any = None):
+def load_model(dare: Dare, config: RunConfig, *, trainable: bool = True, device: Any = None):
     """Load the family's checkpoint; with ``model.lora`` (or a LoRA checkpoint as
     ``model.path``) wrap it in PEFT adapters (trainable adapters when ``trainable``)."""
     from dare_core.models import lora
@@ -58,8 +63,8 @@ def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: 
         device=device,
         attn_implementation=config.model.attn_implementation,
     )
-    if config.model.gradient_checkpointing:
-        wrapper.module.gradient_checkpointing_enable()
+    if config.model.gradient_checkpointing:  # a transformers model (the families load HF checkpoints)
+        cast("PreTrainedModel", wrapper.module).gradient_checkpointing_enable()
     lcfg = config.model.lora
     if lcfg.enabled or saved_adapter is not None:
         lora.apply_lora(
@@ -73,7 +78,7 @@ def load_model(dare: Any, config: RunConfig, *, trainable: bool = True, device: 
     return wrapper
 
 
-def build_rollout(dare: Any, config: RunConfig, rollout_cfg: Any = None) -> RolloutBackend:
+def build_rollout(dare: Dare, config: RunConfig, rollout_cfg: Any = None) -> RolloutBackend:
     """The run's rollout backend on ``rollout_cfg`` (default: the training rollout config,
     ``RunConfig.train_rollout``, as config resolution derived it)."""
     spec = dare.registries.rollouts.get(config.rollout_backend)
@@ -85,9 +90,38 @@ def eval_backend_name(config: RunConfig) -> str:
     return config.eval.backend or config.rollout_backend
 
 
-def build_eval_rollout(dare: Any, config: RunConfig) -> RolloutBackend:
+def build_eval_rollout(dare: Dare, config: RunConfig) -> RolloutBackend:
     """The evaluation rollout backend on ``RunConfig.eval_rollout``."""
     return dare.registries.rollouts.get(eval_backend_name(config)).build(config.eval_rollout)
+
+
+def build_components(dare: Dare, spec: AlgorithmSpec, algorithm_config: Any, rollout_cfg: Any = None) -> Components:
+    """The algorithm's components as its workflow runs them: ``spec.build`` through a lookup
+    restricted to the names the spec declares, checked against the workflow's bundle, with the
+    registry's defaults filled in.
+
+    Args:
+        dare: the registries.
+        spec: the algorithm.
+        algorithm_config: its ``algorithm:`` section.
+        rollout_cfg: the training rollout config the lookup shows ``build`` (``None``: none).
+
+    Returns:
+        The bundle :attr:`WorkflowSpec.components` names (e.g. :class:`RLComponents`).
+
+    Raises:
+        DareError: ``build`` returned another bundle, or a loss lacking its seam's members.
+    """
+    bundle = dare.registries.workflows.get(spec.workflow).components
+    lookup = ComponentLookup(dare.registries, rollout_cfg, spec.components)
+    built = spec.build(algorithm_config, lookup)
+    if not isinstance(built, bundle):
+        raise DareError(
+            f"algorithm {spec.name!r}: build returned {type(built).__name__}, but its workflow "
+            f"{spec.workflow!r} runs on {bundle.__name__}; return a {bundle.__name__}"
+        )
+    built.check(spec.name)
+    return lookup.with_defaults(built)
 
 
 @attrs.define
@@ -110,6 +144,13 @@ class Context:
     #: the training checkpoint this run continues from (``trainer.resume``), or None
     resume_from: Optional[str] = None
 
+    def bundle(self, cls: type[C]) -> C:
+        """The run's components as the bundle ``cls`` of its workflow (which :func:`setup` checked
+        ``build`` returned): ``ctx.bundle(RLComponents).trajectory``."""
+        if not isinstance(self.components, cls):
+            raise DareError(f"this run's components are {type(self.components).__name__}, not {cls.__name__}")
+        return self.components
+
     def stream(self, *key: int) -> torch.Generator:
         """A generator keyed by ``key`` (e.g. the step and a global data position) within the run
         seed: the same draws on every world size, and after a resume."""
@@ -123,7 +164,7 @@ class Context:
 
 
 def setup(
-    dare: Any,
+    dare: Dare,
     config: RunConfig,
     *,
     rundir: Optional[RunDir] = None,
@@ -135,8 +176,7 @@ def setup(
     spec = dare.registries.algorithms.get(config.algo)
     family = dare.registries.models.get(config.model.family)
     task = task if task is not None else dare.registries.tasks.get(config.task.name).build(config.task)
-    lookup = ComponentLookup(dare.registries, config.train_rollout, spec.components)
-    components = lookup.with_defaults(spec.build(config.algorithm, lookup))
+    components = build_components(dare, spec, config.algorithm, config.train_rollout)
     engine = engine if engine is not None else build_engine(dare, config)
     # the samplers need no model: a bad eval rollout config fails before the model is loaded
     rollout = build_rollout(dare, config)
@@ -181,7 +221,7 @@ def setup(
     return ctx
 
 
-def eval_context(dare: Any, config: RunConfig, task: Any = None) -> Context:
+def eval_context(dare: Dare, config: RunConfig, task: Any = None) -> Context:
     """The context of an evaluation without training: model (frozen), eval sampler, task, engine.
 
     Config errors of the sampler and the checks of :mod:`dare_core.preflight` come before the

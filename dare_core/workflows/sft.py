@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Optional, Sequence
 
 import attrs
 import torch
 
 from dare_core.engines.common import lr_at
 from dare_core.errors import DareError
-from dare_core.interfaces import Components, Engine, ModelWrapper, SequenceBatch, SFTObjective, Totals, UpdateBatch
+from dare_core.interfaces import Engine, ModelWrapper, SequenceBatch, SFTComponents, Totals, UpdateBatch
 from dare_core.workflows.batching import STREAM_CORRUPTION, STREAM_DATA, BatchStream, encode_prompts, left_pad
-from dare_core.workflows.rl import require_totals
 from dare_core.workflows.runtime import Context
 from dare_core.workflows.tracker import Tracker
 from dare_core.workflows.update import UpdatePlan, update
@@ -52,7 +51,7 @@ def default_collate(
 def run_sft(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     tr = cfg.trainer
-    comps = ctx.components
+    comps = ctx.bundle(SFTComponents)
     wrapper = ctx.wrapper
     engine = ctx.engine
 
@@ -66,7 +65,6 @@ def run_sft(ctx: Context) -> dict[str, Any]:
     eval_examples = ctx.task.examples("eval", limit=cfg.task.num_eval, seed=cfg.seed)
     collate = comps.collate or default_collate
     batches = BatchStream(examples, tr.batch_size, ctx.stream(STREAM_DATA))
-    require_totals(comps.loss, SFTObjective, cfg.algo)
     objective = SupervisedObjective(comps, wrapper, engine)
     engine.setup_optimizer(wrapper, tr)
 
@@ -111,20 +109,19 @@ class SupervisedObjective:
     estimator over the rows' corruption → :class:`SFTObjective` → backward. ``engine``: its
     backward and compute precision (``None``: torch's)."""
 
-    components: Components
+    components: SFTComponents
     wrapper: ModelWrapper
     engine: Optional[Engine] = None
 
     def totals(self, part: UpdateBatch) -> Totals:
         """:meth:`SFTObjective.totals` of the rows."""
-        return cast(SFTObjective, self.components.loss).totals(part.batch)  # require_totals checked it
+        return self.components.loss.totals(part.batch)
 
     def backward(self, part: UpdateBatch, totals: Totals, scale: float) -> tuple[torch.Tensor, dict[str, float]]:
         """``scale · ∇loss`` of the rows into the gradients; returns ``(detached loss, metrics)``."""
         comps, engine = self.components, self.engine
         with engine.autocast() if engine is not None else contextlib.nullcontext():
             logp = comps.estimator(self.wrapper, part.batch, part.corrupted)
-            sft_loss = cast(SFTObjective, comps.loss)  # require_totals checked it
-            loss, metrics = sft_loss(logp, part.corrupted, part.batch, totals=totals)
+            loss, metrics = comps.loss(logp, part.corrupted, part.batch, totals=totals)
         (engine.backward if engine is not None else torch.Tensor.backward)(loss * scale)
         return loss.detach(), metrics

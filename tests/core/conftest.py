@@ -39,9 +39,9 @@ from dare_core.config import option
 from dare_core.config.validators import in_range, non_negative, positive
 from dare_core.interfaces import (
     AlgorithmSpec,
-    Components,
     ComponentSpec,
     ModelFamily,
+    RLComponents,
     RolloutSpec,
     TaskSpec,
 )
@@ -84,8 +84,8 @@ class NoOptions:
     """An algorithm without options."""
 
 
-def build_algo_a(cfg: AlgoAConfig, lookup) -> Components:
-    return Components(
+def build_algo_a(cfg: AlgoAConfig, lookup) -> RLComponents:
+    return RLComponents(
         corruption=lookup.corruption("random_ratio", mc_num=cfg.mc_num),
         estimator=lookup.estimator("response_token_logprob"),
         loss=lookup.loss(

@@ -9,7 +9,7 @@ from dare_core.components import ComponentLookup, FinalSequence, GroupNormAdvant
 from dare_core.components.losses import ClippedPolicyLoss
 from dare_core.config import resolve
 from dare_core.errors import ConfigError, DareError
-from dare_core.interfaces import AlgorithmSpec, Components, RolloutNeeds
+from dare_core.interfaces import AlgorithmSpec, RLComponents, RolloutNeeds, SFTComponents
 from dare_core.plugins import build, hookimpl
 from dare_core.testing import toy
 from dare_core.testing.digits import ClipConfig, DigitsPlugin, pg_components
@@ -42,10 +42,12 @@ def test_alternatives_need_the_chosen_name(registries):
 
 
 def test_defaults_come_from_the_registry(registries):
-    comps = Components(estimator=None, loss=None)
+    comps = RLComponents(estimator=None, loss=None)
     filled = ComponentLookup(registries).with_defaults(comps)
     assert isinstance(filled.trajectory, FinalSequence) and isinstance(filled.advantage, GroupNormAdvantage)
     assert ComponentLookup(registries).with_defaults(filled) is filled
+    sft = SFTComponents(estimator=None, loss=None)  # a bundle without those roles is left as is
+    assert ComponentLookup(registries).with_defaults(sft) is sft
 
 
 def _tripled(cfg, rollout_cfg):

@@ -463,9 +463,9 @@ class _NeedsBackendFeatures:
     def _build(cfg, lookup):
         from dare_core.components.estimators import ResponseTokenLogProb
         from dare_core.components.losses import ClippedPolicyLoss
-        from dare_core.interfaces import Components
+        from dare_core.interfaces import RLComponents
 
-        return Components(estimator=ResponseTokenLogProb(), loss=ClippedPolicyLoss())
+        return RLComponents(estimator=ResponseTokenLogProb(), loss=ClippedPolicyLoss())
 
     from dare_core import hookimpl as _hookimpl
 

@@ -22,7 +22,7 @@ HOOKS_MD = (ROOT / "docs" / "hooks.md").read_text()
 GUIDE_MD = (ROOT / "docs" / "plugin-guide.md").read_text()
 
 #: what ``AlgorithmSpec`` holds and ``AlgorithmSpec.build`` returns, documented like the specs
-NESTED_SPECS = ("RolloutNeeds", "Components")
+NESTED_SPECS = ("RolloutNeeds", "Components", "RLComponents", "SFTComponents", "PreferenceComponents")
 
 
 def _specs() -> dict[str, typing.Callable]:
@@ -190,6 +190,8 @@ def _render_default(field: attrs.Attribute) -> str:
         return "required"
     if isinstance(d, attrs.Factory):
         d = d.factory()
+    if isinstance(d, type):
+        return f"`{d.__name__}`"
     if attrs.has(type(d)) and d == type(d)():
         return f"`{type(d).__name__}()`"
     return "`" + repr(d).replace("'", '"') + "`"

@@ -345,6 +345,7 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
     the loop's gradient."""
     import torch
 
+    from dare_core.interfaces import RLComponents
     from dare_core.workflows.rl import PolicyObjective, collect, rows_update_batch, training_rollout
     from dare_core.workflows.runtime import setup
     from dare_core.workflows.update import UpdatePlan, backward_minibatch
@@ -353,7 +354,7 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
         dare, algo="pg_test", model="toy", overrides=COMMON + [f"model.path={tmp_path}", "rollout.temperature=1.0"]
     )
     ctx = setup(dare, cfg)
-    comps = ctx.components
+    comps = ctx.bundle(RLComponents)
     c = collect(
         ctx,
         training_rollout(ctx),

@@ -9,7 +9,7 @@ import dare_objectives  # the shared ELBO estimator and stratified masking
 import dare_plugin_samplers  # the reference rollout backends the loops run with
 import dare_plugin_tasks  # the default task of the run config
 from dare_core.config import option
-from dare_core.interfaces import AlgorithmSpec, Components
+from dare_core.interfaces import AlgorithmSpec, RLComponents
 from dare_core.plugins import hookimpl
 from dare_core.testing import toy
 from dare_core.testing.algorithm_checks import one_rl_step
@@ -45,7 +45,7 @@ class Plugin:
     @hookimpl
     def dare_register_algorithms(self, register):
         def build(cfg, lookup):
-            return Components(
+            return RLComponents(
                 corruption=lookup.corruption("stratified_count_masking", mc_num=cfg.mc_num, n_l=cfg.mc_num),
                 trajectory=lookup.trajectory("final_sequence"),
                 estimator=lookup.estimator("sequence_elbo", norm="none"),

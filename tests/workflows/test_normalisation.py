@@ -10,14 +10,16 @@ import sys
 import attrs
 import pytest
 
+from dare_core.components.estimators import ResponseTokenLogProb
 from dare_core.components.losses import ClippedPolicyLoss
 from dare_core.config import option
 from dare_core.errors import DareError
-from dare_core.interfaces import AlgorithmSpec, Components, PolicyLoss, SFTObjective
+from dare_core.interfaces import AlgorithmSpec, RLComponents, SFTComponents
 from dare_core.plugins import hookimpl
 from dare_core.testing.algorithm_checks import check_partition_invariance
 from dare_core.testing.digits import DigitsPlugin
-from dare_core.workflows.rl import require_totals
+from dare_core.testing.registries import build_for
+from dare_core.workflows.runtime import build_components
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # the spawned ranks import AggPlugin
 
@@ -28,7 +30,7 @@ class AggConfig:
 
 
 def build(cfg, lookup):
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption("random_ratio", mc_num=2),
         trajectory=lookup.trajectory("final_sequence"),
         estimator=lookup.estimator("response_token_logprob"),
@@ -63,8 +65,20 @@ def test_a_loss_without_totals_is_refused_before_any_work():
         def __call__(self, logp, old_logp, ref_logp, advantages, mask, *, extras=None):
             return logp.sum(), {}
 
-    require_totals(ClippedPolicyLoss(), PolicyLoss, "ok")
-    with pytest.raises(DareError, match="OldLoss of algorithm 'old' has no method 'totals'"):
-        require_totals(OldLoss(), PolicyLoss, "old")
+    estimator = ResponseTokenLogProb()
+    RLComponents(estimator=estimator, loss=ClippedPolicyLoss()).check("ok")
+    with pytest.raises(DareError, match="OldLoss of algorithm 'old' lacks a member of the PolicyLoss seam"):
+        RLComponents(estimator=estimator, loss=OldLoss()).check("old")
     with pytest.raises(DareError, match="SFTObjective"):
-        require_totals(lambda logp, corrupted, batch: (logp.sum(), {}), SFTObjective, "sup")
+        SFTComponents(estimator=estimator, loss=lambda logp, corrupted, batch: (logp.sum(), {})).check("sup")
+
+
+def test_a_build_returning_another_workflows_bundle_is_refused():
+    """An algorithm of the ``sft`` workflow whose build returns an RL bundle is refused in one line
+    naming both bundles (config resolution, before the model loads)."""
+    dare = build_for(DigitsPlugin(rl_name=None), AggPlugin())
+    spec = attrs.evolve(dare.registries.algorithms.get("agg_test"), workflow="sft")
+    with pytest.raises(DareError, match="build returned RLComponents, but its workflow 'sft' runs on SFTComponents"):
+        build_components(dare, spec, AggConfig())
+    built = build_components(dare, dare.registries.algorithms.get("agg_test"), AggConfig())
+    assert isinstance(built, RLComponents) and built.trajectory is not None and built.advantage is not None

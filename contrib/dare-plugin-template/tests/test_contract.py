@@ -16,10 +16,10 @@ import torch
 
 import dare_core.testing.toy as toy
 import dare_plugin_myalgo
-from dare_core.api import ComponentLookup, SequenceBatch, structure
-from dare_core.testing.algorithm_checks import one_rl_step
+from dare_core.api import SequenceBatch, structure
+from dare_core.testing.algorithm_checks import algorithm_components, one_rl_step
 from dare_core.testing.contracts import AlgorithmContract
-from dare_plugin_myalgo.algorithm import MyalgoConfig, build
+from dare_plugin_myalgo.algorithm import MyalgoConfig
 
 
 class TestMyalgoContract(AlgorithmContract):
@@ -28,9 +28,9 @@ class TestMyalgoContract(AlgorithmContract):
 
 
 @pytest.fixture
-def components(dare_build):
-    dare = dare_build(dare_plugin_myalgo)
-    return build(MyalgoConfig(), ComponentLookup(dare.registries))
+def components():
+    """The algorithm's components as the RL loop gets them (the spec's names, the defaults)."""
+    return algorithm_components((dare_plugin_myalgo,), "myalgo")
 
 
 def test_corruption_masks_the_whole_response_only(components, toy_wrapper):

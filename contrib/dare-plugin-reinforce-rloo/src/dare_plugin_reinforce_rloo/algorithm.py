@@ -53,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch, corrupted_logprobs, mask_totals
+from dare_core.api import Corrupted, RLComponents, SequenceBatch, corrupted_logprobs, mask_totals
 from dare_plugin_reinforce_rloo.config import ESTIMATOR, LOSS, ReinforceRLOOConfig
 
 
@@ -132,10 +132,10 @@ class SequenceReinforceLoss:
         return loss, metrics
 
 
-def build(cfg: ReinforceRLOOConfig, lookup) -> Components:
+def build(cfg: ReinforceRLOOConfig, lookup) -> RLComponents:
     """Core ``random_ratio`` corruption, ``final_sequence`` input and ``rloo`` advantage, with this
     plugin's estimator and loss: the components the spec declares (``AlgorithmSpec.components``)."""
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption(eps=cfg.eps, mc_num=cfg.mc_num),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(),

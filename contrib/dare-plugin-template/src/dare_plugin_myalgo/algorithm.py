@@ -49,8 +49,8 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch, agg_loss, mask_totals, masked_mean
-from dare_plugin_myalgo.config import AGG_MODES, CORRUPTION, LOSS, MyalgoConfig
+from dare_core.api import Corrupted, RLComponents, SequenceBatch, agg_loss, mask_totals, masked_mean
+from dare_plugin_myalgo.config import AGG_MODES, MyalgoConfig
 
 
 class MaskWholeResponse:
@@ -117,14 +117,16 @@ class ReinforceLoss:
         return loss, metrics
 
 
-def build(cfg: MyalgoConfig, lookup) -> Components:
-    """Compose the run's components by registered name (``lookup`` is a ComponentLookup):
-    two of this plugin's, three of the core's. Nothing here imports another plugin."""
-    return Components(
-        corruption=lookup.corruption(CORRUPTION),
-        trajectory=lookup.trajectory("final_sequence"),
-        estimator=lookup.estimator("response_token_logprob"),
-        loss=lookup.loss(LOSS, agg=cfg.loss_agg_mode),
-        advantage=lookup.advantage("group_norm", norm_by_std=cfg.norm_adv_by_std, eps=cfg.adv_eps),
+def build(cfg: MyalgoConfig, lookup) -> RLComponents:
+    """Compose the run's components (``lookup`` is a ComponentLookup): each role builds the one
+    name the spec declares for it (``AlgorithmSpec.components`` in the manifest), two of this
+    plugin's and three of the core's, with this config's options. Nothing here imports another
+    plugin."""
+    return RLComponents(
+        corruption=lookup.corruption(),
+        trajectory=lookup.trajectory(),
+        estimator=lookup.estimator(),
+        loss=lookup.loss(agg=cfg.loss_agg_mode),
+        advantage=lookup.advantage(norm_by_std=cfg.norm_adv_by_std, eps=cfg.adv_eps),
         needs_ref=False,  # no KL term: the RL loop skips the reference model
     )

@@ -2,7 +2,8 @@
 sequence ELBO estimator, step replay of a recorded denoising trajectory and its clipped loss, and
 the Monte-Carlo ELBO of a continuation given a context that evaluation scores choices with
 (``dare_objectives.likelihood``).
-Algorithms compose them by name through ``ComponentLookup``; their building blocks are imported
+Algorithms declare them by name (``AlgorithmSpec.components``) and build them through
+``ComponentLookup``; their building blocks are imported
 from the sibling modules. Registering imports none of them (``lazy``). ``sequence_elbo`` requires
 the ``absorbing_elbo`` capability, ``step_replay`` (which rebuilds visited states with MASK tokens)
 ``mask_token``; the corruption noises with the family's kernel (``wrapper.noise``)."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dare_core.api import AlgorithmSpec, Components, DareError, hookimpl, option, resolve
+from dare_core.api import AlgorithmSpec, DareError, PreferenceComponents, hookimpl, option, resolve
 from dare_core.testing import make_toy_wrapper, toy
 from dare_core.testing.registries import build_for
 from dare_core.train import train
@@ -60,11 +60,10 @@ class Plugin:
                 SPY.calls.append((torch.is_grad_enabled(), corrupted.masked.clone(), batch.input_ids.clone()))
                 return inner(wrapper, batch, corrupted)
 
-            return Components(
+            return PreferenceComponents(
                 corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
                 estimator=estimator,
                 loss=_DPO(),
-                needs_ref=True,
             )
 
         register(AlgorithmSpec("pref_test", "preference", PrefConfig, build_pref, recipe={"trainer": {"lr": 3e-3}}))
@@ -253,11 +252,10 @@ def test_a_loss_without_totals_is_refused(dare, tmp_path):
         @hookimpl
         def dare_register_algorithms(self, register):
             def build(cfg, lookup):
-                return Components(
+                return PreferenceComponents(
                     corruption=lookup.corruption("stratified_count_masking", mc_num=2, n_l=2),
                     estimator=lookup.estimator("sequence_elbo", norm="valid"),
                     loss=lambda logp, ref_logp, batch: (logp.sum(), {}),
-                    needs_ref=True,
                 )
 
             register(AlgorithmSpec("pref_plain", "preference", PrefConfig, build))
@@ -278,7 +276,7 @@ def test_a_loss_without_totals_is_refused(dare, tmp_path):
             "trainer.steps=1",
         ],
     )
-    with pytest.raises(DareError, match="has no method 'totals'"):
+    with pytest.raises(DareError, match="lacks a member of the PreferenceLoss seam"):
         train(d, cfg)
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from dare_core.api import Components, agg_loss, kl_penalty, mask_totals, masked_mean
+from dare_core.api import RLComponents, agg_loss, kl_penalty, mask_totals, masked_mean
 from dare_objectives.elbo import (
     clipped_surrogate,
     mc_diagnostics,
@@ -179,7 +179,7 @@ class BGPOLoss:
         return loss, metrics
 
 
-def build(cfg: BGPOConfig, lookup) -> Components:
+def build(cfg: BGPOConfig, lookup) -> RLComponents:
     loss = lookup.loss(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
@@ -189,7 +189,7 @@ def build(cfg: BGPOConfig, lookup) -> Components:
         kl_coef=cfg.kl_coef,
         kl_type=cfg.kl_type,
     )
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(norm=cfg.length_norm),

@@ -23,7 +23,7 @@ from typing import Literal
 
 import attrs
 
-from dare_core.api import Components, option, positive
+from dare_core.api import RLComponents, option, positive
 from dare_objectives.policy_options import (
     GROUP_RL_RECIPE,
     ClipOptions,
@@ -48,9 +48,9 @@ class CJConfig(ClipOptions):
     )
 
 
-def build(cfg: CJConfig, lookup) -> Components:
+def build(cfg: CJConfig, lookup) -> RLComponents:
     loss = lookup.loss(kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
-    return Components(
+    return RLComponents(
         trajectory=lookup.trajectory(reduction=cfg.reduction),
         estimator=lookup.estimator(),
         loss=loss,

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch
+from dare_core.api import Corrupted, RLComponents, SequenceBatch
 from dare_objectives.policy_options import advantage_from_options, build_clipped_objective
 from dare_plugin_coupled_grpo.config import CoupledConfig
 
@@ -127,8 +127,8 @@ class CoupledTokenLogProb:
         return ((logp[0] + part) / 2.0)[None]
 
 
-def build(cfg: CoupledConfig, lookup) -> Components:
-    return Components(
+def build(cfg: CoupledConfig, lookup) -> RLComponents:
+    return RLComponents(
         corruption=lookup.corruption(t_low=cfg.t_low, t_high=cfg.t_high, seed_mode=cfg.seed_mode, seed=cfg.seed),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dare_core.api import Components, Corrupted, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext
+from dare_core.api import Corrupted, RLComponents, RolloutBatch, SequenceBatch, TrainingRows, TrajectoryContext
 from dare_objectives.policy_options import PenalizedClippedLoss
 from dare_plugin_d1.config import D1Config
 
@@ -76,14 +76,14 @@ class CompletionRows:
 D1Loss = PenalizedClippedLoss
 
 
-def build(cfg: D1Config, lookup) -> Components:
+def build(cfg: D1Config, lookup) -> RLComponents:
     clipped = lookup.loss(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c,
         agg=cfg.loss_agg_mode,
     )
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption(p_mask_prompt=cfg.p_mask_prompt, mc_num=cfg.mc_num),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(),

@@ -27,9 +27,9 @@ from typing import Any, Optional
 import torch
 
 from dare_core.api import (
-    Components,
     Corrupted,
     DareError,
+    RLComponents,
     RolloutBatch,
     SequenceBatch,
     TrainingRows,
@@ -342,7 +342,7 @@ class TreeLoss:
         return total, metrics
 
 
-def build(cfg: DTreeConfig, lookup) -> Components:
+def build(cfg: DTreeConfig, lookup) -> RLComponents:
     schedule = dict(
         max_steps=cfg.sd_max_steps,
         lambda_max=cfg.sd_lambda_max,
@@ -351,7 +351,7 @@ def build(cfg: DTreeConfig, lookup) -> Components:
         beta=cfg.sd_beta,
     )
 
-    return Components(
+    return RLComponents(
         trajectory=lookup.trajectory(schedule=schedule),
         estimator=lookup.estimator(),
         loss=lookup.loss(clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, self_distillation=cfg.self_distillation),

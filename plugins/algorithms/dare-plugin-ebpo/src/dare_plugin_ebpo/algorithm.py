@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, DareError, SequenceBatch
+from dare_core.api import Corrupted, DareError, RLComponents, SequenceBatch
 from dare_nn.block import block_index, positions_from_mask
 from dare_objectives.elbo import (
     RowMeanObjective,
@@ -201,14 +201,14 @@ class EBPOLoss(RowMeanObjective):
         return loss, metrics
 
 
-def build(cfg: EBPOConfig, lookup) -> Components:
+def build(cfg: EBPOConfig, lookup) -> RLComponents:
     loss = lookup.loss(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         kl_coef=cfg.kl_coef,
         kl_type=cfg.kl_type,
     )
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l, block_length=cfg.block_length),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(norm="none"),

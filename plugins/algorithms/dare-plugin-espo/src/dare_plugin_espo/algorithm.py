@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dare_core.api import Components, Corrupted, DareError, SequenceBatch
+from dare_core.api import Corrupted, DareError, RLComponents, SequenceBatch
 from dare_objectives.elbo import (
     RowMeanObjective,
     clipped_surrogate,
@@ -136,9 +136,9 @@ class ESPOLoss(RowMeanObjective):
         return loss, metrics
 
 
-def build(cfg: ESPOConfig, lookup) -> Components:
+def build(cfg: ESPOConfig, lookup) -> RLComponents:
     loss = lookup.loss(clip_ratio=cfg.clip_ratio, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type)
-    return Components(
+    return RLComponents(
         corruption=lookup.corruption(mc_num=cfg.mc_num),
         trajectory=lookup.trajectory(),
         estimator=lookup.estimator(norm="none"),

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from dare_core.api import Components, Corrupted, DareError, SequenceBatch, gather_logprobs
+from dare_core.api import Corrupted, DareError, RLComponents, SequenceBatch, gather_logprobs
 from dare_objectives.policy_options import advantage_from_options, clip_kwargs
 from dare_plugin_justgrpo.config import JustConfig
 
@@ -59,12 +59,12 @@ class TemperedTokenLogProb:
         return torch.stack(rows, 0)
 
 
-def build(cfg: JustConfig, lookup) -> Components:
+def build(cfg: JustConfig, lookup) -> RLComponents:
     # the training rollout's temperature (config.left_to_right set it; cfg's outside a run)
     temperature = lookup.rollout.temperature if lookup.rollout is not None else cfg.temperature
     estimator = lookup.estimator(temperature=temperature, exclude_mask_token=cfg.exclude_mask_token)
     loss = lookup.loss(kl_coef=cfg.kl_coef, kl_type=cfg.kl_type, row_chunk=cfg.row_chunk, **clip_kwargs(cfg))
-    return Components(
+    return RLComponents(
         trajectory=lookup.trajectory(reduction="token_mean", left_to_right=True),
         estimator=estimator,
         loss=loss,

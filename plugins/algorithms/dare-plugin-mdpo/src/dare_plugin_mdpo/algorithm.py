@@ -23,9 +23,9 @@ from typing import Optional
 import torch
 
 from dare_core.api import (
-    Components,
     Corrupted,
     DareError,
+    RLComponents,
     SequenceBatch,
     TrainingRows,
     TrajectoryContext,
@@ -190,9 +190,9 @@ class MDPOLoss:
         return loss, metrics
 
 
-def build(cfg: MDPOConfig, lookup) -> Components:
+def build(cfg: MDPOConfig, lookup) -> RLComponents:
     advantage = lookup.advantage(norm_by_std=cfg.norm_adv_by_std)
-    return Components(
+    return RLComponents(
         trajectory=lookup.trajectory(
             advantage=advantage,
             sample_train_steps=cfg.sample_train_steps,

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch, default_collate
+from dare_core.api import Corrupted, SequenceBatch, SFTComponents, default_collate
 from dare_plugin_sft.block import KindDispatch
 from dare_plugin_sft.config import SFTConfig
 from dare_plugin_sft.uniform import TargetTokens, response_totals
@@ -67,7 +67,7 @@ def make_collate(cfg: SFTConfig):
     return collate
 
 
-def build(cfg: SFTConfig, lookup) -> Components:
+def build(cfg: SFTConfig, lookup) -> SFTComponents:
     """Masked-diffusion NELBO for ``masked`` models, block-diffusion NELBO for ``block`` models,
     the flat uniform-noise cross entropy for ``uniform_noise`` models (chosen per call from the
     wrapper; :class:`~dare_plugin_sft.block.KindDispatch`)."""
@@ -76,12 +76,11 @@ def build(cfg: SFTConfig, lookup) -> Components:
         "block_diffusion_masking", eps=cfg.eps, mc_num=cfg.mc_num, low=cfg.block_t_low, high=cfg.block_t_high
     )
     masked_estimator = lookup.estimator("masked_token_logprob")
-    return Components(
+    return SFTComponents(
         # random_ratio draws the wrapper's own noise: uniform tokens for uniform-noise models
         corruption=KindDispatch(
             masked_corruption, block_corruption, "corruption", uniform=TargetTokens(masked_corruption)
         ),
-        trajectory=None,
         estimator=KindDispatch(
             masked_estimator, masked_estimator, "estimator", uniform=lookup.estimator("response_token_logprob")
         ),

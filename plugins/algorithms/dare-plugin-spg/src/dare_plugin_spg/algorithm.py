@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 import torch
 
-from dare_core.api import Components, Corrupted, SequenceBatch, mask_totals
+from dare_core.api import Corrupted, RLComponents, SequenceBatch, mask_totals
 from dare_objectives.elbo import mc_diagnostics, random_subset, response_valid
 from dare_plugin_spg.config import SPGConfig
 
@@ -236,8 +236,8 @@ def masking_block(cfg: SPGConfig, rollout: Any) -> int:
     return int(rollout.block_length) if "block_length" in fields else 32
 
 
-def build(cfg: SPGConfig, lookup) -> Components:
-    return Components(
+def build(cfg: SPGConfig, lookup) -> RLComponents:
+    return RLComponents(
         corruption=lookup.corruption(
             mc_num=cfg.mc_num,
             block_length=masking_block(cfg, lookup.rollout),

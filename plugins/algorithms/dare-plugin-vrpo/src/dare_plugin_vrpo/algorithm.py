@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dare_core.api import Components, SequenceBatch
+from dare_core.api import PreferenceComponents, SequenceBatch
 from dare_objectives.elbo import mc_diagnostics
 from dare_plugin_vrpo.config import VRPOConfig
 
@@ -95,10 +95,9 @@ class DPOLoss:
         return loss, metrics
 
 
-def build(cfg: VRPOConfig, lookup) -> Components:
-    return Components(
+def build(cfg: VRPOConfig, lookup) -> PreferenceComponents:
+    return PreferenceComponents(
         corruption=lookup.corruption(mc_num=cfg.mc_num, n_l=cfg.n_l or cfg.mc_num),
         estimator=lookup.estimator(norm=cfg.normalize),
         loss=lookup.loss(beta=cfg.beta),
-        needs_ref=True,
     )

@@ -90,14 +90,14 @@ def _engine(wrapper: Any, lr: float) -> Any:
 
 
 def _rl_step(setup: Any, backend: Any, lookup: Any, engine: Any, group: int, micro: int, seed: int) -> dict[str, Any]:
-    from dare_core.api import Components, PolicyObjective, UpdateBatch, UpdatePlan, estimate_no_grad, update
+    from dare_core.api import PolicyObjective, RLComponents, UpdateBatch, UpdatePlan, estimate_no_grad, update
 
     wrapper = setup.wrapper
     device = wrapper.device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     corruption = lookup.corruption("random_ratio")
     estimator = lookup.estimator("response_token_logprob")
-    objective = PolicyObjective(Components(estimator, lookup.loss("clipped_pg")), wrapper, engine)
+    objective = PolicyObjective(RLComponents(estimator=estimator, loss=lookup.loss("clipped_pg")), wrapper, engine)
     advantage = lookup.advantage("group_norm")
     tr = engine.config.trainer
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@ entry point of dare-plugin-preference)."""
 
 from __future__ import annotations
 
-from dare_core.api import ConfigSection, WorkflowSpec, hookimpl, lazy
+from dare_core.api import ConfigSection, PreferenceComponents, WorkflowSpec, hookimpl, lazy
 from dare_plugin_preference.config import SECTION, PreferenceConfig
 
 
@@ -14,6 +14,7 @@ def dare_register_workflows(register):
             "preference",
             lazy("dare_plugin_preference.workflow:run_preference"),
             "pairwise preference optimisation on (prompt, chosen, rejected) pairs",
+            components=PreferenceComponents,
         )
     )
 

@@ -48,7 +48,9 @@ from dare_core.api import (
     BatchStream,
     Context,
     DareError,
-    PreferenceLoss,
+    Engine,
+    ModelWrapper,
+    PreferenceComponents,
     ReferencePolicy,
     SequenceBatch,
     Totals,
@@ -60,7 +62,6 @@ from dare_core.api import (
     default_collate,
     encode_prompts,
     lr_at,
-    require_totals,
     update,
 )
 from dare_plugin_preference.config import SECTION, PreferenceConfig
@@ -178,9 +179,9 @@ class PreferenceObjective:
     over the rows' corruption → :class:`~dare_core.api.PreferenceLoss` against the reference
     log-likelihoods → backward through the engine."""
 
-    components: Any
-    wrapper: Any
-    engine: Any
+    components: PreferenceComponents
+    wrapper: ModelWrapper
+    engine: Engine
 
     def totals(self, part: UpdateBatch) -> Totals:
         """:meth:`PreferenceLoss.totals` of the rows (e.g. their pairs)."""
@@ -200,7 +201,7 @@ def run_preference(ctx: Context) -> dict[str, Any]:
     cfg = ctx.config
     tr = cfg.trainer
     pc = _section(cfg)
-    comps = ctx.components
+    comps = ctx.bundle(PreferenceComponents)
     wrapper = ctx.wrapper
     device = wrapper.device
     if tr.micro_batch_size % 2:
@@ -209,7 +210,6 @@ def run_preference(ctx: Context) -> dict[str, Any]:
             f"preference workflow (a chosen row and its rejected row stay together)"
         )
     pairs_per_micro = tr.micro_batch_size // 2
-    require_totals(comps.loss, PreferenceLoss, cfg.algo)
 
     def collate(items: Sequence[PreferencePair]) -> SequenceBatch:
         return collate_pairs(
