@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import attrs
 import yaml
@@ -22,9 +22,6 @@ from dare_core.config.schema import RunConfig
 from dare_core.config.structure import structure, unstructure
 from dare_core.errors import CapabilityError, ConfigError, DareError
 from dare_core.registry import ROLES, declared_names
-
-if TYPE_CHECKING:
-    from dare_core.plugins import Dare
 
 #: RunConfig fields config resolution sets (never keys of a config file or override)
 RESOLVED = ("rollout_backend", "train_rollout", "eval_rollout")
@@ -109,7 +106,7 @@ def backend_offers(
     return records <= rollout_spec.records and fields <= cfg_fields and methods <= rollout_spec.methods
 
 
-def _default_backend(dare: Dare, spec: Any, family: Any, preset: dict[str, Any]) -> str:
+def _default_backend(dare: Any, spec: Any, family: Any, preset: dict[str, Any]) -> str:
     """The rollout backend when ``rollout.backend`` is not given: the first that is installed, drives
     the family and serves the algorithm's training rollout (records, config fields, methods) of the
     checkpoint preset's ``rollout.backend``, the family's default and its other backends (else the default)."""
@@ -145,7 +142,7 @@ def misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
     return None
 
 
-def check_support(dare: Dare, algo_name: str, family_name: str) -> tuple[Any, Any]:
+def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
     """Look up both names and check the algorithm (and every component it lists) supports the
     family; one-line errors."""
     regs = dare.registries
@@ -168,7 +165,7 @@ def check_support(dare: Dare, algo_name: str, family_name: str) -> tuple[Any, An
 
 
 def resolve(
-    dare: Dare,
+    dare: Any,
     *,
     algo: Optional[str] = None,
     model: Optional[str] = None,
@@ -299,7 +296,7 @@ def resolve(
     return derive_rollouts(dare, top, spec)
 
 
-def derive_rollouts(dare: Dare, config: RunConfig, spec: Any) -> RunConfig:
+def derive_rollouts(dare: Any, config: RunConfig, spec: Any) -> RunConfig:
     """``config`` with its training and evaluation rollout configs derived, once: the training one
     as the RL algorithm's ``RolloutNeeds.adjust`` gives it, the evaluation one by
     :func:`eval_rollout_config`."""
@@ -309,7 +306,7 @@ def derive_rollouts(dare: Dare, config: RunConfig, spec: Any) -> RunConfig:
     return attrs.evolve(config, train_rollout=train, eval_rollout=eval_rollout_config(dare, config))
 
 
-def eval_rollout_config(dare: Dare, config: RunConfig) -> Any:
+def eval_rollout_config(dare: Any, config: RunConfig) -> Any:
     """The evaluation rollout config: the run's (another ``eval.backend``: its defaults and the
     fields it shares with the rollout section) at eval's temperature and steps (null: gen_length)."""
     rc = config.rollout
@@ -333,7 +330,7 @@ def eval_rollout_config(dare: Dare, config: RunConfig) -> Any:
     return attrs.evolve(rc, **changes)
 
 
-def plugin_sections(dare: Dare) -> dict[str, Any]:
+def plugin_sections(dare: Any) -> dict[str, Any]:
     """The registered plugin-owned config sections (name -> ``ConfigSection``), sorted by name;
     a section named like a key of the core's run config is refused."""
     registry = dare.registries.config_sections
@@ -364,7 +361,7 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def render_with_help(config: RunConfig, dare: Optional[Dare] = None) -> str:
+def render_with_help(config: RunConfig, dare: Any = None) -> str:
     """YAML of a resolved config with each field's help text as a comment; plugin-owned sections
     last, headed by their registered description (with ``dare``) or their class docstring's first line."""
     lines: list[str] = []
