@@ -14,13 +14,10 @@ import math
 import os
 import shutil
 import struct
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dare_core.errors import DareError
 from dare_core.models.lora import resolve_checkpoint
-
-if TYPE_CHECKING:
-    from dare_core.plugins import Dare
 
 WEIGHTS, FIX, TRAIN_SAMPLE = ("model.safetensors", "pytorch_model.bin"), "re-download or re-export the checkpoint", 64
 
@@ -33,7 +30,7 @@ def _json(path: str) -> Any:
         raise DareError(f"{path} is not readable JSON ({getattr(exc, 'msg', None) or exc}); {FIX}") from None
 
 
-def checkpoint(dare: Dare, family: Any, path: Optional[str]) -> Optional[tuple[str, dict]]:
+def checkpoint(dare: Any, family: Any, path: Optional[str]) -> Optional[tuple[str, dict]]:
     """``(base directory, config.json)`` of the checkpoint at ``path`` (a LoRA adapter: its base),
     checked; ``None`` for a family without ``model_types``."""
     if not family.model_types:
@@ -117,7 +114,7 @@ def _output(config: Any, params: int) -> None:
         )
 
 
-def preflight(dare: Dare, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
+def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
     """The checks of the module docstring (``train``: with the training data and ``output_dir``;
     ``prompts``: ``dare generate``'s, instead of a task); returns the task, its data read, or None."""
     family = dare.registries.models.get(config.model.family)
