@@ -105,7 +105,11 @@ class DareGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str):
         if name not in _BUILTINS:
             self._load_plugin_commands()
-        return super().get_command(ctx, name)
+        command = super().get_command(ctx, name)
+        if command is None and name in COMMAND_PROVIDERS:
+            dist = COMMAND_PROVIDERS[name]
+            _fail(DareError(f"the command {name!r} comes with {dist}, which is not installed: pip install {dist}"))
+        return command
 
     def list_commands(self, ctx: click.Context):
         self._load_plugin_commands()
@@ -194,7 +198,7 @@ def plugins(as_json: bool) -> None:
         return
     rows = [
         (
-            i.name,
+            f"{i.name} (example)" if i.example else i.name,
             i.distribution,
             i.version,
             f"BROKEN: {i.broken}" if i.broken else ", ".join(h.replace("dare_", "") for h in i.hooks),
@@ -298,6 +302,13 @@ def _table(header, rows) -> None:
 
 
 _BUILTINS = {"train", "generate", "plugins", "list", "config", "plugin"}
+#: the first-party distributions' commands: a missing one names the distribution to install
+COMMAND_PROVIDERS = {
+    "eval": "dare-plugin-eval",
+    "compare": "dare-plugin-report",
+    "plot": "dare-plugin-report",
+    "bench": "dare-plugin-bench",
+}
 
 
 def main() -> None:  # console script

@@ -8,6 +8,12 @@ if TYPE_CHECKING:
     from dare_core.plugins import Dare
 
 
+def _owner(dare: Dare, registry: Any, name: str) -> str:
+    """The plugin that registered ``name``, marked ``(example)`` when its distribution is one."""
+    owner = registry.owner(name)
+    return f"{owner} (example)" if owner in dare.examples() else owner
+
+
 def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     regs = dare.registries
     rows: list[tuple[Any, ...]]  # one table row of the kind's columns
@@ -20,7 +26,7 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.capabilities)) or "-",
                 ",".join(s.rollouts or (s.default_rollout,)),
                 s.default_rollout,
-                regs.models.owner(n),
+                _owner(dare, regs.models, n),
             )
             for n, s in regs.models.items()
         ]
@@ -34,7 +40,7 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.requires)) or "-",
                 " ".join(f"{k}={v if isinstance(v, str) else '|'.join(v)}" for k, v in s.components.items()),
                 s.paper,
-                regs.algorithms.owner(n),
+                _owner(dare, regs.algorithms, n),
             )
             for n, s in regs.algorithms.items()
         ]
@@ -46,22 +52,22 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.kinds)) or "any",
                 ",".join(sorted(s.records)) or "-",
                 s.description,
-                regs.rollouts.owner(n),
+                _owner(dare, regs.rollouts, n),
             )
             for n, s in regs.rollouts.items()
         ]
         return ("rollout", "kinds", "records", "description", "plugin"), rows
     if kind == "tasks":
-        rows = [(n, s.description, regs.tasks.owner(n)) for n, s in regs.tasks.items()]
+        rows = [(n, s.description, _owner(dare, regs.tasks, n)) for n, s in regs.tasks.items()]
         return ("task", "description", "plugin"), rows
     if kind == "engines":
         rows = [
-            (n, "torchrun" if s.distributed else "-", s.description, regs.engines.owner(n))
+            (n, "torchrun" if s.distributed else "-", s.description, _owner(dare, regs.engines, n))
             for n, s in regs.engines.items()
         ]
         return ("engine", "launcher", "description", "plugin"), rows
     registry = regs[kind]
-    rows = [(n, getattr(s, "description", ""), registry.owner(n)) for n, s in registry.items()]
+    rows = [(n, getattr(s, "description", ""), _owner(dare, registry, n)) for n, s in registry.items()]
     return (registry.kind, "description", "plugin"), rows
 
 
@@ -75,6 +81,8 @@ def support_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     regs = dare.registries
     families = regs.models.names()
     rows = []
+    examples = dare.examples()
     for name, algo in regs.algorithms.items():
-        rows.append((name,) + tuple("✓" if supports(algo, regs.models.get(f)) else "–" for f in families))
+        shown = f"{name} (example)" if regs.algorithms.owner(name) in examples else name
+        rows.append((shown,) + tuple("✓" if supports(algo, regs.models.get(f)) else "–" for f in families))
     return ("algorithm",) + tuple(families), rows

@@ -36,6 +36,9 @@ ENTRY_POINT_GROUP = "dare"
 
 DEFAULT_PLUGINS = ("dare_core.default_plugins.components",)
 
+#: the keyword of an example distribution's metadata (``dare list`` marks what it registers)
+EXAMPLE_KEYWORD = "dare-example"
+
 # hook name -> registry attribute filled by it
 REGISTRATION_HOOKS = {
     "dare_register_model_wrappers": "models",
@@ -97,6 +100,8 @@ class PluginInfo:
     builtin: bool
     #: why the plugin was skipped (one line); empty when it loaded
     broken: str = ""
+    #: an example distribution (its metadata's keywords hold ``dare-example``): listed as such
+    example: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -149,6 +154,10 @@ class Dare:
     def plugin_infos(self) -> list[PluginInfo]:
         return list(self.infos)
 
+    def examples(self) -> set[str]:
+        """The ids of the plugins whose distribution is an example (:data:`EXAMPLE_KEYWORD`)."""
+        return {i.name for i in self.infos if i.example}
+
     def broken(self) -> list[PluginInfo]:
         """The plugins skipped because they failed to import or to register."""
         return [i for i in self.infos if i.broken]
@@ -196,7 +205,7 @@ def build(
                 raise DareError(infos[-1].broken_message()) from exc
             dare.disable(ep.name, one_line(exc))
             continue
-        infos.append(_info(pm, ep.name, dist, ver, ep.value, False))
+        infos.append(attrs.evolve(_info(pm, ep.name, dist, ver, ep.value, False), example=_is_example(ep)))
     for i, plugin in enumerate(extra_plugins):
         name = getattr(plugin, "__name__", None) or f"extra-{i}"
         pm.register(plugin, name=name)
@@ -227,6 +236,13 @@ def _registrar(registry, owner: str) -> Callable[[Any], None]:
         registry.register(name, spec, owner=owner)
 
     return register
+
+
+def _is_example(ep: Any) -> bool:
+    """Whether the entry point's distribution declares itself an example (``keywords`` holds
+    ``dare-example`` in its pyproject.toml), as ``contrib/``'s do."""
+    keywords = ep.dist.metadata.get("Keywords") if ep.dist is not None else None
+    return EXAMPLE_KEYWORD in {k.strip() for k in (keywords or "").split(",")}
 
 
 def _info(pm: pluggy.PluginManager, name: str, dist: str, version: str, module: str, builtin: bool) -> PluginInfo:

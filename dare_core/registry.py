@@ -8,7 +8,7 @@ line: what is installed, the closest match, and the ``pip install`` hint.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, TypeVar
 
 from dare_core.errors import DuplicateNameError, UnknownNameError
 
@@ -44,6 +44,18 @@ def declared_names(components: dict[str, Any], role: str) -> tuple[str, ...]:
     """The names ``AlgorithmSpec.components`` lists for ``role`` (its default when it lists none)."""
     names = components.get(role, DEFAULTS.get(role, ()))
     return (names,) if isinstance(names, str) else tuple(names)
+
+
+def close_name(name: str, names: Iterable[str]) -> str | None:
+    """The name of ``names`` that ``name`` most likely meant: the same name in another case
+    (``LLaDA`` → ``llada``), else the closest spelling (:func:`difflib.get_close_matches`), else
+    ``None``."""
+    lowered = {n.lower(): n for n in names}
+    key = name.lower()
+    if key in lowered:
+        return lowered[key]
+    close = difflib.get_close_matches(key, list(lowered), n=1, cutoff=0.5)
+    return lowered[close[0]] if close else None
 
 
 def plugin_dist_hint(name: str) -> str:
@@ -88,14 +100,15 @@ class Registry(Generic[T]):
     def unknown_message(self, name: str) -> str:
         names = sorted(self._items)
         parts = [f"unknown {self.kind} {name!r}", "installed: " + (", ".join(names) or "none")]
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        close = close_name(name, names)
         if close:
-            parts.append(f"did you mean {close[0]!r}?")
+            parts.append(f"did you mean {close!r}?")
         if self.broken:
             parts.append(
                 "broken plugins, not loaded: " + ", ".join(f"{n!r} ({d})" for n, d in sorted(self.broken.items()))
             )
-        if self.hint_install and plugin_dist_hint(name) not in self.broken.values():
+        other_case = close is not None and close.lower() == name.lower()
+        if self.hint_install and not other_case and plugin_dist_hint(name) not in self.broken.values():
             parts.append(f"if it is a plugin, install it: pip install {plugin_dist_hint(name)}")
         elif self.provider and name not in names:
             parts.append(f"the first-party {self.kind}s come with pip install {self.provider}")

@@ -262,3 +262,15 @@ def test_two_plugins_may_not_add_the_same_command(make_dare, use_dare, make_plug
     use_dare(make_dare(_clash(make_plugin, "second_hello", "hello")))
     line = _one_error_line(CliRunner().invoke(cli, ["hello"]))
     assert "plugin 'second_hello' adds the command 'hello', which 'test_commands' already provides" in line
+
+
+@pytest.mark.parametrize(("command", "dist"), [("eval", "dare-plugin-eval"), ("plot", "dare-plugin-report")])
+def test_a_first_party_command_not_installed_names_its_distribution(run, command, dist):
+    """With only the core's registries, ``dare eval`` names the distribution and the pip command."""
+    line = _one_error_line(run(command, "--help"))
+    assert line == f"error: the command {command!r} comes with {dist}, which is not installed: pip install {dist}"
+
+
+def test_an_unknown_command_is_still_a_usage_error(run):
+    line = _one_error_line(run("trian"))
+    assert "No such command 'trian'" in line and "train" in line

@@ -125,8 +125,11 @@ def test_get_dare_is_cached_and_reset(monkeypatch, dare):
 
 # ----------------------------------------------------------------------------- entry points
 class FakeDist:
-    def __init__(self, name: str, version: str):
+    """An installed distribution: name, version and core metadata (``Keywords``)."""
+
+    def __init__(self, name: str, version: str, keywords: str = ""):
         self.name, self.version = name, version
+        self.metadata = {"Keywords": keywords} if keywords else {}
 
 
 class FakeEntryPoint:
@@ -156,7 +159,8 @@ def fake_entry_points(monkeypatch):
 
         mod.dare_register_tasks = dare_register_tasks
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
-        return FakeEntryPoint(name, mod.__name__, FakeDist(f"dare-plugin-{name}", "1.2.3"))
+        keywords = "dare,dare-example" if name == "ep_c" else ""  # ep_c is an example distribution
+        return FakeEntryPoint(name, mod.__name__, FakeDist(f"dare-plugin-{name}", "1.2.3", keywords))
 
     eps = {n: task_plugin(n) for n in ("ep_a", "ep_b", "ep_c")}
     eps["ep_bad"] = FakeEntryPoint("ep_bad", "dare_fake_missing_module_xyz")
@@ -364,3 +368,16 @@ def test_entry_point_and_extra_plugins_combine(fake_entry_points):
     assert d.registries.losses.owner("extra_loss") == "extra_mod"
     assert d.registries.tasks.owner("task_ep_c") == "ep_c"
     assert d.registries.losses.owner("clipped_pg") == "dare_core.default_plugins.components"
+
+
+def test_an_example_distribution_is_marked(fake_entry_points):
+    """A distribution whose keywords hold ``dare-example`` is an example; ``dare list`` marks
+    what it registers."""
+    from dare_core.listing import list_rows
+
+    fake_entry_points("ep_a", "ep_c")
+    dare = dare_plugins.build()
+    assert dare.examples() == {"ep_c"}
+    _, rows = list_rows(dare, "tasks")
+    assert {r[0]: r[-1] for r in rows}["task_ep_c"] == "ep_c (example)"
+    assert {r[0]: r[-1] for r in rows}["task_ep_a"] == "ep_a"

@@ -86,6 +86,16 @@ def test_unknown_name_without_close_match_or_install_hint():
     assert "did you mean" not in msg and "pip install" not in msg
 
 
+def test_a_name_in_another_case_is_suggested_without_an_install_hint():
+    """``--model LLaDA`` names ``llada``, and no distribution called dare-plugin-LLaDA."""
+    reg = Registry("model")
+    for name in ("llada", "llada2", "dream"):
+        reg.register(name, _spec(name), owner="p")
+    msg = reg.unknown_message("LLaDA")
+    assert "did you mean 'llada'?" in msg and "pip install" not in msg
+    assert "did you mean 'dream'?" in reg.unknown_message("DREEM")
+
+
 def test_unknown_name_in_an_empty_registry():
     msg = Registry("model").unknown_message("fam")
     assert "installed: none" in msg and "pip install dare-plugin-fam" in msg
