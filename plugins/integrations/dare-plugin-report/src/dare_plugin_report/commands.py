@@ -18,7 +18,8 @@ import click
     multiple=True,
     help="Metric to draw (repeatable; one panel each). Training fields as logged "
     "(reward, loss, grad_norm, ...), evaluation fields as eval.<field> "
-    "(eval.accuracy). Default: reward and eval.accuracy.",
+    "(eval.accuracy). Default: each run's main metric (reward for RL, loss for SFT and "
+    "preference) and eval.accuracy.",
 )
 @click.option(
     "--out",
@@ -45,12 +46,11 @@ def plot(
     labels: tuple[str, ...],
     title: Optional[str],
 ) -> None:
-    """Draw learning curves of one or more run directories into a PNG (needs matplotlib)."""
+    """Draw learning curves of training run directories, and the accuracy per task of evaluation
+    directories (dare eval), into a PNG (needs matplotlib)."""
     from dare_plugin_report.plot import plot_runs
 
-    written = plot_runs(
-        run_dirs, metrics or ("reward", "eval.accuracy"), out, smooth=smooth, labels=labels or None, title=title
-    )
+    written = plot_runs(run_dirs, metrics, out, smooth=smooth, labels=labels or None, title=title)
     click.echo(f"wrote {written}")
 
 
