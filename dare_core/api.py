@@ -24,7 +24,7 @@ _EXPORTS = {
     "dare_core.config": "RunConfig TaskConfig option resolve structure to_dict",
     "dare_core.config.loader": "misfit parse_overrides",
     "dare_core.config.validators": "divides in_range non_negative one_of optional positive probability",
-    "dare_core.errors": "CapabilityError ConfigError DareError run_script",
+    "dare_core.errors": "CapabilityError ConfigError DareError PromptFitError run_script",
     "dare_core.interfaces": "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection "
     "Corrupted Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily "
     "ModelWrapper PolicyLoss PreferenceComponents PreferenceLoss RLComponents RolloutBackend RolloutBatch "
@@ -38,7 +38,7 @@ _EXPORTS = {
     "dare_core.pairing": "compare describe paired_counts",
     "dare_core.plugins": "build get_dare hookimpl lazy",
     "dare_core.rng": "for_device",
-    "dare_core.preflight": "preflight",
+    "dare_core.preflight": "context_length preflight",
     "dare_core.rundir": "RunDir atomic_write_file atomic_write_text",
     "dare_core.workflows.batching": "STREAM_CORRUPTION STREAM_DATA BatchStream chunks decode_responses "
     "encode_prompts left_pad",

@@ -36,6 +36,11 @@ class CapabilityError(DareError):
     """The chosen combination of model, algorithm and backend is not supported."""
 
 
+class PromptFitError(DareError):
+    """A task's prompts do not fit the prompt limit or the model's context (``dare eval`` skips
+    such a task among several and runs the others)."""
+
+
 class DivergenceError(DareError):
     """Training produced non-finite values (loss, gradient norm or weights) and was stopped."""
 

@@ -4,8 +4,8 @@ naming the problem and the fix; nothing is loaded onto a device or written. A fa
 type names that family) with the family's ``config_keys``; the weights (a file, or an index and its
 shards) are whole (safetensors: as long as the header says); the tokenizer loads. The task is built
 and its data read (eval; training: a data file whole, a built-in source's first ``TRAIN_SAMPLE``).
-The longest prompts fit ``trainer.max_prompt_length`` and, with ``rollout.gen_length``, the context
-(``ModelFamily.context_key``). Training: ``output_dir`` is writable with room for the saves (:func:`disk_need`)."""
+The longest prompts fit ``trainer.max_prompt_length`` (evaluation: not) and, with the rollout's
+``gen_length`` (evaluation: the evaluation's), the context (``ModelFamily.context_key``). Training: ``output_dir`` is writable with room for the saves (:func:`disk_need`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import shutil
 import struct
 from typing import Any, Optional, Sequence
 
-from dare_core.errors import DareError
+from dare_core.errors import DareError, PromptFitError
 from dare_core.models.lora import resolve_checkpoint
 
 WEIGHTS, FIX, TRAIN_SAMPLE = ("model.safetensors", "pytorch_model.bin"), "re-download or re-export the checkpoint", 64
@@ -114,9 +114,13 @@ def _output(config: Any, params: int) -> None:
         )
 
 
-def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None) -> Any:
+def preflight(
+    dare: Any, config: Any, *, train: bool = False, prompts: Optional[Sequence[str]] = None, evaluation: bool = False
+) -> Any:
     """The checks of the module docstring (``train``: with the training data and ``output_dir``;
-    ``prompts``: ``dare generate``'s, instead of a task); returns the task, its data read, or None."""
+    ``prompts``: ``dare generate``'s, instead of a task; ``evaluation``: the prompts are held to
+    the model's context with the evaluation's gen_length, not to ``trainer.max_prompt_length``);
+    returns the task, its data read, or None. Prompts that do not fit raise :class:`PromptFitError`."""
     family = dare.registries.models.get(config.model.family)
     found = checkpoint(dare, family, config.model.path)
     params = _params(found[0]) if found is not None else 0
@@ -159,16 +163,28 @@ def preflight(dare: Any, config: Any, *, train: bool = False, prompts: Optional[
         for c in longest
     ]
     n = max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
-    if prompts is None and n > config.trainer.max_prompt_length:
-        raise DareError(
-            f"a prompt has {n} tokens, more than trainer.max_prompt_length="
+    where = f"task {config.task.name!r}: " if prompts is None else ""
+    context = cfg.get(family.context_key or "")
+    if prompts is None and n > config.trainer.max_prompt_length and not (evaluation and isinstance(context, int)):
+        raise PromptFitError(
+            f"{where}a prompt has {n} tokens, more than trainer.max_prompt_length="
             f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length"
         )
-    gen, context = getattr(config.rollout, "gen_length", 0) or 0, cfg.get(family.context_key or "")
+    gen = getattr(config.eval_rollout if evaluation else config.rollout, "gen_length", 0) or 0
     if isinstance(context, int) and n + gen > context:
-        raise DareError(
-            f"a prompt of {n} tokens plus rollout.gen_length={gen} exceeds the model's context of "
-            f"{context} tokens ({family.context_key} in config.json); shorten the prompt or lower "
-            f"rollout.gen_length"
+        raise PromptFitError(
+            f"{where}its longest prompt has {n} tokens, which with rollout.gen_length={gen} exceeds the "
+            f"model's context of {context} tokens ({family.context_key} in config.json); "
+            + ("give shorter prompts (fewer shots)" if prompts is None else "shorten the prompt")
+            + " or lower rollout.gen_length"
         )
     return task
+
+
+def context_length(dare: Any, config: Any) -> Optional[int]:
+    """The context length of ``model.path``'s checkpoint (``ModelFamily.context_key`` in its
+    ``config.json``), or ``None`` where the family or the checkpoint does not say."""
+    family = dare.registries.models.get(config.model.family)
+    found = checkpoint(dare, family, config.model.path)
+    context = found[1].get(family.context_key or "") if found is not None else None
+    return context if isinstance(context, int) else None

@@ -210,18 +210,21 @@ def test_a_prompt_beyond_the_context_is_refused(refused, tmp_path, hf_ckpt, comm
     if command == "generate":
         args = ("generate", "--model", "hf_toy", "--prompt", "x" * 100, f"model.path={hf_ckpt}")
     message = refused(*args, "rollout.gen_length=32")
-    assert (
-        "tokens plus rollout.gen_length=32 exceeds the model's context of 64 tokens (max_len in "
-        "config.json); shorten the prompt or lower rollout.gen_length" in message
+    fix = "give shorter prompts (fewer shots)" if command == "train" else "shorten the prompt"
+    assert message.endswith(
+        "tokens, which with rollout.gen_length=32 exceeds the model's context of 64 tokens (max_len in "
+        f"config.json); {fix} or lower rollout.gen_length"
     )
     n = 729 if command == "train" else len("user: " + "x" * 100 + "\nassistant: ")  # the chat template's
-    assert message.startswith(f"a prompt of {n} tokens")
+    where = "task 'sudoku': " if command == "train" else ""
+    assert message.startswith(f"{where}its longest prompt has {n} tokens")
 
 
 def test_a_prompt_beyond_max_prompt_length_is_refused_before_the_run(refused, tmp_path, hf_ckpt):
     message = refused(*_train(tmp_path, hf_ckpt)[:-1])  # the default trainer.max_prompt_length
     assert message == (
-        "a prompt has 729 tokens, more than trainer.max_prompt_length=512; raise trainer.max_prompt_length"
+        "task 'sudoku': a prompt has 729 tokens, more than trainer.max_prompt_length=512; "
+        "raise trainer.max_prompt_length"
     )
 
 

@@ -14,8 +14,8 @@ from dare_plugin_llada.wrapper import BUNDLED
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(BUNDLED), reason="needs the bundled checkpoint")
 
-#: two prompts per task, 4 denoising steps; HumanEval's prompts need the longer prompt length
-TINY = ["task.num_eval=2", "eval.steps=4", "eval.batch_size=2", "trainer.max_prompt_length=900", "progress=false"]
+#: two prompts per task, 4 denoising steps (the prompt length is sized to each task)
+TINY = ["task.num_eval=2", "eval.steps=4", "eval.batch_size=2", "progress=false"]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,29 @@ def test_several_tasks_equal_each_task_alone(dare, tmp_path):
         assert {k: v for k, v in alone.items() if k != "seconds"} == {
             k: v for k, v in both[task].items() if k != "seconds"
         }
+
+
+def test_each_task_is_sized_to_the_model_and_one_that_cannot_fit_is_skipped(dare, dare_cli, tmp_path):
+    """HumanEval's prompts (331 tokens) exceed the checkpoint preset's trainer.max_prompt_length
+    (256) but fit the model's context (1,024), so they run; MBPP's 3-shot prompts (1,586 tokens)
+    cannot fit: one line names the task, its longest prompt, the context and the fix, and the
+    other tasks still run. Alone, MBPP is refused in that line before the model loads."""
+    result = dare_cli(dare)(
+        "eval", "--model", "llada", "--tasks", "humaneval,mbpp,sudoku", *TINY, f"output_dir={tmp_path}"
+    )
+    assert result.exit_code == 0, result.output
+    assert [line.split()[0] for line in result.stdout.splitlines()[2:4]] == ["humaneval", "sudoku"]
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [
+        "skipped: task 'mbpp': its longest prompt has 1586 tokens, which with rollout.gen_length=40 exceeds "
+        "the model's context of 1024 tokens (max_sequence_length in config.json); give shorter prompts "
+        "(fewer shots) or lower rollout.gen_length"
+    ]
+    results = json.loads(open(os.path.join(tmp_path, os.listdir(tmp_path)[0], "results.json")).read())
+    assert list(results["tasks"]) == ["humaneval", "sudoku"] and list(results["skipped"]) == ["mbpp"]
+    alone = dare_cli(dare)("eval", "--model", "llada", "--tasks", "mbpp", *TINY, f"output_dir={tmp_path / 'b'}")
+    assert alone.exit_code == 2 and alone.stderr.strip() == "error: " + skipped[0][len("skipped: ") :]
+    assert not os.path.exists(tmp_path / "b")
 
 
 def test_dare_eval_json(dare, dare_cli, tmp_path):

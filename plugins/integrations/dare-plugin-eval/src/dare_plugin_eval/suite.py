@@ -23,10 +23,14 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
+import attrs
+
 from dare_core.api import (
     DareError,
+    PromptFitError,
     RunDir,
     atomic_write_text,
+    context_length,
     eval_context,
     evaluate,
     preflight,
@@ -100,7 +104,7 @@ def run_suite(
         )
     if len(configs) > 1 and first.task.eval_path:
         raise DareError("task.eval_path names one task's data, and --tasks names several; evaluate that task alone")
-    checked = [preflight(dare, cfg) for cfg in configs]  # every task's data and prompts, the checkpoint
+    configs, checked, skipped = fit_tasks(dare, configs)  # every task's data and prompts, the checkpoint
     main = os.environ.get("RANK", "0") == "0"
     model_name = first.model.family
     rundir = (
@@ -153,12 +157,49 @@ def run_suite(
         "samples": samples,
         "k": list(ks),
         "tasks": metrics,
+        "skipped": skipped,
         "config": to_dict(first),
     }
     if rundir is not None:
         rundir.write_json("results.json", results)
         atomic_write_text(rundir.path("samples.jsonl"), "".join(line + "\n" for line in lines))
     return {**results, "eval_dir": rundir.root if rundir is not None else None}
+
+
+def fit_tasks(dare: Any, configs: list[Any]) -> tuple[list[Any], list[Any], dict[str, str]]:
+    """Each task's config with its prompt length sized to the model (the context less the
+    evaluation's gen_length), checked before the model loads (:func:`~dare_core.api.preflight`);
+    a task whose prompts do not fit is skipped with one line on stderr when others remain.
+
+    Args:
+        dare: the registries.
+        configs: one resolved config per task.
+
+    Returns:
+        ``(configs, tasks, skipped)``: the configs and built tasks that run, and ``{task: why}``
+        of the skipped ones.
+
+    Raises:
+        PromptFitError: the only task, or every task, does not fit.
+    """
+    context = context_length(dare, configs[0])
+    kept, tasks, skipped = [], [], {}
+    for cfg in configs:
+        if context is not None:
+            gen = getattr(cfg.eval_rollout, "gen_length", 0) or 0
+            cfg = attrs.evolve(cfg, trainer=attrs.evolve(cfg.trainer, max_prompt_length=max(1, context - gen)))
+        try:
+            tasks.append(preflight(dare, cfg, evaluation=True))
+        except PromptFitError as exc:
+            if len(configs) == 1:
+                raise
+            skipped[cfg.task.name] = str(exc)
+            print(f"skipped: {exc}", file=sys.stderr)
+            continue
+        kept.append(cfg)
+    if not kept:
+        raise PromptFitError(f"no task fits the model: {'; '.join(skipped.values())}")
+    return kept, tasks, skipped
 
 
 def choice_records(ctx: Any, task: Any, examples: Sequence[Any], mc_samples: int, seed: int) -> list[dict[str, Any]]:
