@@ -226,13 +226,21 @@ LIST_KINDS = (
 @cli.command("list")
 @click.argument("kind", required=False, type=click.Choice(LIST_KINDS))
 @click.option("--matrix", is_flag=True, help="Algorithm × model-family support matrix.")
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="Task × bundled checkpoint: whether each task's held-out prompts fit the model under dare eval.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(kind: Optional[str], matrix: bool, as_json: bool) -> None:
-    """List registered components of KIND (or the support matrix)."""
-    from dare_core.listing import list_rows, support_matrix
+def list_cmd(kind: Optional[str], matrix: bool, fit: bool, as_json: bool) -> None:
+    """List registered components of KIND (or the support matrix, or which tasks fit which
+    bundled checkpoints)."""
+    from dare_core.listing import fit_matrix, list_rows, support_matrix
 
     dare = _dare()
-    if matrix or kind is None:
+    if fit:
+        header, rows = fit_matrix(dare)
+    elif matrix or kind is None:
         header, rows = support_matrix(dare)
     else:
         header, rows = list_rows(dare, kind)

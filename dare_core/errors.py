@@ -38,7 +38,12 @@ class CapabilityError(DareError):
 
 class PromptFitError(DareError):
     """A task's prompts do not fit the prompt limit or the model's context (``dare eval`` skips
-    such a task among several and runs the others)."""
+    such a task among several and runs the others): ``longest`` prompt tokens (plus the
+    generation, where the context is the limit) against ``limit``."""
+
+    def __init__(self, message: str, longest: int = 0, limit: int = 0):
+        super().__init__(message)
+        self.longest, self.limit = longest, limit
 
 
 class DivergenceError(DareError):

@@ -86,3 +86,30 @@ def support_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
         shown = f"{name} (example)" if regs.algorithms.owner(name) in examples else name
         rows.append((shown,) + tuple("✓" if supports(algo, regs.models.get(f)) else "–" for f in families))
     return ("algorithm",) + tuple(families), rows
+
+
+def fit_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """Which bundled checkpoints fit which tasks' held-out prompts under ``dare eval``: one row
+    per task, one column per family with a bundled checkpoint; ``✓`` fits, ``✗ N > C`` the
+    longest prompt (and the generation, against the model's context) exceeds the limit ``C``,
+    ``–`` the task has no bundled held-out set (it needs ``task.eval_path``)."""
+    from dare_core.config import resolve
+    from dare_core.errors import DareError, PromptFitError
+    from dare_core.preflight import preflight
+
+    regs = dare.registries
+    families = [n for n, f in regs.models.items() if f.default_checkpoint]
+    rows = []
+    for task in regs.tasks.names():
+        cells = []
+        for family in families:
+            try:
+                config = resolve(dare, model=family, need_algo=False, overrides=[f"task.name={task}"])
+                preflight(dare, config, evaluation=True)
+                cells.append("✓")
+            except PromptFitError as exc:
+                cells.append(f"✗ {exc.longest} > {exc.limit}")
+            except DareError:  # no held-out set of its own
+                cells.append("–")
+        rows.append((task, *cells))
+    return ("task", *families), rows

@@ -168,7 +168,9 @@ def preflight(
     if prompts is None and n > config.trainer.max_prompt_length and not (evaluation and isinstance(context, int)):
         raise PromptFitError(
             f"{where}a prompt has {n} tokens, more than trainer.max_prompt_length="
-            f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length"
+            f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length",
+            n,
+            config.trainer.max_prompt_length,
         )
     gen = getattr(config.eval_rollout if evaluation else config.rollout, "gen_length", 0) or 0
     if isinstance(context, int) and n + gen > context:
@@ -176,7 +178,9 @@ def preflight(
             f"{where}its longest prompt has {n} tokens, which with rollout.gen_length={gen} exceeds the "
             f"model's context of {context} tokens ({family.context_key} in config.json); "
             + ("give shorter prompts (fewer shots)" if prompts is None else "shorten the prompt")
-            + " or lower rollout.gen_length"
+            + " or lower rollout.gen_length",
+            n + gen,
+            context,
         )
     return task
 

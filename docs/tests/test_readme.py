@@ -70,3 +70,14 @@ def test_set_up_installs_every_distribution_of_the_repository():
         for p in REPO.glob(pattern)
     }
     assert dirs <= listed, sorted(dirs - listed)
+
+
+def test_evaluation_docs_fit_table_is_dare_list_fit(dare_cli):
+    """docs/evaluation.md's task × bundled checkpoint table is ``dare list --fit``."""
+    text = (REPO / "docs" / "evaluation.md").read_text()
+    table = text.split("<!-- fit:begin -->")[1].split("<!-- fit:end -->")[0].strip().splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    documented = [dict(zip(header, [c.strip() for c in line.strip("|").split("|")])) for line in table[2:]]
+    result = dare_cli(_first_party_dare())("list", "--fit", "--json")
+    assert result.exit_code == 0, result.output
+    assert documented == json.loads(result.stdout)
