@@ -140,13 +140,21 @@ def preflight(
     if found is None:
         return task
     base, cfg = found
+    tok = _tokenizer(family, base)
+    where = f"task {config.task.name!r}: " if prompts is None else ""
+    _check_fit(config, family, cfg, _longest(tok, chats), where, evaluation)
+    return task
+
+
+def _tokenizer(family: Any, base: str) -> Any:
+    """The checkpoint's tokenizer as the family loads it; a damaged one is one line."""
     from transformers import AutoTokenizer, PretrainedConfig
 
     for name in ("tokenizer.json", "tokenizer_config.json"):  # a damaged file names itself
         if os.path.isfile(os.path.join(base, name)):
             _json(os.path.join(base, name))
     try:
-        tok = (
+        return (
             family.load_tokenizer(base)
             if family.load_tokenizer
             # the family registers the real one
@@ -155,6 +163,10 @@ def preflight(
     except Exception as exc:  # whatever a damaged tokenizer raises: the checkpoint's problem
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DareError(f"{base}: the tokenizer does not load ({type(exc).__name__}: {first}); {FIX}") from exc
+
+
+def _longest(tok: Any, chats: Sequence[list[dict[str, str]]]) -> int:
+    """Tokens of the longest prompt, chat template applied (of the 16 longest in characters)."""
     longest = sorted(chats, key=lambda c: sum(len(m["content"]) for m in c), reverse=True)[:16]
     texts = [
         tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
@@ -162,10 +174,14 @@ def preflight(
         else "\n".join(m["content"] for m in c)
         for c in longest
     ]
-    n = max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
-    where = f"task {config.task.name!r}: " if prompts is None else ""
+    return max((len(ids) for ids in tok(texts, add_special_tokens=False, verbose=False)["input_ids"]), default=0)
+
+
+def _check_fit(config: Any, family: Any, cfg: dict, n: int, where: str, evaluation: bool) -> None:
+    """Refuse prompts of ``n`` tokens beyond ``trainer.max_prompt_length`` (task prompts; not in
+    an evaluation held to the context) or, with the generation, beyond the model's context."""
     context = cfg.get(family.context_key or "")
-    if prompts is None and n > config.trainer.max_prompt_length and not (evaluation and isinstance(context, int)):
+    if where and n > config.trainer.max_prompt_length and not (evaluation and isinstance(context, int)):
         raise PromptFitError(
             f"{where}a prompt has {n} tokens, more than trainer.max_prompt_length="
             f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length",
@@ -177,12 +193,11 @@ def preflight(
         raise PromptFitError(
             f"{where}its longest prompt has {n} tokens, which with rollout.gen_length={gen} exceeds the "
             f"model's context of {context} tokens ({family.context_key} in config.json); "
-            + ("give shorter prompts (fewer shots)" if prompts is None else "shorten the prompt")
+            + ("give shorter prompts (fewer shots)" if where else "shorten the prompt")
             + " or lower rollout.gen_length",
             n + gen,
             context,
         )
-    return task
 
 
 def context_length(dare: Any, config: Any) -> Optional[int]:
