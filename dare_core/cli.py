@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import click
 
 from dare_core._version import __version__
+from dare_core.console import QUIET_ENV
 from dare_core.errors import DareError
 from dare_core.scaffold import KINDS
 
@@ -63,6 +64,9 @@ class DareGroup(click.Group):
         except click.UsageError as exc:  # click's usage block, as one line
             where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
             _fail(DareError(f"{exc.format_message().rstrip('.')} (see `{where} --help`)"))
+        except KeyboardInterrupt:  # before click turns it into "Aborted!" and status 1
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
 
     def _load_plugin_commands(self) -> None:
         if getattr(self, "_plugins_loaded", False):
@@ -118,8 +122,16 @@ class DareGroup(click.Group):
 
 @click.group(cls=DareGroup)
 @click.version_option(__version__, prog_name="dare")
-def cli() -> None:
-    """DARE: post-training and evaluation of diffusion LLMs, with plugins."""
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines on stderr (warnings and errors stay).")
+def cli(quiet: bool) -> None:
+    """DARE: post-training and evaluation of diffusion LLMs, with plugins.
+
+    Results (tables, --json) go to stdout; progress, logs, warnings and errors to stderr. Exit
+    status: 0 done; 2 refused or stopped with one `error:` line (bad input, a diverged run);
+    1 an unexpected failure (a traceback: please report it); 130 interrupted.
+    """
+    if quiet:
+        os.environ[QUIET_ENV] = "1"  # read by the runs (and the ranks they launch)
 
 
 OVERRIDES = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")

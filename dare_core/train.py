@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import yaml
 
 from dare_core.config import RunConfig, to_dict
+from dare_core.console import info
 from dare_core.engines import build_engine
 from dare_core.errors import DareError
 from dare_core.preflight import preflight
@@ -102,7 +102,7 @@ def train(dare: Dare, config: RunConfig, *, rundir: Optional[RunDir] = None, ove
         if rundir is None:  # after the checks, so a refused run leaves no directory
             root, resume_from, fresh = _agree(
                 engine,
-                lambda: _claim(config, overwrite, lambda m: print(m, file=sys.stderr, flush=True)),
+                lambda: _claim(config, overwrite, info),
                 main_only=True,
             )
             rundir = RunDir(root)

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
+from dare_core.console import quiet
 from dare_core.engines.lockstep import lockstep
 from dare_core.interfaces import Example
 from dare_core.workflows.batching import chunks, decode_responses, encode_prompts, left_pad
@@ -87,7 +88,7 @@ def _progress(ctx: Context, total: int, label: str) -> tqdm:
         unit="prompt",
         leave=False,
         dynamic_ncols=True,
-        disable=None if ctx.config.progress and ctx.engine.is_main else True,
+        disable=None if ctx.config.progress and ctx.engine.is_main and not quiet() else True,
     )  # None: TTY only
 
 

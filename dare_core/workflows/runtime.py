@@ -4,7 +4,6 @@ evaluation, and the :class:`Context` every workflow receives from :func:`setup`.
 from __future__ import annotations
 
 import random
-import sys
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, cast
 
 import attrs
@@ -14,6 +13,7 @@ import torch
 from dare_core._version import __version__
 from dare_core.components import ComponentLookup
 from dare_core.config import RunConfig, to_dict
+from dare_core.console import info
 from dare_core.engines import build_engine
 from dare_core.engines.common import resolve_device
 from dare_core.errors import DareError
@@ -157,10 +157,9 @@ class Context:
         return torch.Generator().manual_seed(derive_seed(self.config.seed, *key))
 
     def log(self, message: str) -> None:
+        """A log line on stderr from the main rank (none with ``dare --quiet``)."""
         if self.engine.is_main:
-            from tqdm import tqdm
-
-            tqdm.write(message, file=sys.stderr)
+            info(message)
 
 
 def setup(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import torch
 
+from dare_core.console import quiet
 from dare_core.errors import DareError, DivergenceError
 from dare_core.interfaces import Example
 from dare_core.pairing import compare, describe, paired_counts
@@ -94,7 +95,7 @@ class Tracker:
             done = self._restore(ctx.resume_from)
         elif cfg.eval.before:
             self.summary["eval"]["before"] = self.evaluate("before", 0)
-        if cfg.progress and ctx.engine.is_main:
+        if cfg.progress and ctx.engine.is_main and not quiet():
             from tqdm import tqdm
 
             self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step", dynamic_ncols=True)

@@ -380,3 +380,18 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(dare, tmp_path):
     assert grads[total] and any(g.abs().sum() > 0 for g in grads[total])
     for whole, parts in zip(grads[total], grads[3]):
         torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_results_on_stdout_logs_on_stderr_and_quiet(dare, dare_cli, tmp_path, monkeypatch):
+    """``dare train`` prints its result line on stdout and its log lines (evaluations, metric
+    lines, the run directory) on stderr; ``dare --quiet`` drops the log lines, not the result."""
+    invoke = dare_cli(dare)
+    args = ["train", "--algo", "pg_test", "--model", "toy", *COMMON, f"model.path={tmp_path}", "trainer.steps=2"]
+    loud = invoke(*args, f"output_dir={tmp_path / 'a'}")
+    assert loud.exit_code == 0, loud.output
+    assert loud.stdout.startswith(f"done: {tmp_path / 'a'}") and loud.stdout.count("\n") == 1
+    assert "eval before" in loud.stderr
+    monkeypatch.setenv("DARE_QUIET", "0")  # restored after the test: --quiet sets it in this process
+    hushed = invoke("--quiet", *args, f"output_dir={tmp_path / 'b'}")
+    assert hushed.exit_code == 0, hushed.output
+    assert hushed.stdout.startswith(f"done: {tmp_path / 'b'}") and hushed.stderr == ""

@@ -50,6 +50,7 @@ from dare_core.api import (
     SingleProcessEngine,
     adamw,
     cast_for_precision,
+    info,
     set_lr,
     trainable_parameters,
 )
@@ -138,11 +139,9 @@ class DeepSpeedEngine(SingleProcessEngine):
             if paths is not None and attrs.has(type(paths)):
                 wrapper.training_paths = attrs.evolve(paths, fused_ce=False)
             if self.is_main:
-                print(
+                info(
                     "deepspeed ZeRO-3: training cross entropy runs naive (full logits): the fused "
-                    "path reads the partitioned output head outside the module's forward",
-                    file=sys.stderr,
-                    flush=True,
+                    "path reads the partitioned output head outside the module's forward"
                 )
 
     def reference(self, wrapper: Any) -> Any:

@@ -34,6 +34,7 @@ from dare_core.api import (
     eval_context,
     evaluate,
     preflight,
+    quiet,
     resolve,
     to_dict,
 )
@@ -129,7 +130,7 @@ def run_suite(
             unit="task",
             file=sys.stderr,
             dynamic_ncols=True,
-            disable=None if first.progress and ctx.engine.is_main else True,
+            disable=None if first.progress and ctx.engine.is_main and not quiet() else True,
         )  # None: TTY only
         for cfg, task in zip(bar, checked):
             name = cfg.task.name
