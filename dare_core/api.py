@@ -31,7 +31,7 @@ _EXPORTS = {
     "ModelWrapper PolicyLoss PreferenceComponents PreferenceLoss RLComponents RolloutBackend RolloutBatch "
     "RolloutNeeds RolloutSpec RowEstimate SFTComponents SFTObjective Score SequenceBatch SyncedRolloutBackend Task TaskSpec Totals "
     "TrainingRows TrajectoryBuilder TrajectoryContext UpdateBatch UpdateObjective WorkflowSpec",
-    "dare_core.models.base": "HFDiffusionWrapper gather_logprobs",
+    "dare_core.models.base": "HFDiffusionWrapper gather_logprobs no_hf_progress_bar",
     "dare_core.ops.attention": "HALF DocumentMask available_kernels cu_seqlens document_mask",
     "dare_core.ops.fused_ce": "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs",
     "dare_core.ops.packing": "plan_packing",

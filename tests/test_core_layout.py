@@ -37,7 +37,7 @@ PUBLIC_API = frozenset(
             "MaskedTokenLogProb ClippedPolicyLoss agg_loss kl_penalty mask_totals masked_mean sum_totals",
             "FinalSequence",
             # models and training paths
-            "HFDiffusionWrapper gather_logprobs HALF DocumentMask available_kernels cu_seqlens document_mask",
+            "HFDiffusionWrapper gather_logprobs no_hf_progress_bar HALF DocumentMask available_kernels cu_seqlens document_mask",
             "DEFAULT_CHUNK_ELEMENTS chunk_rows fused_token_logprobs naive_token_logprobs plan_packing",
             "configure_training_paths param_dtype select_training_paths for_device",
             # what workflows and commands in plugins drive

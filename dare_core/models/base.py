@@ -8,9 +8,10 @@ rendering, saving — is shared.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from typing import Any, Callable, Optional, Protocol, cast
+from typing import Any, Callable, Iterator, Optional, Protocol, cast
 
 import torch
 
@@ -352,5 +353,22 @@ class HFDiffusionWrapper:
     # -- persistence --------------------------------------------------------------------------
     def save_pretrained(self, path: str, state_dict: Optional[dict] = None) -> None:
         os.makedirs(path, exist_ok=True)
-        self._hf.save_pretrained(path, state_dict=state_dict)
+        with no_hf_progress_bar():
+            self._hf.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
+
+
+@contextlib.contextmanager
+def no_hf_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off inside the block, restored after: ``from_pretrained``'s
+    "Loading weights" and ``save_pretrained``'s "Writing model shards" bars on every load and save
+    (DARE's own log lines report both)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

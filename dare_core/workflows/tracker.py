@@ -98,7 +98,14 @@ class Tracker:
         if cfg.progress and ctx.engine.is_main and not quiet():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.trainer.steps, initial=done, desc=cfg.algo, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=cfg.trainer.steps,
+                initial=done,
+                desc=cfg.algo,
+                unit="step",
+                dynamic_ncols=True,
+                disable=None,  # a terminal only: no bar frames in a redirected log
+            )
         return done + 1
 
     def step_end(self, step: int, record: dict[str, Any], line: Sequence[str] = LINE, **postfix: str) -> dict[str, Any]:

@@ -211,6 +211,10 @@ def test_pre_norm_residual_and_swiglu():
     )
     h = x + (2 * x + 3.0)
     assert present == "kv" and torch.equal(out, h + 10 * (h - 1))
+    out2, none = layers.pre_norm_residual(
+        x, lambda t: 2 * t, lambda t, c: (t + c, "kv"), lambda t: t - 1, lambda t: 10 * t, 3.0, keep_present=False
+    )
+    assert none is None and torch.equal(out2, out)  # a layer that is not caching returns no views
     torch.manual_seed(7)
     mlp = SwiGLU(4, 6)
     assert sorted(k for k, _ in mlp.state_dict().items()) == ["down_proj.weight", "gate_proj.weight", "up_proj.weight"]
@@ -314,8 +318,8 @@ def test_run_layers_order_of_hidden_states_and_cache():
             super().__init__()
             self.c = c
 
-        def forward(self, x, scale, past):
-            return x * scale + self.c, (self.c, past)
+        def forward(self, x, scale, past, *, use_cache):
+            return x * scale + self.c, (self.c, past) if use_cache else None
 
     x = torch.ones(1, 1, 1)
     out, hidden, presents = layers.run_layers(

@@ -71,12 +71,15 @@ def load_module(
     ``model_type``, :func:`checkpoint_model_type` checks the checkpoint first."""
     from transformers import AutoTokenizer
 
+    from dare_core.api import no_hf_progress_bar
+
     if model_type is not None:
         checkpoint_model_type(path, model_type)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    module = module_cls.from_pretrained(path, **kwargs).to(device)
+    with no_hf_progress_bar():
+        module = module_cls.from_pretrained(path, **kwargs).to(device)
     return module, AutoTokenizer.from_pretrained(path)
 
 

@@ -149,15 +149,23 @@ class SwiGLU(nn.Module):
 
 
 def pre_norm_residual(
-    x: torch.Tensor, attn_norm: Callable, attn: Callable, mlp_norm: Callable, mlp: Callable, *attn_args: Any
+    x: torch.Tensor,
+    attn_norm: Callable,
+    attn: Callable,
+    mlp_norm: Callable,
+    mlp: Callable,
+    *attn_args: Any,
+    keep_present: bool = True,
 ) -> tuple[torch.Tensor, Any]:
     """A pre-norm decoder layer: ``h = x + attn(attn_norm(x), *attn_args)``, ``h + mlp(mlp_norm(h))``.
 
-    ``attn`` returns ``(output, present)``; the result is ``(layer output, present)``.
+    ``attn`` returns ``(output, present)``; the result is ``(layer output, present)``, or
+    ``(layer output, None)`` without ``keep_present``: a layer that is not caching returns no
+    ``(k, v)``, which are views of its projections (FSDP2 warns about a module returning views).
     """
     a, present = attn(attn_norm(x), *attn_args)
     h = x + a
-    return h + mlp(mlp_norm(h)), present
+    return h + mlp(mlp_norm(h)), (present if keep_present else None)
 
 
 # --------------------------------------------------------------------------------------- RoPE
@@ -531,7 +539,8 @@ def run_layers(
     output_hidden_states: bool = False,
     use_cache: bool = False,
 ) -> tuple[torch.Tensor, Optional[tuple], Optional[list]]:
-    """Run decoder layers ``layer(x, *layer_args, layer_past) -> (x, (k, v))``, then ``final_norm``.
+    """Run decoder layers ``layer(x, *layer_args, layer_past, use_cache=use_cache) -> (x, (k, v))``
+    (``(x, None)`` without ``use_cache``), then ``final_norm``.
 
     Returns ``(x, hidden_states, presents)``: ``hidden_states`` (with ``output_hidden_states``) is
     the input of every layer plus the final-norm output; ``presents`` (with ``use_cache``) is the
@@ -542,7 +551,7 @@ def run_layers(
     for i, layer in enumerate(layers):
         if hidden is not None:
             hidden.append(x)
-        x, kv = layer(x, *layer_args, None if past is None else past[i])
+        x, kv = layer(x, *layer_args, None if past is None else past[i], use_cache=use_cache)
         if presents is not None:
             presents.append(kv)
     if final_norm is not None:

@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
+import logging
 import os
 import sys
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Optional
 
 import attrs
 import torch
@@ -89,6 +92,31 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
+def console_quiet(call: Callable[[], Any]) -> Any:
+    """``call()`` with what DeepSpeed prints while it sets up kept off the console, shown on stderr
+    if the call fails: on a CPU run ``init_distributed`` JIT-builds its shared-memory comm op,
+    which prints "... built successfully" on stdout and torch's cpp_extension "No CUDA runtime"
+    warning on every rank. Also ignores, for the process, the FutureWarning DeepSpeed's ZeRO
+    collectives raise on every step (it calls the ``all_gather_into_tensor`` /
+    ``reduce_scatter_tensor`` that torch deprecates; DARE cannot change its calls)."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+        category=FutureWarning,
+    )
+    captured, cpp_log = io.StringIO(), logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_log.level
+    cpp_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(captured):
+            return call()
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
+    finally:
+        cpp_log.setLevel(level)
+
+
 class DeepSpeedEngine(SingleProcessEngine):
     """ZeRO data parallelism through DeepSpeed (``engine.name=deepspeed``, ``deepspeed.*``)."""
 
@@ -116,7 +144,8 @@ class DeepSpeedEngine(SingleProcessEngine):
                 self.section, config.trainer, self.precision, self.world_size, self.device.type
             )
             self.deepspeed = import_deepspeed(self.device)
-            self.deepspeed.init_distributed(dist_backend=dist.get_backend())
+            backend = dist.get_backend()
+            console_quiet(lambda: self.deepspeed.init_distributed(dist_backend=backend))
         except BaseException:
             super().close()
             raise

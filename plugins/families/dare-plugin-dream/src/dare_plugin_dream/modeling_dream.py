@@ -178,7 +178,10 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
         sin: torch.Tensor,
         attention_mask: Optional[torch.Tensor] = None,
         past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        *,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+        """``(output, (k, v))`` of one layer; ``(output, None)`` without ``use_cache``."""
         return layers.pre_norm_residual(
             hidden_states,
             self.input_layernorm,
@@ -189,6 +192,7 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
             sin,
             attention_mask,
             past,
+            keep_present=use_cache,
         )
 
 

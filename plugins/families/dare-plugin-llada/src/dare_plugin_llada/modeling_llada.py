@@ -153,8 +153,11 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         sin: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``(output, (k, v))`` of one block (``(k, v)`` as in :meth:`attention`)."""
+        *,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """``(output, (k, v))`` of one block (``(k, v)`` as in :meth:`attention`; ``None``
+        without ``use_cache``)."""
         return layers.pre_norm_residual(
             hidden_states,
             self.attn_norm,
@@ -165,6 +168,7 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
             sin,
             attention_mask,
             past,
+            keep_present=use_cache,
         )
 
 

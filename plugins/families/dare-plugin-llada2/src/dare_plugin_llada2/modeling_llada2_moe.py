@@ -257,9 +257,21 @@ class LLaDA2MoeDecoderLayer(GradientCheckpointingLayer):
         sin: torch.Tensor,
         mask: torch.Tensor,
         past: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        *,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+        """``(output, (k, v))`` of one layer; ``(output, None)`` without ``use_cache``."""
         return layers.pre_norm_residual(
-            hidden, self.input_layernorm, self.attention, self.post_attention_layernorm, self.mlp, cos, sin, mask, past
+            hidden,
+            self.input_layernorm,
+            self.attention,
+            self.post_attention_layernorm,
+            self.mlp,
+            cos,
+            sin,
+            mask,
+            past,
+            keep_present=use_cache,
         )
 
 

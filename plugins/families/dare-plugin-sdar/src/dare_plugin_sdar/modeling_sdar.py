@@ -180,7 +180,8 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
         m = self.mlp(h)
         return m[0] if isinstance(m, tuple) else m  # MoE block: (output, router logits)
 
-    def forward(self, hidden_states, cos, sin, mask, past=None):
+    def forward(self, hidden_states, cos, sin, mask, past=None, *, use_cache: bool = True):
+        """``(output, (k, v))`` of one layer; ``(output, None)`` without ``use_cache``."""
         return layers.pre_norm_residual(
             hidden_states,
             self.input_layernorm,
@@ -191,6 +192,7 @@ class SDARDecoderLayer(GradientCheckpointingLayer):
             sin,
             mask,
             past,
+            keep_present=use_cache,
         )
 
 
