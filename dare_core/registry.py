@@ -48,7 +48,7 @@ def declared_names(components: dict[str, Any], role: str) -> tuple[str, ...]:
 
 def close_name(name: str, names: Iterable[str]) -> str | None:
     """The name of ``names`` that ``name`` most likely meant: the same name in another case
-    (``LLaDA`` → ``llada``), else the closest spelling (:func:`difflib.get_close_matches`), else
+    (``MyModel`` → ``mymodel``), else the closest spelling (:func:`difflib.get_close_matches`), else
     ``None``."""
     lowered = {n.lower(): n for n in names}
     key = name.lower()

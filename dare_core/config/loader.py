@@ -226,13 +226,19 @@ def resolve(
     if problem := misfit(f"rollout backend {rollout_spec.name!r}", rollout_spec, family, backend_hint):
         raise CapabilityError(problem)
     # the preset's rollout / algorithm keys apply only where the chosen backend / algorithm has them
+    # (the rollout keys also where the evaluation backend has them: eval_rollout_config)
+    preset_rollout = dict(preset["rollout"]) if isinstance(preset.get("rollout"), dict) else {}
     for key, cls in (("rollout", rollout_spec.config_cls), ("algorithm", spec.config_cls if spec else None)):
         if isinstance(preset.get(key), dict) and cls is not None:
             names = {f.name for f in attrs.fields(cls)}
             preset = dict(preset, **{key: {k: v for k, v in preset[key].items() if k in names}})
         elif key == "algorithm":
             preset.pop("algorithm", None)
-    raw = deep_merge(deep_merge(copy.deepcopy(dict(spec.recipe)) if spec is not None else {}, preset), raw)
+    recipe = copy.deepcopy(dict(spec.recipe)) if spec is not None else {}
+    if isinstance(recipe.get("rollout"), dict):  # so do the recipe's (written for the default backends)
+        names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
+        recipe["rollout"] = {k: v for k, v in recipe["rollout"].items() if k in names}
+    raw = deep_merge(deep_merge(recipe, preset), raw)
 
     rollout_raw = dict(_section(raw, "rollout", problems))
     rollout_raw.pop("backend", None)
@@ -293,28 +299,31 @@ def resolve(
     if problems:
         raise ConfigError(problems)
     top = attrs.evolve(top, algorithm=algo_cfg, rollout=roll_cfg, rollout_backend=rollout_spec.name, sections=sections)
-    return derive_rollouts(dare, top, spec)
+    return derive_rollouts(dare, top, spec, preset_rollout)
 
 
-def derive_rollouts(dare: Any, config: RunConfig, spec: Any) -> RunConfig:
+def derive_rollouts(dare: Any, config: RunConfig, spec: Any, preset_rollout: Optional[dict] = None) -> RunConfig:
     """``config`` with its training and evaluation rollout configs derived, once: the training one
     as the RL algorithm's ``RolloutNeeds.adjust`` gives it, the evaluation one by
-    :func:`eval_rollout_config`."""
+    :func:`eval_rollout_config` (``preset_rollout``: the checkpoint preset's rollout keys)."""
     train = config.rollout
     if spec is not None and spec.workflow == "rl" and spec.rollout.adjust is not None:
         train = spec.rollout.adjust(config.algorithm, config.rollout)
-    return attrs.evolve(config, train_rollout=train, eval_rollout=eval_rollout_config(dare, config))
+    return attrs.evolve(config, train_rollout=train, eval_rollout=eval_rollout_config(dare, config, preset_rollout))
 
 
-def eval_rollout_config(dare: Any, config: RunConfig) -> Any:
-    """The evaluation rollout config: the run's (another ``eval.backend``: its defaults and the
-    fields it shares with the rollout section) at eval's temperature and steps (null: gen_length)."""
+def eval_rollout_config(dare: Any, config: RunConfig, preset_rollout: Optional[dict] = None) -> Any:
+    """The evaluation rollout config: the run's (another ``eval.backend``: its defaults, the
+    checkpoint preset's rollout keys it has, e.g. ``block_length`` where the training backend
+    has none, and the fields it shares with the rollout section) at eval's temperature and steps
+    (null: gen_length)."""
     rc = config.rollout
     name = config.eval.backend or config.rollout_backend
     if name != config.rollout_backend:
         cls = dare.registries.rollouts.get(name).config_cls
         wanted = {f.name for f in attrs.fields(cls)}
-        shared = {f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted}
+        shared = {k: v for k, v in (preset_rollout or {}).items() if k in wanted and k != "backend"}
+        shared.update({f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted})
         rc, problems = structure(cls, shared, "eval rollout")
         if problems:
             raise ConfigError([f"eval.backend={name}: {p}" for p in problems])

@@ -779,7 +779,8 @@ class AlgorithmSpec:
         paper: reference (title, arXiv id).
         description: one line.
         recipe: defaults for other run-config sections (``{"trainer": {"lr": 5e-7}}``), applied
-            below a checkpoint's preset, the config file and overrides.
+            below a checkpoint's preset, the config file and overrides (its ``rollout`` keys
+            where the chosen backend has them).
     """
 
     name: str

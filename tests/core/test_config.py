@@ -600,6 +600,19 @@ def test_eval_backend_is_checked_and_shares_the_rollout_fields(make_dare, ckpt):
     assert same.eval_rollout.steps == same.rollout.gen_length  # eval.steps null: one token per step
 
 
+def test_the_eval_backend_takes_the_presets_rollout_keys_the_training_backend_lacks(make_dare, ckpt):
+    """A preset's ``rollout.block_length`` reaches an evaluation backend that has the field when
+    the training backend has none (the Dream checkpoint's ``dream_generate`` with
+    ``eval.backend=fast``), so gen_length and block_length agree as the preset sets them."""
+    dare = make_dare(_NeedsBackendFeatures())
+    (ckpt / PRESET_FILE).write_text(
+        yaml.safe_dump({"common": {"rollout": {"gen_length": 24, "block_length": 24, "steps": 12}}})
+    )
+    cfg = _resolve(dare, ckpt, "rollout.backend=mini", "eval.backend=low_confidence", model="toy_mini")
+    assert not hasattr(cfg.rollout, "block_length") and cfg.rollout.gen_length == 24
+    assert (cfg.eval_rollout.gen_length, cfg.eval_rollout.block_length) == (24, 24)
+
+
 # ----------------------------------------------------------------------------- plugin-owned sections
 @attrs.frozen
 class SinkConfig:
