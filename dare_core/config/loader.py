@@ -21,6 +21,7 @@ import yaml
 from dare_core.config.schema import RunConfig
 from dare_core.config.structure import structure, unstructure
 from dare_core.errors import CapabilityError, ConfigError, DareError
+from dare_core.models.hub import local_checkpoint
 from dare_core.registry import ROLES, declared_names
 
 #: RunConfig fields config resolution sets (never keys of a config file or override)
@@ -202,10 +203,13 @@ def resolve(
 
     if model_sec.get("path") is not None and not str(model_sec["path"]).strip():
         raise ConfigError(["model.path is empty; omit it to use the bundled checkpoint or give a directory"])
-    path = model_sec.get("path") or family.default_checkpoint
+    path = local_checkpoint(model_sec.get("path")) or family.default_checkpoint
     if not path:
         raise DareError(f"model family {family.name!r} ships no bundled checkpoint; pass model.path=DIR")
     raw["model"] = dict(model_sec, path=path)
+    lora_sec = model_sec.get("lora")
+    if isinstance(lora_sec, dict) and isinstance(lora_sec.get("adapter"), str):
+        raw["model"]["lora"] = dict(lora_sec, adapter=local_checkpoint(lora_sec["adapter"], "model.lora.adapter"))
     from dare_core.preflight import checkpoint  # whose checkpoint it is, before its preset applies
 
     checkpoint(dare, family, str(path))

@@ -353,3 +353,46 @@ def test_an_eval_backend_the_family_does_not_list_is_refused(refused, ckpt):
         "invalid configuration: eval.backend 'mini' is not a backend model family 'toy' lists; "
         "use one of: low_confidence"
     )
+
+
+# ----------------------------------------------------------------------------- hub checkpoints
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path, hf_ckpt, monkeypatch):
+    """A Hugging Face cache holding the ``hf_toy`` checkpoint as the repository ``test-org/tiny``
+    (its ``main`` branch and commit :data:`COMMIT`), read offline (``HF_HUB_OFFLINE=1``)."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--test-org--tiny"
+    shutil.copytree(hf_ckpt, repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return repo / "snapshots" / COMMIT
+
+
+def test_a_hub_id_resolves_to_its_cached_snapshot(dare, hub_cache):
+    """``model.path=owner/name`` (and ``@revision``) is the snapshot directory in the cache, once,
+    in config resolution: the resolved config names the directory the run reads."""
+    for path in ("test-org/tiny", f"test-org/tiny@{COMMIT}"):
+        cfg = resolve(dare, algo="algo_a", model="hf_toy", overrides=[f"model.path={path}"])
+        assert cfg.model.path == str(hub_cache)
+
+
+def test_a_hub_id_offline_and_not_cached_is_one_line(refused, tmp_path, hub_cache):
+    message = refused(*_train(tmp_path, "test-org/absent"))
+    assert message.startswith(
+        "model.path=test-org/absent: not a directory, and the hub checkpoint 'test-org/absent' is not "
+        "in the Hugging Face cache ("
+    )
+    assert message.endswith(
+        "with HF_HUB_OFFLINE=1; download it where there is a network (huggingface-cli download "
+        "test-org/absent) or give a checkpoint directory"
+    )
+    assert "at revision 'v9'" in refused(*_train(tmp_path, "test-org/tiny@v9"))
