@@ -1,4 +1,4 @@
-"""Hugging Face Hub checkpoints: ``model.path=GSAI-ML/LLaDA-8B-Instruct`` (or ``...@revision``),
+"""Hugging Face Hub checkpoints: ``model.path=owner/name`` (or ``...@revision``),
 the way every Hugging Face tool names a checkpoint, resolved to a local snapshot directory once,
 by config resolution, through ``huggingface_hub``.
 
