@@ -40,7 +40,7 @@ def _fail(exc: DareError) -> None:
     if os.environ.get("DARE_DEBUG") == "1":
         raise exc
     click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
+    sys.exit(exc.exit_status)
 
 
 class DareGroup(click.Group):
@@ -128,7 +128,8 @@ def cli(quiet: bool) -> None:
 
     Results (tables, --json) go to stdout; progress, logs, warnings and errors to stderr. Exit
     status: 0 done; 2 refused or stopped with one `error:` line (bad input, a diverged run);
-    1 an unexpected failure (a traceback: please report it); 130 interrupted.
+    75 stopped by a stop signal, checkpointed (trainer.resume=auto continues); 1 an
+    unexpected failure (a traceback: please report it); 130 interrupted.
     """
     if quiet:
         os.environ[QUIET_ENV] = "1"  # read by the runs (and the ranks they launch)

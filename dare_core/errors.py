@@ -10,6 +10,9 @@ from typing import Callable, NoReturn
 class DareError(Exception):
     """An error caused by user input; its message names the problem and the fix."""
 
+    #: the CLI's exit status for it
+    exit_status: int = 2
+
 
 class UnknownNameError(DareError, KeyError):
     """A registry was asked for a name nobody registered."""
@@ -46,6 +49,14 @@ class PromptFitError(DareError):
         self.longest, self.limit = longest, limit
 
 
+class Preempted(DareError):
+    """A stop signal (``trainer.stop_signals``, e.g. Slurm's SIGTERM before it kills a job) ended
+    the run after a step, with a training checkpoint written; ``trainer.resume=auto`` continues
+    it. Exit status 75 (``EX_TEMPFAIL``: try again), so a requeue script can tell it from a failure."""
+
+    exit_status = 75
+
+
 class DivergenceError(DareError):
     """Training produced non-finite values (loss, gradient norm or weights) and was stopped."""
 
@@ -57,5 +68,5 @@ def run_script(main: Callable[[], int]) -> NoReturn:
         status = main()
     except DareError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(exc.exit_status) from None
     raise SystemExit(status)

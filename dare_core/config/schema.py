@@ -34,6 +34,14 @@ def _target_modules(_inst: Any, attr: Any, value: Any) -> None:
         )
 
 
+def signal_names(_inst: Any, attr: Any, value: Any) -> None:
+    import signal
+
+    unknown = [v for v in value if not isinstance(getattr(signal, str(v), None), signal.Signals)]
+    if unknown:
+        raise ValueError(f"{attr.name}: {unknown[0]!r} is not a signal name; use names such as SIGTERM, SIGUSR1")
+
+
 def _rank(_inst: Any, attr: Any, value: Any) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{attr.name} must be a positive integer (null = no LoRA), got {value!r}")
@@ -156,6 +164,12 @@ class TrainerConfig:
         "there is none), or a checkpoint path (<run>/checkpoints/step-N).",
     )
     keep_last: int = option(0, "Keep only the newest N step checkpoints; 0 = keep all.", non_negative)
+    stop_signals: tuple[str, ...] = option(
+        ("SIGTERM", "SIGUSR1"),
+        "Signals that stop the run cleanly: every rank finishes its step, a training checkpoint is "
+        "written and the run exits with status 75 (trainer.resume=auto continues it); [] = none.",
+        signal_names,
+    )
     max_nonfinite_steps: int = option(
         3,
         "Stop the run with an error after this many consecutive steps whose loss or gradient "

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import torch
 
 from dare_core.console import quiet
-from dare_core.errors import DareError, DivergenceError
+from dare_core.errors import DareError, DivergenceError, Preempted
 from dare_core.interfaces import Example
 from dare_core.pairing import compare, describe, paired_counts
 from dare_core.workflows.checkpoint import TRAINER_STATE, save_final, save_training_checkpoint, set_rng_state
@@ -47,6 +49,33 @@ def strict(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return {**out, "nonfinite": bad} if bad else out
 
 
+class StopSignals:
+    """The run's stop signals (``trainer.stop_signals``): while installed, each records the first
+    one received (``requested``, its name); the run stops after the step it arrives in."""
+
+    def __init__(self) -> None:
+        self.requested: Optional[str] = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self, names: Sequence[str]) -> None:
+        """Handle ``names`` (signal handlers live in the main thread: elsewhere, none)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in names:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.signal(sig, self._record)
+
+    def _record(self, signum: int, _frame: Any) -> None:
+        if self.requested is None:
+            self.requested = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        """The handlers before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
 class Tracker:
     """The bookkeeping every loop shares (see the module docstring). A loop calls ``start =
     tracker.begin()`` after ``engine.setup_optimizer`` and runs steps ``start .. trainer.steps``,
@@ -61,6 +90,7 @@ class Tracker:
         self.before_items: Optional[list[float]] = None
         self.history: list[dict[str, Any]] = []
         self.nonfinite = 0  # consecutive steps with a non-finite loss or gradient norm
+        self.stop = StopSignals()
 
     def log(self, record: dict[str, Any]) -> None:
         if self.ctx.rundir is not None and self.ctx.engine.is_main:
@@ -95,6 +125,7 @@ class Tracker:
             done = self._restore(ctx.resume_from)
         elif cfg.eval.before:
             self.summary["eval"]["before"] = self.evaluate("before", 0)
+        self.stop.install(cfg.trainer.stop_signals)
         if cfg.progress and ctx.engine.is_main and not quiet():
             from tqdm import tqdm
 
@@ -126,9 +157,24 @@ class Tracker:
         self._guard(step, raw)
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.trainer.steps:
             self.evaluate(f"step-{step}", step)
-        if cfg.trainer.save_every and step % cfg.trainer.save_every == 0 and ctx.rundir is not None:
+        saved = cfg.trainer.save_every and step % cfg.trainer.save_every == 0 and ctx.rundir is not None
+        if saved:
             self.checkpoint(step)
+        if step < cfg.trainer.steps and ctx.engine.any_active(self.stop.requested is not None):
+            self._preempt(step, saved=bool(saved))
         return record
+
+    def _preempt(self, step: int, saved: bool) -> None:
+        """Stop after ``step`` on a stop signal (any rank's: every rank decides the same), with its
+        training checkpoint written."""
+        self.stop.restore()
+        if self.ctx.rundir is not None and not saved:
+            self.checkpoint(step)
+        raise Preempted(
+            f"stopped after step {step} of {self.ctx.config.trainer.steps} by "
+            f"{self.stop.requested or 'a stop signal on another rank'}, its training checkpoint "
+            "written; continue with trainer.resume=auto and the same run_name"
+        )
 
     def _guard(self, step: int, record: dict[str, Any]) -> None:
         """Report a step whose loss or gradient norm is not finite; stop the run at
@@ -144,6 +190,7 @@ class Tracker:
                 f"({self.nonfinite} of {limit} in a row)"
             )
         if self.nonfinite >= limit:
+            self.stop.restore()
             if self.bar is not None:
                 self.bar.close()
             raise DivergenceError(
@@ -192,6 +239,7 @@ class Tracker:
 
     def finish(self, train_summary: dict[str, Any]) -> dict[str, Any]:
         cfg = self.ctx.config
+        self.stop.restore()
         if self.bar is not None:
             self.bar.close()
         if cfg.eval.after:

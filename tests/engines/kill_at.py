@@ -13,7 +13,8 @@ class KillAt:
     """A test plugin that SIGKILLs one rank, as a crash or ``kill -9`` would, where
     ``DARE_TEST_KILL_AT=<rank>:<step>:<when>`` says: ``when=step`` at the end of that step (its
     metrics written, its checkpoint not), ``when=save`` in the middle of writing that step's
-    checkpoint (engine state written, the rest not)."""
+    checkpoint (engine state written, the rest not); ``when=term`` sends SIGTERM at the end of that
+    step instead (a clean stop: the run finishes the step and checkpoints)."""
 
     def __init__(self) -> None:
         rank, step, self.when = os.environ.get("DARE_TEST_KILL_AT", "-1:-1:step").split(":")
@@ -40,3 +41,7 @@ class KillAt:
     def dare_on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         if self.when == "step" and step == self.step:
             self._die()
+        if self.when == "term" and step == self.step:  # as Slurm before it preempts a job
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -103,3 +103,32 @@ def test_resume_refuses_a_changed_field_a_missing_checkpoint_and_another_world_s
     _killed(tmp_path, 1, 0, 3, "step", extra=["engine.name=ddp", "run_name=ddp"])
     with pytest.raises(RankFailed, match="written by 1 processes, this run has 2"):
         run_ranks(2, train_run, (), "pg_test", _common(tmp_path, "ddp", "engine.name=ddp", "trainer.resume=auto"))
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_stop_signal_checkpoints_and_resume_equals_the_uninterrupted_run(tmp_path, nprocs):
+    """SIGTERM (to the last rank only, with 2) at the end of a step: every rank finishes the step,
+    the step's training checkpoint is written without ``save_every`` and the run stops with
+    ``Preempted`` (exit status 75 from the CLI); ``trainer.resume=auto`` then writes the same
+    metrics and weights as the uninterrupted run (exactly in one process; 2 ranks against one
+    process within the float error of their gradient all-reduce)."""
+    engine = ["engine.name=ddp"] if nprocs == 2 else []
+    full = train_run((), "pg_test", _common(tmp_path, "full"))
+    step = random.randint(2, STEPS - 1)
+    cut = [a for a in _common(tmp_path, "cut", *engine) if a != "trainer.save_every=1"]
+    with pytest.raises(RankFailed) as info:
+        run_ranks(
+            nprocs, train_run, KILL, "pg_test", cut, env={**THREADS, "DARE_TEST_KILL_AT": f"{nprocs - 1}:{step}:term"}
+        )
+    assert f"Preempted: stopped after step {step} of {STEPS} by " in str(info.value)
+    assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == [f"step-{step}"]
+    resumed = run_ranks(nprocs, train_run, (), "pg_test", cut + ["trainer.resume=auto"], env=THREADS)[0]
+    exact = nprocs == 1
+    assert same_records(full["records"], resumed["records"], rel=0.0 if exact else 1e-5) == [], step
+    assert max_weight_diff(full["weights"], resumed["weights"]) <= (0.0 if exact else 1e-6)
+
+
+def test_preempted_is_exit_status_75():
+    from dare_core.errors import Preempted
+
+    assert Preempted("x").exit_status == 75 and DareError("x").exit_status == 2
