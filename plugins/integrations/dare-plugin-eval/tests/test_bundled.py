@@ -41,7 +41,7 @@ def test_each_task_is_sized_to_the_model_and_one_that_cannot_fit_is_skipped(dare
     cannot fit: one line names the task, its longest prompt, the context and the fix, and the
     other tasks still run. Alone, MBPP is refused in that line before the model loads."""
     result = dare_cli(dare)(
-        "eval", "--model", "llada", "--tasks", "humaneval,mbpp,sudoku", *TINY, f"output_dir={tmp_path}"
+        "eval", "--model", "llada", "--tasks", "mbpp,humaneval,sudoku", *TINY, f"output_dir={tmp_path}"
     )
     assert result.exit_code == 0, result.output
     assert [line.split()[0] for line in result.stdout.splitlines()[2:4]] == ["humaneval", "sudoku"]
@@ -53,6 +53,9 @@ def test_each_task_is_sized_to_the_model_and_one_that_cannot_fit_is_skipped(dare
     ]
     results = json.loads(open(os.path.join(tmp_path, os.listdir(tmp_path)[0], "results.json")).read())
     assert list(results["tasks"]) == ["humaneval", "sudoku"] and list(results["skipped"]) == ["mbpp"]
+    # the recorded config is the first task that ran, its prompt length sized to the context
+    assert results["config"]["task"]["name"] == "humaneval"
+    assert results["config"]["trainer"]["max_prompt_length"] == 1024 - 40
     alone = dare_cli(dare)("eval", "--model", "llada", "--tasks", "mbpp", *TINY, f"output_dir={tmp_path / 'b'}")
     assert alone.exit_code == 2 and alone.stderr.strip() == "error: " + skipped[0][len("skipped: ") :]
     assert not os.path.exists(tmp_path / "b")

@@ -106,6 +106,7 @@ def run_suite(
     if len(configs) > 1 and first.task.eval_path:
         raise DareError("task.eval_path names one task's data, and --tasks names several; evaluate that task alone")
     configs, checked, skipped = fit_tasks(dare, configs)  # every task's data and prompts, the checkpoint
+    first = configs[0]  # the first task that runs, its prompt length sized
     main = os.environ.get("RANK", "0") == "0"
     model_name = first.model.family
     rundir = (
