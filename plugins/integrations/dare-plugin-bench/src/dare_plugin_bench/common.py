@@ -16,7 +16,6 @@ Helpers meant for every ``dare bench`` subcommand (the training bench uses them 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -24,12 +23,12 @@ import re
 import resource
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import click
 import torch
 
-from dare_core.api import DareError
+from dare_core.api import DareError, no_hf_progress_bar
 
 __all__ = [
     "BenchError",
@@ -194,17 +193,6 @@ def ratio(a: float, b: float) -> Optional[float]:
 
 
 # --------------------------------------------------------------------------- models, prompts
-@contextlib.contextmanager
-def _quiet_hf() -> Iterator[None]:
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except Exception:  # pragma: no cover - transformers always present here
-        pass
-    yield
-
-
 def create_checkpoint(dare: Any, family_name: str, out_dir: str, sizes: dict, tokenizer_task: str, seed: int) -> None:
     """Write a randomly initialised checkpoint of the registered family ``family_name`` to
     ``out_dir`` through its ``create`` (``sizes``: its config fields), the tokenizer trained on
@@ -223,7 +211,7 @@ def create_checkpoint(dare: Any, family_name: str, out_dir: str, sizes: dict, to
         if ex.response:
             texts.append(ex.response)
     torch.manual_seed(seed)
-    with _quiet_hf():
+    with no_hf_progress_bar():
         family.create(out_dir, texts, **sizes)
 
 
@@ -257,7 +245,7 @@ def prepare_model(
                 f"model family {family_name!r} ships no bundled checkpoint; pass --checkpoint DIR or --random"
             )
         source = path
-    with _quiet_hf():
+    with no_hf_progress_bar():
         wrapper = family.load(path, dtype=dtype, device=device)
     return wrapper, source
 
