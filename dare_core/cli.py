@@ -204,6 +204,8 @@ def generate(model: str, prompts: tuple[str, ...], config_file: Optional[str], o
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
     """List plugins: name, distribution, version and implemented hooks (or why it is broken)."""
+    from dare_core.listing import marked
+
     cli._load_plugin_commands()  # a command hook that raises breaks its plugin too
     infos = _dare().plugin_infos()
     if as_json:
@@ -211,7 +213,7 @@ def plugins(as_json: bool) -> None:
         return
     rows = [
         (
-            f"{i.name} (example)" if i.example else i.name,
+            marked(i.name, i.example),
             i.distribution,
             i.version,
             f"BROKEN: {i.broken}" if i.broken else ", ".join(h.replace("dare_", "") for h in i.hooks),

@@ -8,14 +8,19 @@ if TYPE_CHECKING:
     from dare_core.plugins import Dare
 
 
-def _owner(dare: Dare, registry: Any, name: str) -> str:
-    """The plugin that registered ``name``, marked ``(example)`` when its distribution is one."""
+def marked(text: str, example: bool) -> str:
+    """``text`` as listings show it: ``(example)`` after it when an example distribution gave it."""
+    return f"{text} (example)" if example else text
+
+
+def _owner(examples: set[str], registry: Any, name: str) -> str:
+    """The plugin that registered ``name``, marked when its distribution is an example."""
     owner = registry.owner(name)
-    return f"{owner} (example)" if owner in dare.examples() else owner
+    return marked(owner, owner in examples)
 
 
 def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-    regs = dare.registries
+    regs, examples = dare.registries, dare.examples()
     rows: list[tuple[Any, ...]]  # one table row of the kind's columns
     if kind == "models":
         rows = [
@@ -26,7 +31,7 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.capabilities)) or "-",
                 ",".join(s.rollouts or (s.default_rollout,)),
                 s.default_rollout,
-                _owner(dare, regs.models, n),
+                _owner(examples, regs.models, n),
             )
             for n, s in regs.models.items()
         ]
@@ -40,7 +45,7 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.requires)) or "-",
                 " ".join(f"{k}={v if isinstance(v, str) else '|'.join(v)}" for k, v in s.components.items()),
                 s.paper,
-                _owner(dare, regs.algorithms, n),
+                _owner(examples, regs.algorithms, n),
             )
             for n, s in regs.algorithms.items()
         ]
@@ -52,22 +57,22 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
                 ",".join(sorted(s.kinds)) or "any",
                 ",".join(sorted(s.records)) or "-",
                 s.description,
-                _owner(dare, regs.rollouts, n),
+                _owner(examples, regs.rollouts, n),
             )
             for n, s in regs.rollouts.items()
         ]
         return ("rollout", "kinds", "records", "description", "plugin"), rows
     if kind == "tasks":
-        rows = [(n, s.description, _owner(dare, regs.tasks, n)) for n, s in regs.tasks.items()]
+        rows = [(n, s.description, _owner(examples, regs.tasks, n)) for n, s in regs.tasks.items()]
         return ("task", "description", "plugin"), rows
     if kind == "engines":
         rows = [
-            (n, "torchrun" if s.distributed else "-", s.description, _owner(dare, regs.engines, n))
+            (n, "torchrun" if s.distributed else "-", s.description, _owner(examples, regs.engines, n))
             for n, s in regs.engines.items()
         ]
         return ("engine", "launcher", "description", "plugin"), rows
     registry = regs[kind]
-    rows = [(n, getattr(s, "description", ""), _owner(dare, registry, n)) for n, s in registry.items()]
+    rows = [(n, getattr(s, "description", ""), _owner(examples, registry, n)) for n, s in registry.items()]
     return (registry.kind, "description", "plugin"), rows
 
 
@@ -83,7 +88,7 @@ def support_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
     rows = []
     examples = dare.examples()
     for name, algo in regs.algorithms.items():
-        shown = f"{name} (example)" if regs.algorithms.owner(name) in examples else name
+        shown = marked(name, regs.algorithms.owner(name) in examples)
         rows.append((shown,) + tuple("✓" if supports(algo, regs.models.get(f)) else "–" for f in families))
     return ("algorithm",) + tuple(families), rows
 

@@ -180,8 +180,8 @@ def _longest(tok: Any, chats: Sequence[list[dict[str, str]]]) -> int:
 def _check_fit(config: Any, family: Any, cfg: dict, n: int, where: str, evaluation: bool) -> None:
     """Refuse prompts of ``n`` tokens beyond ``trainer.max_prompt_length`` (task prompts; not in
     an evaluation held to the context) or, with the generation, beyond the model's context."""
-    context = cfg.get(family.context_key or "")
-    if where and n > config.trainer.max_prompt_length and not (evaluation and isinstance(context, int)):
+    context = _context(family, cfg)
+    if where and n > config.trainer.max_prompt_length and not (evaluation and context is not None):
         raise PromptFitError(
             f"{where}a prompt has {n} tokens, more than trainer.max_prompt_length="
             f"{config.trainer.max_prompt_length}; raise trainer.max_prompt_length",
@@ -189,7 +189,7 @@ def _check_fit(config: Any, family: Any, cfg: dict, n: int, where: str, evaluati
             config.trainer.max_prompt_length,
         )
     gen = getattr(config.eval_rollout if evaluation else config.rollout, "gen_length", 0) or 0
-    if isinstance(context, int) and n + gen > context:
+    if context is not None and n + gen > context:
         raise PromptFitError(
             f"{where}its longest prompt has {n} tokens, which with rollout.gen_length={gen} exceeds the "
             f"model's context of {context} tokens ({family.context_key} in config.json); "
@@ -205,5 +205,10 @@ def context_length(dare: Any, config: Any) -> Optional[int]:
     ``config.json``), or ``None`` where the family or the checkpoint does not say."""
     family = dare.registries.models.get(config.model.family)
     found = checkpoint(dare, family, config.model.path)
-    context = found[1].get(family.context_key or "") if found is not None else None
+    return _context(family, found[1]) if found is not None else None
+
+
+def _context(family: Any, cfg: dict) -> Optional[int]:
+    """The context length ``config.json`` (``cfg``) gives under the family's ``context_key``."""
+    context = cfg.get(family.context_key or "")
     return context if isinstance(context, int) else None

@@ -21,11 +21,6 @@ from dare_core.errors import DareError
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 
 
-def is_hub_id(path: str) -> bool:
-    """Whether ``path`` names a hub repository rather than a local directory."""
-    return not os.path.exists(path) and HUB_ID.match(path) is not None
-
-
 def local_checkpoint(path: Optional[str], key: str = "model.path") -> Optional[str]:
     """``path`` as a local directory: itself, or the snapshot of the hub repository it names
     (downloaded into the cache unless there already, or offline).
@@ -40,12 +35,11 @@ def local_checkpoint(path: Optional[str], key: str = "model.path") -> Optional[s
     Raises:
         DareError: a hub id that cannot be resolved (offline and not cached, unknown, gated).
     """
-    if path is None or not is_hub_id(path):
+    match = HUB_ID.match(path) if path is not None and not os.path.exists(path) else None
+    if match is None:  # a directory (or what preflight refuses as none)
         return path
-    match = HUB_ID.match(path)
-    assert match is not None
     repo, revision = match.group("repo"), match.group("revision")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
@@ -56,7 +50,7 @@ def local_checkpoint(path: Optional[str], key: str = "model.path") -> Optional[s
         raise DareError(
             f"{key}={path}: not a directory, and the hub checkpoint {repo!r}"
             + (f" at revision {revision!r}" if revision else "")
-            + f" is not in the Hugging Face cache ({_cache()}) with {where}; download it where there "
+            + f" is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) with {where}; download it where there "
             f"is a network (huggingface-cli download {repo}) or give a checkpoint directory"
         ) from None
     except RepositoryNotFoundError:
@@ -67,9 +61,3 @@ def local_checkpoint(path: Optional[str], key: str = "model.path") -> Optional[s
     except HfHubHTTPError as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DareError(f"{key}={path}: the hub refused the download ({first}); check the id and revision") from None
-
-
-def _cache() -> str:
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
