@@ -234,14 +234,12 @@ def resolve(
     preset_rollout = dict(preset["rollout"]) if isinstance(preset.get("rollout"), dict) else {}
     for key, cls in (("rollout", rollout_spec.config_cls), ("algorithm", spec.config_cls if spec else None)):
         if isinstance(preset.get(key), dict) and cls is not None:
-            names = {f.name for f in attrs.fields(cls)}
-            preset = dict(preset, **{key: {k: v for k, v in preset[key].items() if k in names}})
+            preset = dict(preset, **{key: _fields_of(cls, preset[key])})
         elif key == "algorithm":
             preset.pop("algorithm", None)
     recipe = copy.deepcopy(dict(spec.recipe)) if spec is not None else {}
     if isinstance(recipe.get("rollout"), dict):  # so do the recipe's (written for the default backends)
-        names = {f.name for f in attrs.fields(rollout_spec.config_cls)}
-        recipe["rollout"] = {k: v for k, v in recipe["rollout"].items() if k in names}
+        recipe["rollout"] = _fields_of(rollout_spec.config_cls, recipe["rollout"])
     raw = deep_merge(deep_merge(recipe, preset), raw)
 
     rollout_raw = dict(_section(raw, "rollout", problems))
@@ -306,6 +304,12 @@ def resolve(
     return derive_rollouts(dare, top, spec, preset_rollout)
 
 
+def _fields_of(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that name a field of the attrs class ``cls``."""
+    names = {f.name for f in attrs.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
 def derive_rollouts(dare: Any, config: RunConfig, spec: Any, preset_rollout: Optional[dict] = None) -> RunConfig:
     """``config`` with its training and evaluation rollout configs derived, once: the training one
     as the RL algorithm's ``RolloutNeeds.adjust`` gives it, the evaluation one by
@@ -325,9 +329,7 @@ def eval_rollout_config(dare: Any, config: RunConfig, preset_rollout: Optional[d
     name = config.eval.backend or config.rollout_backend
     if name != config.rollout_backend:
         cls = dare.registries.rollouts.get(name).config_cls
-        wanted = {f.name for f in attrs.fields(cls)}
-        shared = {k: v for k, v in (preset_rollout or {}).items() if k in wanted and k != "backend"}
-        shared.update({f.name: getattr(rc, f.name) for f in attrs.fields(type(rc)) if f.name in wanted})
+        shared = {**_fields_of(cls, preset_rollout or {}), **_fields_of(cls, attrs.asdict(rc, recurse=False))}
         rc, problems = structure(cls, shared, "eval rollout")
         if problems:
             raise ConfigError([f"eval.backend={name}: {p}" for p in problems])
