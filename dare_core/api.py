@@ -25,7 +25,7 @@ _EXPORTS = {
     "dare_core.config.loader": "misfit parse_overrides",
     "dare_core.config.validators": "divides in_range non_negative one_of optional positive probability",
     "dare_core.console": "info quiet",
-    "dare_core.errors": "CapabilityError ConfigError DareError PromptFitError run_script",
+    "dare_core.errors": "CapabilityError ConfigError DareError DivergenceError PromptFitError run_script",
     "dare_core.interfaces": "AccumulatingLoss AdvantageEstimator AlgorithmSpec Components ComponentSpec ConfigSection "
     "Corrupted Engine EngineSpec Example ForwardCorruption LikelihoodEstimator ModelFamily "
     "ModelWrapper PolicyLoss PreferenceComponents PreferenceLoss RLComponents RolloutBackend RolloutBatch "

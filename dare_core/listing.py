@@ -77,9 +77,8 @@ def list_rows(dare: Dare, kind: str) -> tuple[tuple[str, ...], list[tuple[Any, .
 
 
 def supports(algo: Any, family: Any) -> bool:
-    if algo.kinds and family.kind not in algo.kinds:
-        return False
-    return set(algo.requires) <= set(family.capabilities)
+    kind_fits = not algo.kinds or family.kind in algo.kinds
+    return kind_fits and set(algo.requires) <= set(family.capabilities)
 
 
 def support_matrix(dare: Dare) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:

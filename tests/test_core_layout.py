@@ -31,7 +31,7 @@ PUBLIC_API = frozenset(
             # registration, config and errors
             "build get_dare hookimpl lazy RunConfig TaskConfig option resolve structure to_dict misfit",
             "parse_overrides divides in_range non_negative one_of optional positive probability preflight",
-            "CapabilityError ConfigError DareError PromptFitError run_script context_length info quiet",
+            "CapabilityError ConfigError DareError DivergenceError PromptFitError run_script context_length info quiet",
             # generic components
             "ComponentLookup corrupted_logprobs GroupNormAdvantage RandomRatioMasking mask_tokens",
             "MaskedTokenLogProb ClippedPolicyLoss agg_loss kl_penalty mask_totals masked_mean sum_totals",

@@ -65,9 +65,7 @@ def type_name(tp: Any) -> str:
         return f"{inner} or null" if len(args) < len(typing.get_args(tp)) else inner
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return str(tp).replace("typing.", "")
-    return getattr(tp, "__name__", str(tp))
+    return str(tp).replace("typing.", "") if origin is not None else getattr(tp, "__name__", str(tp))
 
 
 def _join(path: str, key: str) -> str:

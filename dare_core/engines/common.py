@@ -56,9 +56,8 @@ def cast_for_precision(module: torch.nn.Module, precision: str, trainable: bool)
 
 
 def autocast_for(precision: str, device: torch.device) -> Any:
-    if precision == "bf16-mixed":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    bf16 = precision == "bf16-mixed"
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def lr_at(trainer: Any, step: int) -> float:

@@ -64,15 +64,16 @@ class SingleProcessEngine:
     (default :class:`LocalGroup`), its ``rank`` and ``world_size`` the engine's."""
 
     name = "single"
-    rank = 0
-    world_size = 1
+    rank, world_size = 0, 1
     collective_forwards = False
+    reshards_state = True  # the whole trainable state, the same for any number of replicas
 
     def __init__(self, config: Any, device: Optional[torch.device] = None, group: Any = None):
         self.config = config
         self.group = LocalGroup() if group is None else group
         self.rank, self.world_size = self.group.rank, self.group.world_size
         self.device = torch.device(device or resolve_device(config.model.device))
+        self.load_device = self.device
         self.precision = resolve_precision(config.engine, self.device, self.precisions())
         self.module: Optional[torch.nn.Module] = None
         self.optimizer: Any = None
@@ -174,6 +175,9 @@ class SingleProcessEngine:
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
         return None
+
+    def export_weights(self, wrapper: Any, directory: str, dtype: torch.dtype) -> bool:
+        return False
 
     def memory(self) -> dict[str, int]:
         def size(tensors: Any) -> int:

@@ -35,6 +35,12 @@ class Engine(Protocol):
     world_size: int
     #: the device this rank computes on
     device: torch.device
+    #: where the workflows load the checkpoint: ``device``, or ``meta`` (the structure only, see
+    #: a family's ``load``) for an engine whose :meth:`prepare` fills its shards from the checkpoint
+    load_device: torch.device
+    #: :meth:`load_state` restores a checkpoint written by another world size (resharding it);
+    #: else resuming refuses one in one line
+    reshards_state: bool
     #: the resolved precision policy: ``fp32``, ``bf16-mixed`` or ``bf16``
     precision: str
     #: forwards of the prepared policy are collectives (parameters gathered per forward): the
@@ -155,7 +161,8 @@ class Engine(Protocol):
         """
 
     def load_state(self, path: str) -> None:
-        """Restore what :meth:`save_state` wrote (same world size and engine). Collective.
+        """Restore what :meth:`save_state` wrote (the same engine; another world size where
+        :attr:`reshards_state`). Collective.
 
         Args:
             path: the directory :meth:`save_state` wrote.
@@ -170,6 +177,24 @@ class Engine(Protocol):
         Returns:
             the consolidated (unsharded, CPU) state dict on the main rank, ``None`` on the
             others — or ``None`` everywhere when the module already holds its full weights.
+        """
+
+    def export_weights(self, wrapper: Any, directory: str, dtype: torch.dtype) -> bool:
+        """Write the module's weights (not LoRA's adapters) in HF layout into ``directory`` from
+        every rank's own shards, so that no rank holds the whole model, with the config,
+        generation config and tokenizer ``save_pretrained`` writes. Collective.
+
+        Args:
+            wrapper: the prepared policy.
+            directory: an existing, empty directory.
+            dtype: the storage dtype of the floating-point weights (``model.dtype``).
+
+        Returns:
+            whether it wrote them; ``False`` (nothing written) for an engine without a sharded
+            writer: the workflows then write :meth:`full_state_dict` from rank 0.
+
+        Raises:
+            DivergenceError: a weight is not finite (nothing written, on every rank).
         """
 
     def memory(self) -> dict[str, int]:

@@ -83,9 +83,7 @@ class TrainingRows:
     def loss_weights(self) -> torch.Tensor:
         """The loss's ``mask``: ``weights`` (``[N, R]`` or ``[M, N, R]``) or the float response
         mask ``[N, R]``; the row dim is ``-2``."""
-        if self.weights is not None:
-            return self.weights
-        return self.batch.response_mask.float()
+        return self.weights if self.weights is not None else self.batch.response_mask.float()
 
     def select_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """The loss weights of the rows ``idx`` (``[k]`` long): ``[k, R]`` or ``[M, k, R]``."""

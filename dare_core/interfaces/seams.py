@@ -206,7 +206,10 @@ class ModelFamily:
         name: the ``--model`` name.
         kind: ``masked`` (bidirectional) or ``block`` (block diffusion).
         load: ``load(path, dtype=..., device=..., attn_implementation=None) -> ModelWrapper``
-            (``attn_implementation``: ``model.attn_implementation``, ``None`` unless set).
+            (``attn_implementation``: ``model.attn_implementation``, ``None`` unless set;
+            ``device="meta"``: the structure only — parameters on the meta device with the
+            checkpoint's names, buffers computed, weights tied — for an engine whose ``prepare``
+            fills its shards from the checkpoint, :attr:`Engine.load_device`).
         capabilities: e.g. ``{"bidirectional", "kv_cache", "packed_varlen"}``.
         model_types: HF ``model_type`` values the family loads; listing them declares Hugging
             Face-layout checkpoints, checked before the model loads (:mod:`dare_core.preflight`).

@@ -118,9 +118,7 @@ class HFDiffusionWrapper:
     @staticmethod
     def _padding_mask(attention_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """A 2-D key-padding mask, or ``None`` when nothing is padded."""
-        if attention_mask is None:
-            return None
-        if attention_mask.dim() == 2 and bool(attention_mask.bool().all()):
+        if attention_mask is None or (attention_mask.dim() == 2 and bool(attention_mask.bool().all())):
             return None
         return attention_mask
 

@@ -168,6 +168,29 @@ class ModelFamilyContract(_PluginSuite):
         torch.testing.assert_close(wrapper.logits(ids), again.logits(ids), rtol=0, atol=0)
         assert again.mask_token_id == wrapper.mask_token_id
 
+    def test_meta_load_is_the_structure(self, spec, wrapper, checkpoint):
+        """``device="meta"`` (a sharding engine's load): the same parameters, names, shapes, dtypes
+        and ties, none with storage; the same buffers and token ids."""
+        meta = spec.load(checkpoint, dtype=torch.float32, device="meta")
+
+        def params(module):
+            return {n: (p.shape, p.dtype, id(p)) for n, p in module.named_parameters(remove_duplicate=False)}
+
+        def ties(module):
+            groups: dict = {}
+            for n, p in module.named_parameters(remove_duplicate=False):
+                groups.setdefault(id(p), []).append(n)
+            return sorted(map(sorted, groups.values()))
+
+        assert {n: v[:2] for n, v in params(meta.module).items()} == {
+            n: v[:2] for n, v in params(wrapper.module).items()
+        }
+        assert ties(meta.module) == ties(wrapper.module)
+        assert all(p.is_meta for p in meta.module.parameters())
+        full = dict(wrapper.module.named_buffers())
+        assert all(torch.equal(b, full[n]) for n, b in meta.module.named_buffers())
+        assert (meta.mask_token_id, meta.eos_token_id) == (wrapper.mask_token_id, wrapper.eos_token_id)
+
     def test_default_rollout_generates(self, dare, spec, wrapper):
         rspec = dare.registries.rollouts.get(spec.default_rollout)
         names = {f.name for f in attrs.fields(rspec.config_cls)}

@@ -59,15 +59,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def export_model(ctx: Any, directory: str, merge: Optional[bool] = None) -> None:
-    """Write the policy in HF layout (LoRA: the PEFT adapter) into ``directory``, consolidated
-    from the engine's shards, in the storage dtype ``model.dtype`` (``merge``: LoRA merged, default
-    ``model.lora.merge_on_save``); refused (on every rank) when a
-    weight is not finite. Collective; rank 0 writes."""
-    from dare_core.config.loader import PRESET_FILE
+    """Write the policy in HF layout (LoRA: the PEFT adapter) into ``directory`` in the storage
+    dtype ``model.dtype`` (``merge``: LoRA merged, default ``model.lora.merge_on_save``): from
+    every rank's shards where the engine writes them (:meth:`Engine.export_weights`), else
+    consolidated on rank 0, which writes; refused (on every rank) when a weight is not finite.
+    Collective."""
     from dare_core.models import lora
     from dare_core.workflows.runtime import DTYPES
 
-    wrapper = ctx.wrapper
+    wrapper, storage = ctx.wrapper, DTYPES[ctx.config.model.dtype]
+    if not lora.is_lora(wrapper) and ctx.engine.export_weights(wrapper, directory, storage):
+        return _copy_preset(ctx, directory)
     full = ctx.engine.full_state_dict(wrapper)
     state = (full if full is not None else wrapper.module.state_dict()) if ctx.engine.is_main else {}
     bad = ctx.engine.gather(
@@ -85,15 +87,20 @@ def export_model(ctx: Any, directory: str, merge: Optional[bool] = None) -> None
             wrapper, directory, merge=ctx.config.model.lora.merge_on_save if merge is None else merge, state_dict=full
         )
     else:
-        storage = DTYPES[ctx.config.model.dtype]
         if any(v.is_floating_point() and v.dtype != storage for v in state.values()):
             state = {k: v.to(storage) if v.is_floating_point() else v for k, v in state.items()}
         elif full is None:
             state = None  # the module's own weights, already in the storage dtype
         wrapper.save_pretrained(directory, state_dict=state)
-    # a saved model keeps the run presets of the checkpoint it started from
+    _copy_preset(ctx, directory)
+
+
+def _copy_preset(ctx: Any, directory: str) -> None:
+    """A saved model keeps the run presets of the checkpoint it started from (rank 0 copies)."""
+    from dare_core.config.loader import PRESET_FILE
+
     preset = os.path.join(str(ctx.config.model.path), PRESET_FILE)
-    if os.path.isfile(preset):
+    if ctx.engine.is_main and os.path.isfile(preset):
         shutil.copy2(preset, os.path.join(directory, PRESET_FILE))
 
 

@@ -181,7 +181,7 @@ def setup(
     rollout = build_rollout(dare, config)
     eval_rollout = build_eval_rollout(dare, config)
     seed_everything(config.seed)  # a freshly initialised model (or adapter) is the same on every rank
-    wrapper = load_model(dare, config, device=engine.device)
+    wrapper = load_model(dare, config, device=engine.load_device)
     generator = seed_everything(config.seed, engine.rank)
     train_paths = configure_training_paths(
         wrapper,
@@ -231,7 +231,7 @@ def eval_context(dare: Dare, config: RunConfig, task: Any = None) -> Context:
     task = task if task is not None else preflight(dare, config)
     engine = build_engine(dare, config)
     seed_everything(config.seed)
-    wrapper = load_model(dare, config, trainable=False, device=engine.device)
+    wrapper = load_model(dare, config, trainable=False, device=engine.load_device)
     gen = seed_everything(config.seed, engine.rank)
     engine.prepare(wrapper, trainable=False)
     # no algorithm, training rollout or components: the evaluation reads none of them (the

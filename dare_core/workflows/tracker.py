@@ -219,13 +219,16 @@ class Tracker:
         ctx = self.ctx
         with open(os.path.join(path, TRAINER_STATE)) as fh:
             state = json.load(fh)
-        if state["world_size"] != ctx.engine.world_size:
+        if state["world_size"] != ctx.engine.world_size and not ctx.engine.reshards_state:
             raise DareError(
                 f"trainer.resume: {path} was written by {state['world_size']} processes, "
-                f"this run has {ctx.engine.world_size}; resume with the same world size"
+                f"this run has {ctx.engine.world_size}; the {ctx.engine.name} engine cannot "
+                f"reshard its state: resume with {state['world_size']} processes"
             )
         ctx.engine.load_state(os.path.join(path, "state"))
-        rank = torch.load(os.path.join(path, f"rank-{ctx.engine.rank}.pt"), weights_only=False)
+        # a rank the checkpoint's run did not have takes rank 0's data position and streams
+        own = os.path.join(path, f"rank-{ctx.engine.rank}.pt")
+        rank = torch.load(own if os.path.isfile(own) else os.path.join(path, "rank-0.pt"), weights_only=False)
         if self.data is not None:
             self.data.load_state_dict(rank["data"])
         ctx.generator.set_state(rank["generator"])

@@ -92,10 +92,10 @@ def rollouts(root: str, cases: list[str], engines: list[tuple[str, int]], use_lo
             count = _counting(plain.module)
             with torch.no_grad():
                 ref = backend.generate(plain, ids, mask, generator=torch.Generator().manual_seed(5))
-            engine.prepare(sharded, trainable=True)
-            engine.setup_optimizer(sharded, cfg.trainer)  # ZeRO-3 partitions here
             key = f"{eng_name}/{case}"
             try:
+                engine.prepare(sharded, trainable=True)
+                engine.setup_optimizer(sharded, cfg.trainer)  # ZeRO-3 partitions here
                 with (
                     torch.no_grad(),
                     lockstep(engine, sharded, ids, mask) if use_lockstep else contextlib.nullcontext(),

@@ -90,7 +90,7 @@ def test_keep_last_keeps_the_newest_checkpoints(tmp_path):
     assert sorted(p.name for p in (tmp_path / "k" / "checkpoints").iterdir()) == ["step-4", "step-5"]
 
 
-def test_resume_refuses_a_changed_field_a_missing_checkpoint_and_another_world_size(tmp_path):
+def test_resume_refuses_a_changed_field_a_missing_checkpoint_and_another_engine(tmp_path):
     _killed(tmp_path, 1, 0, 3, "step")
     for extra, expected in [
         (["trainer.lr=0.5"], "trainer.resume: trainer.lr was 5e-07 in the run of .*step-2, now 0.5"),
@@ -100,9 +100,23 @@ def test_resume_refuses_a_changed_field_a_missing_checkpoint_and_another_world_s
             train_run((), "pg_test", _common(tmp_path, "cut", "trainer.resume=auto", *extra))
     with pytest.raises(RankFailed, match="trainer.resume: engine.name was 'single'"):
         run_ranks(2, train_run, (), "pg_test", _common(tmp_path, "cut", "engine.name=ddp", "trainer.resume=auto"))
-    _killed(tmp_path, 1, 0, 3, "step", extra=["engine.name=ddp", "run_name=ddp"])
-    with pytest.raises(RankFailed, match="written by 1 processes, this run has 2"):
-        run_ranks(2, train_run, (), "pg_test", _common(tmp_path, "ddp", "engine.name=ddp", "trainer.resume=auto"))
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_a_checkpoint_of_two_ranks_resumes_on_another_world_size(tmp_path, nprocs):
+    """ddp's state is the whole model: a checkpoint two ranks wrote continues on one and on
+    three (a rank it lacks takes rank 0's data position), equal to the uninterrupted run."""
+    full = train_run((), "pg_test", _common(tmp_path, "full", "trainer.batch_size=6"))
+    _killed(tmp_path, 2, 1, 3, "step", extra=["engine.name=ddp", "trainer.batch_size=6"])
+    resumed = run_ranks(
+        nprocs,
+        train_run,
+        (),
+        "pg_test",
+        _common(tmp_path, "cut", "engine.name=ddp", "trainer.batch_size=6", "trainer.resume=auto"),
+    )[0]
+    assert same_records(full["records"], resumed["records"]) == []
+    assert max_weight_diff(full["weights"], resumed["weights"]) <= 1e-6
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])

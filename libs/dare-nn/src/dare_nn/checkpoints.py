@@ -68,7 +68,8 @@ def load_module(
 ) -> tuple[torch.nn.Module, Any]:
     """``(module, tokenizer)`` of a checkpoint: ``module_cls.from_pretrained`` in ``dtype`` on
     ``device`` (with ``attn_implementation`` when given) and the checkpoint's tokenizer; with
-    ``model_type``, :func:`checkpoint_model_type` checks the checkpoint first."""
+    ``model_type``, :func:`checkpoint_model_type` checks the checkpoint first. ``device="meta"``:
+    the structure only (:func:`meta_module`), for an engine that fills its shards itself."""
     from transformers import AutoTokenizer
 
     from dare_core.api import no_hf_progress_bar
@@ -78,9 +79,37 @@ def load_module(
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if str(device) == "meta":
+        return meta_module(module_cls, path, kwargs), AutoTokenizer.from_pretrained(path)
     with no_hf_progress_bar():
         module = module_cls.from_pretrained(path, **kwargs).to(device)
     return module, AutoTokenizer.from_pretrained(path)
+
+
+def meta_module(module_cls: Any, path: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The checkpoint's module as ``from_pretrained`` builds it, without its weights: parameters
+    on the meta device (no storage), buffers computed as usual (non-persistent buffers, e.g. RoPE
+    frequencies, are not in the checkpoint), tied weights tied, its config and generation config.
+
+    Args:
+        module_cls: the family's ``PreTrainedModel`` class.
+        path: the checkpoint directory.
+        kwargs: ``from_pretrained``'s ``dtype`` (and ``attn_implementation``).
+
+    Returns:
+        the module; the weights come from the checkpoint when an engine fills its shards.
+    """
+    from accelerate import init_empty_weights
+    from transformers import GenerationConfig
+
+    config = module_cls.config_class.from_pretrained(path)
+    config._name_or_path = path  # what from_pretrained records
+    with init_empty_weights(include_buffers=False):
+        module = module_cls._from_config(config, **kwargs)
+    module.tie_weights()
+    if module.can_generate() and os.path.isfile(os.path.join(path, "generation_config.json")):
+        module.generation_config = GenerationConfig.from_pretrained(path)
+    return module
 
 
 def tiny_params(defaults: dict[str, Any], sizes: dict[str, Any], known: Any, label: str) -> dict[str, Any]:

@@ -152,6 +152,16 @@ def test_resume_round_trips_the_deepspeed_state(root, sft_single):
         _assert_same(sft_single, resumed)
 
 
+def test_resume_on_another_world_size_is_refused(root):
+    """ZeRO's state is per rank: a checkpoint of 2 ranks is refused on one process in one line."""
+    from dare_core.testing.distributed import RankFailed
+
+    overrides = _common(root, *_zero(root, 2), "run_name=other-world", "trainer.save_every=1")
+    _many((PLUGIN,), "sup_test", [[*overrides, "trainer.steps=1"]], unfinish=[True])
+    with pytest.raises(RankFailed, match="written by 2 processes, this run has 1; the deepspeed engine cannot"):
+        run_ranks(1, train_run, (PLUGIN,), "sup_test", [*overrides, "trainer.resume=auto"])
+
+
 def test_bf16_mixed_updates_reach_the_fp32_master_weights(sft_single, sft_runs):
     """At lr 5e-7 an AdamW step changes a weight by about 5e-7, far below bf16's resolution at the
     toy's weights; with DeepSpeed's bf16 (fp32 master weights) the exported weights move as in

@@ -1,7 +1,8 @@
 """``engine.name=fsdp`` on 2 gloo ranks against the single-process engine on the toy model and
 the digits task (the testing kit's tiny runs): supervised, RL, a Monte-Carlo accumulation loss
 (BGPO) and LoRA give the same weights (within 1e-6) and per-step metrics; bf16-mixed updates
-reach the fp32 master weights; a run resumed from a checkpoint equals the uninterrupted run.
+reach the fp32 master weights; a run resumed from a checkpoint, on 2 ranks or on one, equals the
+uninterrupted run.
 
 The runs are trained once per module in two batches (one process set each, see
 :mod:`fsdp_runs`); the tests check their results.
@@ -48,6 +49,15 @@ FSDP_JOBS = {
         "pg_test",
         ["engine.name=fsdp", "trainer.save_every=1", "run_name=cut", "trainer.resume=auto"],
     ),
+    "cut_for_one": ((FSDP,), "pg_test", ["engine.name=fsdp", "trainer.save_every=1", "trainer.steps=2"]),
+}
+#: the 2-rank checkpoint of step 2 continued on one process (the state resharded)
+ONE_JOBS = {
+    "resumed_on_one": (
+        (FSDP,),
+        "pg_test",
+        ["engine.name=fsdp", "trainer.save_every=1", "run_name=cut_for_one", "trainer.resume=auto"],
+    ),
 }
 #: what a finished run writes at its end, relative to its run directory
 FINISHED = ("summary.json",)
@@ -60,6 +70,9 @@ def runs(tmp_path_factory):
     jobs = dict(FSDP_JOBS)
     jobs["resumed"] = (*jobs["resumed"], [str(tmp / "fsdp" / "cut" / f) for f in FINISHED])
     sharded = train_batch(2, jobs, [f"model.path={tmp / 'ckpt'}", f"output_dir={tmp / 'fsdp'}"])
+    one = dict(ONE_JOBS)
+    one["resumed_on_one"] = (*one["resumed_on_one"], [str(tmp / "fsdp" / "cut_for_one" / f) for f in FINISHED])
+    sharded.update(train_batch(1, one, [f"model.path={tmp / 'ckpt'}", f"output_dir={tmp / 'fsdp'}"]))
     return single, sharded
 
 
@@ -145,3 +158,11 @@ def test_a_resumed_run_equals_the_uninterrupted_run(runs):
     assert sorted(os.listdir(state)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert os.path.isfile(os.path.join(state, "..", "toy.pt"))  # the HF-layout export beside it
     assert sharded["cut"]["run_dir"] == sharded["resumed"]["run_dir"]
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_process(runs):
+    """The state written by 2 ranks, resharded onto one (torch.distributed.checkpoint): the
+    continued run equals the uninterrupted single-process run."""
+    single, sharded = runs
+    _assert_same(single["pg"], sharded["resumed_on_one"])
+    assert sharded["cut_for_one"]["run_dir"] == sharded["resumed_on_one"]["run_dir"]

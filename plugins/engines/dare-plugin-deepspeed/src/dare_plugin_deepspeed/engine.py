@@ -121,6 +121,9 @@ class DeepSpeedEngine(SingleProcessEngine):
     """ZeRO data parallelism through DeepSpeed (``engine.name=deepspeed``, ``deepspeed.*``)."""
 
     name = "deepspeed"
+    #: ZeRO's checkpoint holds each rank's partitions (DeepSpeed's ``ds_to_universal`` converts
+    #: it offline to a universal checkpoint of another world size)
+    reshards_state = False
 
     def __init__(self, config: Any):
         if config.engine.precision == "bf16":

@@ -5,6 +5,12 @@
 et al. 2023, *PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel*,
 arXiv:2304.11277; the API: https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html):
 
+* loading: the workflows build the model on the meta device (:attr:`load_device`); ``prepare``
+  shards it, allocates each rank's shards and reads them straight from the checkpoint's
+  safetensors (``torch.distributed.checkpoint.HuggingFaceStorageReader``: each rank reads the
+  slices it holds, in the dtype the precision policy gives its shards), so no rank holds the whole
+  model. Under LoRA, and for checkpoints not in safetensors, the model is loaded whole, as on
+  one process, and then sharded;
 * every decoder layer the wrapper lists (``wrapper.decoder_layers()``) is one FSDP unit, the
   remaining parameters (embeddings, final norm, head) the root unit; every parameter becomes a
   DTensor sharded on dim 0 over a 1-D device mesh of all ranks, all-gathered per unit for its
@@ -16,18 +22,21 @@ arXiv:2304.11277; the API: https://docs.pytorch.org/docs/stable/distributed.fsdp
   under bf16 autocast as on the other engines; ``bf16`` = bf16 shards with the compensated AdamW
   (Kahan summation);
 * state: the trainable parameters' and the optimizer's shards through
-  ``torch.distributed.checkpoint`` (one file per rank plus ``.metadata``); the consolidated
-  model for HF-layout exports is gathered to rank 0.
+  ``torch.distributed.checkpoint`` (one file per rank plus ``.metadata``); HF-layout exports are
+  written by every rank from its shards (:mod:`dare_plugin_fsdp.export`), LoRA's adapters
+  gathered to rank 0.
 """
 
 from __future__ import annotations
 
 import copy
+import glob
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -45,6 +54,7 @@ from torch.distributed.fsdp import (
 
 from dare_core.api import DareError, ProcessGroup, SingleProcessEngine
 from dare_plugin_fsdp.config import SECTION, FSDPConfig
+from dare_plugin_fsdp.export import exported_names, write_sharded
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -76,6 +86,70 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
+def safetensors_checkpoint(path: Optional[str]) -> bool:
+    """Whether ``path`` is a full Hugging Face checkpoint in safetensors (``config.json`` and
+    ``*.safetensors``), what :func:`fill_from_checkpoint` reads; anything else (an adapter-only
+    LoRA checkpoint, ``*.bin`` or other weight files) loads whole on every rank."""
+    return (
+        bool(path)
+        and os.path.isfile(os.path.join(path, "config.json"))
+        and bool(glob.glob(os.path.join(path, "*.safetensors")))
+    )
+
+
+def tie_groups(module: torch.nn.Module) -> list[list[str]]:
+    """The names of each parameter used under several names (tied weights), as the module holds
+    them before sharding (``fully_shard`` gives each FSDP unit its own copy of a shared tensor)."""
+    names: dict[int, list[str]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def fill_from_checkpoint(module: torch.nn.Module, path: str, ties: list[list[str]]) -> None:
+    """Read the checkpoint's tensors into the module's allocated shards (every rank the slices it
+    holds; each copy of a tied weight the tensor saved under one of its names). Collective.
+
+    Args:
+        module: the sharded module, its shards allocated (``to_empty``), named as the checkpoint.
+        path: the Hugging Face checkpoint directory (``*.safetensors``).
+        ties: :func:`tie_groups` of the module before sharding.
+
+    Raises:
+        DareError: a parameter the checkpoint holds under none of its names.
+    """
+    reader = HuggingFaceStorageReader(path)
+    saved = set(reader.read_metadata().state_dict_metadata)
+    state = module.state_dict()
+    source = {n: next((a for a in group if a in saved), n) for group in ties for n in group}
+    missing = sorted(n for n in state if source.get(n, n) not in saved)
+    if missing:
+        raise DareError(
+            f"checkpoint {path} has no tensor {missing[0]} (nor {len(missing) - 1} more weights "
+            f"of the model its config.json describes); point model.path at the complete checkpoint"
+        )
+    dcp.load({n: t for n, t in state.items() if n in saved}, storage_reader=reader)
+    with torch.no_grad():
+        for n, t in state.items():
+            if source.get(n, n) != n and t is not state[source[n]]:
+                t.to_local().copy_(state[source[n]].to_local())  # the same shape, mesh and placement
+
+
+def refuse_shared_layers(module: torch.nn.Module, layers: Sequence[torch.nn.Module]) -> None:
+    """A one-line refusal for a model whose decoder layers share weights with another FSDP unit
+    (e.g. an encoder stack over the decoder's weights): FSDP2 places a parameter in one unit."""
+    prefix = {id(m): f"{n}." for n, m in module.named_modules()}
+    starts = [prefix[id(layer)] for layer in layers]
+    for group in tie_groups(module):
+        units = {next((s for s in starts if n.startswith(s)), "the root") for n in group}
+        if len(units) > 1:
+            raise DareError(
+                f"this model uses one weight as {' and '.join(group[:2])}, in different FSDP "
+                f"units (its decoder layers are shared); engine.name=fsdp cannot shard it, use "
+                f"engine.name=ddp or deepspeed"
+            )
+
+
 def reshard(module: torch.nn.Module) -> None:
     """Free the gathered parameters of every FSDP unit in ``module`` and register the shards
     again (the root unit keeps its gathered copy after a forward that no backward follows)."""
@@ -102,6 +176,8 @@ class FSDPEngine(SingleProcessEngine):
         group = ProcessGroup(config)
         super().__init__(config, group.device, group=group)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        if not config.model.lora.enabled and safetensors_checkpoint(config.model.path):
+            self.load_device = torch.device("meta")  # prepare fills the shards from the checkpoint
         self._skeleton: Optional[torch.nn.Module] = None
 
     # -- models -------------------------------------------------------------------------------
@@ -122,6 +198,7 @@ class FSDPEngine(SingleProcessEngine):
         to the backward. ``forward_hidden`` is registered as a forward method of the root, so the
         head weight the logits-free cross entropy reads after it is the gathered one."""
         kwargs = self.fully_shard_kwargs()
+        refuse_shared_layers(native_module(wrapper.module), wrapper.decoder_layers())
         for layer in wrapper.decoder_layers():
             fully_shard(layer, reshard_after_forward=self.options.reshard_after_forward, **kwargs)
         root = native_module(wrapper.module)
@@ -134,11 +211,26 @@ class FSDPEngine(SingleProcessEngine):
         super().prepare(wrapper, trainable=trainable)  # the precision policy's master dtypes
         if trainable:  # what reference() builds its copy from (the structure before sharding)
             self._skeleton = meta_copy(wrapper.module)
+        module = native_module(wrapper.module)
+        loaded = not any(p.is_meta for p in module.parameters())
+        ties, buffers = tie_groups(module), {n: b.clone() for n, b in module.named_buffers()}
         self.shard_model(wrapper)
+        if not loaded:  # built on load_device=meta: allocate this rank's shards, read them
+            self.allocate(module, buffers)
+            fill_from_checkpoint(module, self.config.model.path, ties)
+
+    def allocate(self, module: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+        """Give the sharded ``module`` storage where its shards live (host memory under CPU
+        offload, else the rank's device) and its buffers their values again."""
+        module.to_empty(device="cpu" if self.options.cpu_offload else self.device)
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(buffers[n])
 
     def reference(self, wrapper: Any) -> Any:
         """A frozen copy of the policy, sharded like it: built from the module's structure
-        before sharding, its shards copied from the policy's (no communication)."""
+        before sharding, its shards copied from the policy's (no communication). Under
+        ``bf16-mixed`` its shards are stored in bf16, the dtype its forwards gather anyway."""
         if self._skeleton is None:
             raise DareError(
                 "the fsdp engine builds the reference model from the policy prepared "
@@ -150,13 +242,12 @@ class FSDPEngine(SingleProcessEngine):
         buffers = {n: b.clone() for n, b in ref.module.named_buffers()}
         for p in ref.module.parameters():
             p.requires_grad_(False)
+            if self.precision == "bf16-mixed" and p.is_floating_point():
+                p.data = p.data.to(torch.bfloat16)  # on the meta device: no storage yet
         self.shard_model(ref)
-        # the shards' home: host memory under CPU offload, else the rank's device
-        ref.module.to_empty(device="cpu" if self.options.cpu_offload else self.device)
+        self.allocate(ref.module, buffers)
         source = dict(wrapper.module.named_parameters())
         with torch.no_grad():
-            for n, b in ref.module.named_buffers():
-                b.copy_(buffers[n])
             for n, p in ref.module.named_parameters():
                 p.to_local().copy_(source[n].to_local())
         ref.module.eval()
@@ -210,6 +301,18 @@ class FSDPEngine(SingleProcessEngine):
             optim_state_dict=state["optimizer"],
             options=StateDictOptions(ignore_frozen_params=True, strict=False),
         )
+
+    def export_weights(self, wrapper: Any, directory: str, dtype: torch.dtype) -> bool:
+        """Every rank writes its shards, merged file by file (:mod:`dare_plugin_fsdp.export`),
+        for a transformers model (the layout its ``save_pretrained`` writes); ``False`` for
+        another module (its wrapper's ``save_pretrained`` writes it) or one this engine did not
+        prepare as the policy."""
+        from transformers import PreTrainedModel
+
+        if self._skeleton is None or not isinstance(wrapper.module, PreTrainedModel):
+            return False
+        write_sharded(self, wrapper, exported_names(self._skeleton), directory, dtype)
+        return True
 
     def full_state_dict(self, wrapper: Any) -> Optional[dict[str, torch.Tensor]]:
         """Every parameter and buffer gathered into CPU tensors on rank 0 (``None`` on the
