@@ -245,6 +245,13 @@ class EngineConfig:
         "added to the next step; stochastic = round the fp32 result up or down at random "
         "(unbiased); none refuses precision=bf16 (small updates would be lost).",
     )
+    timeout: float = option(
+        1800.0,
+        "Seconds a collective of a distributed engine waits for every rank before the run "
+        "stops with an error (torch.distributed's process-group timeout; NCCL's own default "
+        "is 600).",
+        positive,
+    )
 
 
 @attrs.frozen

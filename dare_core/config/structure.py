@@ -167,6 +167,4 @@ def unstructure(obj: Any) -> Any:
         return [unstructure(v) for v in obj]
     if isinstance(obj, (set, frozenset)):  # YAML has no set type; sorted for stable files
         return [unstructure(v) for v in sorted(obj, key=repr)]
-    if isinstance(obj, dict):
-        return {k: unstructure(v) for k, v in obj.items()}
-    return obj
+    return {k: unstructure(v) for k, v in obj.items()} if isinstance(obj, dict) else obj

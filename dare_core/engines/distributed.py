@@ -11,6 +11,7 @@ the checkpoint state themselves.
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any, Sequence, cast
 
@@ -51,7 +52,10 @@ class ProcessGroup:
             torch.cuda.set_device(self.device)
         self.owns = not dist.is_initialized()
         if self.owns:  # on CUDA gloo too: CPU tensors (offloaded shards) reduce over it
-            dist.init_process_group("cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo")
+            dist.init_process_group(
+                "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo",
+                timeout=datetime.timedelta(seconds=config.engine.timeout),
+            )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
