@@ -46,3 +46,29 @@ def test_init_refuses_bad_input_in_one_line(dare_cli, tmp_path):
         result = run("init", *args)
         assert result.exit_code == 2 and words in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_init_writes_the_weights_in_the_dtype_asked_for(dare_cli, tmp_path):
+    """``--dtype bfloat16``: the floating-point tensors stored in bf16 (integer ones kept) and
+    ``config.json`` saying so, as published checkpoints are."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    class _Writer:
+        @hookimpl
+        def dare_register_model_wrappers(self, register):
+            def create(out, texts, **sizes):
+                save_file({"w": torch.randn(3, 2), "ids": torch.arange(3)}, f"{out}/model.safetensors")
+                (tmp_path / "bf16" / "config.json").write_text(json.dumps({"dtype": "float32"}))
+
+            register(ModelFamily(name="writer", kind="masked", load=lambda *a, **k: None, create=create))
+
+    (tmp_path / "bf16").mkdir()
+    run = dare_cli(build_for(dare_nn.plugin, dare_plugin_tasks, _Writer()))
+    result = run("init", "--model", "writer", "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16")
+    assert result.exit_code == 0, result.output
+    tensors = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert tensors["w"].dtype == torch.bfloat16 and tensors["ids"].dtype == torch.int64
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"

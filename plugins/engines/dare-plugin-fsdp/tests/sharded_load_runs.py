@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
-import threading
-import time
 import types
 from typing import Any, Sequence
 
@@ -75,25 +72,27 @@ def load_peak(path: str, engine: str, out: str) -> dict[str, int]:
     """The private host memory (Linux ``RssAnon``: not the page cache the checkpoint's mmap
     reads through, which the node's ranks share and the kernel reclaims) this rank's process
     gains at most while the run's model is loaded and prepared on ``engine`` (``single`` or
-    ``fsdp``), and then while it is exported into ``out/<engine>``, sampled every half
-    millisecond, in bytes; and the parameter bytes it holds."""
+    ``fsdp``), and then while it is exported into ``out/<engine>``
+    (:class:`~dare_core.testing.memory.PeakSampler`), in bytes; and the parameter bytes it
+    holds."""
     from dare_core.engines import build_engine
     from dare_core.plugins import get_dare
+    from dare_core.testing.memory import PeakSampler
     from dare_core.workflows.runtime import load_model
 
     dare = get_dare()
     config = _config(dare, "llada", path, [f"engine.name={engine}"])
     eng = build_engine(dare, config)
     load_model(dare, config, device="meta")  # the modelling code imported before the baseline
-    with _PeakSampler("RssAnon") as peak:
+    with PeakSampler("RssAnon") as peak:
         wrapper = load_model(dare, config, device=eng.load_device)
         eng.prepare(wrapper, trainable=True)
         for p in wrapper.module.parameters():  # every weight read, as a first step reads it
             p.detach().sum()
     ctx = types.SimpleNamespace(wrapper=wrapper, engine=eng, config=config)
-    with _PeakSampler("RssAnon") as export:
+    with PeakSampler("RssAnon") as export:
         _export(ctx, os.path.join(out, engine))
-    return {"peak": peak.gain * 1024, "export": export.gain * 1024, "parameters": eng.memory()["parameters"]}
+    return {"peak": peak.gain, "export": export.gain, "parameters": eng.memory()["parameters"]}
 
 
 def _export(ctx: Any, directory: str) -> None:
@@ -104,36 +103,6 @@ def _export(ctx: Any, directory: str) -> None:
         os.makedirs(directory)
     ctx.engine.barrier()
     export_model(ctx, directory)
-
-
-class _PeakSampler:
-    """The largest rise of one ``/proc/self/status`` figure (KiB) while the block runs, sampled
-    by a thread: a state that lasts (a whole model materialised) cannot be missed."""
-
-    def __init__(self, key: str):
-        self.key, self.gain, self._stop = key, 0, threading.Event()
-
-    def __enter__(self) -> "_PeakSampler":
-        self._base = _status_kib(self.key)
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.gain = max(self.gain, _status_kib(self.key) - self._base)
-            time.sleep(0.0005)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.gain = max(self.gain, _status_kib(self.key) - self._base)
-
-
-def _status_kib(key: str) -> int:
-    """A memory figure of ``/proc/self/status``, in KiB."""
-    with open("/proc/self/status") as fh:
-        return int(re.search(rf"{key}:\s+(\d+)", fh.read()).group(1))
 
 
 def shared_layers_refusal() -> str:

@@ -59,6 +59,8 @@ def test_fsdp_holds_about_half_the_parameters_per_rank_on_two_ranks(tiny_run):
     assert fsdp["parameters"] < 0.75 * single["parameters"]
     assert fsdp["optimizer"] < 0.75 * single["optimizer"]
     assert data["ratios"]["memory_per_rank"]["fsdp"]["parameters"] < 0.75
+    assert fsdp["load_peak_max_rank"] > 0 and data["ratios"]["load_peak_vs_model"]["fsdp"] > 0
+    assert "load peak vs model" in tiny_run
 
 
 def test_summary_drops_each_runs_first_step():

@@ -19,6 +19,12 @@ thread each):
   ``logsumexp(logits).mean()`` and one ``step``. Gradients are counted after the backward
   (engines free them in ``step``); parameters and optimizer state after the step. A fully
   sharding engine holds about ``1 / --procs`` of the single engine's bytes.
+* **load peak per rank** — in the same runs, the largest rank's private host memory gained while
+  the run is set up (``RssAnon`` sampled by :class:`dare_core.testing.memory.PeakSampler`: the
+  model loaded and prepared by the engine, the task read), against the whole model's parameter
+  bytes. The page cache of the mmapped checkpoint is not counted: one process's ``from_pretrained``
+  maps the safetensors on the CPU and holds its weights there (about 0 private bytes), where a
+  GPU run copies the whole model to the device; fsdp's ranks hold only their shards.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, le
     import torch
 
     from dare_core.api import get_dare, resolve, setup
+    from dare_core.testing.memory import PeakSampler
     from dare_plugin_bench.common import random_prompts
 
     torch.set_num_threads(1)  # torch was imported before run_ranks set OMP_NUM_THREADS
@@ -94,7 +101,9 @@ def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, le
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         dare = get_dare()
         cfg = resolve(dare, algo=algo, model=family, overrides=list(overrides))
-        ctx = setup(dare, cfg)
+        dare.registries.models.get(family).load(cfg.model.path, device="meta")  # imports first
+        with PeakSampler("RssAnon") as load:
+            ctx = setup(dare, cfg)
         engine = ctx.engine
         try:
             engine.setup_optimizer(ctx.wrapper, cfg.trainer)
@@ -112,6 +121,7 @@ def _memory_rank(algo: str, family: str, overrides: Sequence[str], rows: int, le
         "parameters": int(after_step["parameters"]),
         "gradients": int(after_backward["gradients"]),
         "optimizer": int(after_step["optimizer"]),
+        "load_peak": load.gain,
         "precision": engine.precision,
     }
 
@@ -194,7 +204,7 @@ def _memory_run(
         return {"engine": name, "ranks": nprocs, "error": str(exc)}
     first = per_rank[0]
     out = {"engine": name, "ranks": nprocs, "precision": first["precision"]}
-    for key in PARTS:
+    for key in (*PARTS, "load_peak"):
         out[key] = first[key]
         out[f"{key}_max_rank"] = max(r[key] for r in per_rank)
     out["total"] = first["parameters"] + first["gradients"] + first["optimizer"]
@@ -434,6 +444,10 @@ def engines_cmd(
             for name, r in memory.items()
             if name != "single" and "error" not in r
         }
+        # the largest rank's private memory at set-up against the whole model's parameters
+        ratios["load_peak_vs_model"] = {
+            name: ratio(r["load_peak_max_rank"], ref["parameters"]) for name, r in memory.items() if "error" not in r
+        }
 
     click.echo("")
     if scaling is not None:
@@ -524,7 +538,7 @@ def _print_memory(memory: dict[str, Any], ratios: dict[str, Any]) -> None:
     table = []
     for name, r in memory.items():
         if "error" in r:
-            table.append([name, r["ranks"], "-", "-", "-", "-", "-", "-", f"error: {r['error']}"])
+            table.append([name, r["ranks"], "-", "-", "-", "-", "-", "-", "-", "-", f"error: {r['error']}"])
             continue
         rel = ratios["memory_per_rank"].get(name, {}) if name != "single" else {"parameters": 1.0, "total": 1.0}
         table.append(
@@ -535,6 +549,8 @@ def _print_memory(memory: dict[str, Any], ratios: dict[str, Any]) -> None:
                 *(_mb(r[k]) for k in (*PARTS, "total")),
                 rel.get("parameters"),
                 rel.get("total"),
+                _mb(r["load_peak_max_rank"]),
+                ratios["load_peak_vs_model"].get(name),
             ]
         )
     print_table(
@@ -548,6 +564,8 @@ def _print_memory(memory: dict[str, Any], ratios: dict[str, Any]) -> None:
             "total MiB / rank",
             "parameters vs single",
             "total vs single",
+            "load peak MiB / rank",
+            "load peak vs model",
         ],
         table,
     )
