@@ -27,8 +27,9 @@ def _config(dare: Any, family: str, path: str, overrides: Sequence[str] = ()) ->
 
 
 def loaded_shards(families: Sequence[str]) -> dict[str, Any]:
-    """Per family: the fsdp engine's load (meta → shard → fill) against ``from_pretrained``;
-    then one SFT-style step from both loads. On rank 0 the facts the test checks."""
+    """Per family: the fsdp engine's load (meta → shard → fill) against ``from_pretrained``, its
+    reference policy's logits against the policy's; then one SFT-style step from both loads. On
+    rank 0 the facts the test checks."""
     from dare_core.plugins import get_dare
     from dare_core.workflows.runtime import load_model
     from dare_plugin_fsdp.engine import FSDPEngine
@@ -45,7 +46,10 @@ def loaded_shards(families: Sequence[str]) -> dict[str, Any]:
         full = spec.load(spec.default_checkpoint, dtype=torch.float32, device="cpu")
         want = full.module.state_dict()
         diff = max(float((_whole(t) - want[n]).abs().max()) for n, t in sharded.module.state_dict().items())
-        out[family] = {"meta": meta, "diff": diff, "step": _step_diff(engine, config, sharded, full)}
+        ids = torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref = float((engine.reference(sharded).logits(ids) - sharded.logits(ids)).abs().max())
+        out[family] = {"meta": meta, "diff": diff, "reference": ref, "step": _step_diff(engine, config, sharded, full)}
     return out if torch.distributed.get_rank() == 0 else {}
 
 

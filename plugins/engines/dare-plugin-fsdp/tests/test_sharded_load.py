@@ -28,6 +28,7 @@ def test_shards_equal_the_checkpoint(shards, family):
     facts = shards[family]
     assert facts["meta"], "the fsdp engine loads a full safetensors checkpoint on the meta device"
     assert facts["diff"] == 0.0
+    assert facts["reference"] == 0.0  # built sharded from the loaded policy
 
 
 @pytest.mark.parametrize("family", INSTALLED)
