@@ -138,9 +138,8 @@ def misfit(subject: str, spec: Any, family: Any, hint: str) -> Optional[str]:
             f"(it supports: {', '.join(sorted(spec.kinds))}); {hint}"
         )
     missing = sorted(set(spec.requires) - set(family.capabilities))
-    if missing:
-        return f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
-    return None
+    lacks = f"{subject} needs model capability {', '.join(missing)} which {family.name!r} lacks; {hint}"
+    return lacks if missing else None
 
 
 def check_support(dare: Any, algo_name: str, family_name: str) -> tuple[Any, Any]:
@@ -212,7 +211,7 @@ def resolve(
         raw["model"]["lora"] = dict(lora_sec, adapter=local_checkpoint(lora_sec["adapter"], "model.lora.adapter"))
     from dare_core.preflight import checkpoint  # whose checkpoint it is, before its preset applies
 
-    checkpoint(dare, family, str(path))
+    saved = (checkpoint(dare, family, str(path)) or ("", {}))[1]  # its config.json
     preset_path = os.path.join(str(path), PRESET_FILE)
     preset: dict[str, Any] = {}
     if os.path.isfile(preset_path):
@@ -241,6 +240,8 @@ def resolve(
     if isinstance(recipe.get("rollout"), dict):  # so do the recipe's (written for the default backends)
         recipe["rollout"] = _fields_of(rollout_spec.config_cls, recipe["rollout"])
     raw = deep_merge(deep_merge(recipe, preset), raw)
+    if raw["model"].get("dtype", "auto") == "auto":  # the checkpoint's own
+        raw["model"] = dict(raw["model"], dtype=saved.get("dtype") or saved.get("torch_dtype") or "float32")
 
     rollout_raw = dict(_section(raw, "rollout", problems))
     rollout_raw.pop("backend", None)

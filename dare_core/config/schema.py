@@ -82,8 +82,11 @@ class ModelConfig:
     path: Optional[str] = option(
         None, "Checkpoint directory in HF layout; null = the family's bundled tiny checkpoint."
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = option(
-        "float32", "Parameter dtype used for training and rollout."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto",
+        "Dtype the weights are loaded and exported in (the precision policy keeps fp32 master "
+        "weights where it needs them); auto = the checkpoint's (config.json's dtype, float32 "
+        "when it names none).",
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "Device; auto = cuda when available, else cpu.")
     attn_implementation: Optional[str] = option(

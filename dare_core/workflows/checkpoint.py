@@ -18,6 +18,7 @@ import re
 import shutil
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from dare_core.errors import DareError, DivergenceError
@@ -42,15 +43,11 @@ RESUMABLE_CHANGES = (
 
 
 def rng_state() -> dict[str, Any]:
-    import numpy as np
-
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda, "numpy": np.random.get_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 C = TypeVar("C", bound="Components")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: ``model.dtype`` values; ``auto`` is resolved to the checkpoint's by config resolution (a config
+#: built without one, e.g. ``RunConfig()``, keeps float32)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
 
 
 def derive_seed(seed: int, *key: int) -> int:

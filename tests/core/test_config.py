@@ -79,12 +79,12 @@ def test_structure_is_strict_about_types():
     cfg, problems = structure(RunConfig, {"run_name": 2024})
     assert problems == [] and cfg.run_name == "2024"
     _, problems = structure(ModelConfig, {"dtype": "float64"})
-    assert problems == ["dtype: expected one of 'float32', 'bfloat16', 'float16', got 'float64'"]
+    assert problems == ["dtype: expected one of 'auto', 'float32', 'bfloat16', 'float16', got 'float64'"]
 
 
 def test_unknown_key_without_close_match_lists_the_valid_keys():
     _, problems = structure(EngineConfig, {"zzzz": 1})
-    assert problems == ["zzzz: unknown key (valid keys: bf16_update, name, precision)"]
+    assert problems == ["zzzz: unknown key (valid keys: bf16_update, name, precision, timeout)"]
 
 
 def test_validators_may_read_other_fields_and_defaults_are_checked():

@@ -396,3 +396,18 @@ def test_a_hub_id_offline_and_not_cached_is_one_line(refused, tmp_path, hub_cach
         "test-org/absent) or give a checkpoint directory"
     )
     assert "at revision 'v9'" in refused(*_train(tmp_path, "test-org/tiny@v9"))
+
+
+@pytest.mark.parametrize(
+    ("saved", "given", "resolved"),
+    [
+        ({"dtype": "bfloat16"}, None, "bfloat16"),  # model.dtype=auto (the default): the checkpoint's
+        ({"torch_dtype": "float16"}, None, "float16"),  # the older transformers key
+        ({}, None, "float32"),  # a config.json naming none
+        ({"dtype": "bfloat16"}, "float32", "float32"),  # a dtype given wins
+    ],
+)
+def test_model_dtype_auto_is_the_checkpoints(dare, hf_ckpt, saved, given, resolved):
+    (hf_ckpt / "config.json").write_text(json.dumps({**CONFIG, **saved}))
+    over = [f"model.path={hf_ckpt}", *([f"model.dtype={given}"] if given else [])]
+    assert resolve(dare, algo="algo_a", model="hf_toy", overrides=over).model.dtype == resolved
