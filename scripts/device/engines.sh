@@ -13,6 +13,11 @@
 #   rl_lora   one BGPO step of that model with LoRA (rank 8) under bf16-mixed on fsdp
 #   sft_fsdp  one full-parameter SFT step of that model, FSDP2 with CPU offload, bf16-mixed
 #   sft_zero3 the same with DeepSpeed ZeRO-3 with optimizer and parameter offload
+#   init_bf16 the same architecture stored in bf16, as published checkpoints are
+#   load_*    that checkpoint loaded and prepared for training (bf16-mixed: fp32 master weights)
+#             by the single-process engine and by fsdp (meta device, shards filled from the
+#             safetensors) on one GPU: peak allocated device memory (scripts/device/load_peak.py)
+#   (third call: ONLY='setup init_bf16 load_single load_fsdp')
 # Each training stage logs its step time (metrics.jsonl) and the peak GPU memory (sampled with
 # nvidia-smi every 200 ms); $OUT/summary.txt and logs.tgz are rewritten after every stage.
 set -uo pipefail
@@ -20,7 +25,13 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/device/lib.sh
 . scripts/device/lib.sh
 TAIL=6 stage setup 150 bash -c setup
-command -v dare >/dev/null || { cat "$out/summary.txt"; exit 1; }
+command -v dare >/dev/null || { ckpt16=/tmp/dare-llada-8b-random-bf16
+[ -d "$ckpt16" ] || TAIL=3 stage init_bf16 360 dare init --model llada --out "$ckpt16" --dtype bfloat16 d_model=4096 \
+    n_heads=32 n_kv_heads=32 n_layers=32 mlp_hidden_size=12288
+load=(--algo sft --model llada "model.path=$ckpt16" model.device=cuda engine.precision=bf16-mixed)
+stage load_single 200 "$py" scripts/device/load_peak.py "${load[@]}"
+stage load_fsdp 200 torchrun --nproc_per_node=1 scripts/device/load_peak.py "${load[@]}" engine.name=fsdp
+cat "$out/summary.txt"; exit 1; }
 
 measured() {  # measured NAME CMD...: the command with peak GPU memory and step times appended
     local name="$1"
