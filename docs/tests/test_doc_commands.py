@@ -54,10 +54,10 @@ INNER = re.compile(r"<[^>]+>|\bRUN\w*|\$\{?\w+\}?|\bDIR\b|\bCKPT\b|\bCACHE\b")
 NUMBER = re.compile(r"^(S|N|K)$")
 
 
-def _commands(page: pathlib.Path) -> list[tuple[int, str]]:
-    """``(line, command)`` of every shell command in ``page``'s code blocks: ``$ `` lines of a
-    console block or lines that start with a command word, backslash continuations joined,
-    trailing comments dropped."""
+def _commands(page: pathlib.Path) -> list[tuple[int, str, str]]:
+    """``(line, command, comment)`` of every shell command in ``page``'s code blocks: ``$ ``
+    lines of a console block or lines that start with a command word, backslash continuations
+    joined, the trailing comment apart."""
     text = page.read_text()
     out = []
     for match in BLOCK.finditer(text):
@@ -72,11 +72,18 @@ def _commands(page: pathlib.Path) -> list[tuple[int, str]]:
                 line = line[:-1].rstrip() + " " + lines[i].strip()
             i += 1
             if re.match(r"(dare|torchrun|srun torchrun|python) ", line):
-                out.append((first + start, re.sub(r"\s+#\s.*$", "", line)))
+                comment = re.search(r"\s+#\s.*$", line)
+                out.append((first + start, line[: comment.start()] if comment else line, comment[0] if comment else ""))
     return out
 
 
-DOCUMENTED = [(page, line, cmd) for page in PAGES for line, cmd in _commands(page)]
+COMMANDS = [(page, line, cmd, comment) for page in PAGES for line, cmd, comment in _commands(page)]
+DOCUMENTED = [(page, line, cmd) for page, line, cmd, _ in COMMANDS]
+#: what a command needs that a CPU machine without a network lacks: its line in the doc says so
+#: with a ``# needs: ...`` comment (GPUs, nodes, a published checkpoint)
+NEEDS = re.compile(
+    r"model\.device=cuda|/ckpt/|--nproc_per_node[= ]([3-9]|\d\d)|--nnodes|^srun |(rollout|eval)\.backend=(vllm|sglang)"
+)
 
 
 def _ids() -> list[str]:
@@ -229,6 +236,19 @@ def _run_as_written(cmd: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
+
+
+def test_a_command_that_needs_gpus_or_a_published_checkpoint_says_so():
+    """A documented command that cannot run on a CPU machine offline (CUDA, several GPUs or
+    nodes, a checkpoint downloaded by the reader, a GPU rollout engine) is marked ``# needs:``
+    on its line; the others parse, resolve and (:data:`RUN`, :data:`SLOW`) run here."""
+    unmarked = [
+        f"{page.relative_to(REPO)}:{line}: {cmd[:80]}"
+        for page, line, cmd, comment in COMMANDS
+        if NEEDS.search(cmd) and "# needs:" not in comment
+    ]
+    assert not unmarked, "mark these `# needs: ...`:\n" + "\n".join(unmarked)
+    assert not any(NEEDS.search(cmd) for cmd in (*RUN, *SLOW))
 
 
 def test_the_run_commands_are_documented():
