@@ -213,15 +213,17 @@ class FSDPEngine(SingleProcessEngine):
             self._skeleton = meta_copy(wrapper.module)
         module = native_module(wrapper.module)
         loaded = not any(p.is_meta for p in module.parameters())
-        ties, buffers = tie_groups(module), {n: b.clone() for n, b in module.named_buffers()}
+        ties = tie_groups(module)  # before fully_shard gives each unit its own copy
         self.shard_model(wrapper)
         if not loaded:  # built on load_device=meta: allocate this rank's shards, read them
-            self.allocate(module, buffers)
+            self.allocate(module)
             fill_from_checkpoint(module, self.config.model.path, ties)
 
-    def allocate(self, module: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    def allocate(self, module: torch.nn.Module) -> None:
         """Give the sharded ``module`` storage where its shards live (host memory under CPU
-        offload, else the rank's device) and its buffers their values again."""
+        offload, else the rank's device), its buffers (``to_empty`` reallocates them too) their
+        values kept."""
+        buffers = {n: b.clone() for n, b in module.named_buffers()}
         module.to_empty(device="cpu" if self.options.cpu_offload else self.device)
         with torch.no_grad():
             for n, b in module.named_buffers():
@@ -239,13 +241,12 @@ class FSDPEngine(SingleProcessEngine):
         reshard(wrapper.module)
         ref = copy.copy(wrapper)
         ref.module = copy.deepcopy(self._skeleton)
-        buffers = {n: b.clone() for n, b in ref.module.named_buffers()}
         for p in ref.module.parameters():
             p.requires_grad_(False)
             if self.precision == "bf16-mixed" and p.is_floating_point():
                 p.data = p.data.to(torch.bfloat16)  # on the meta device: no storage yet
         self.shard_model(ref)
-        self.allocate(ref.module, buffers)
+        self.allocate(ref.module)
         source = dict(wrapper.module.named_parameters())
         with torch.no_grad():
             for n, p in ref.module.named_parameters():
